@@ -1,0 +1,362 @@
+//! The `onceflow` command line. Arguments are parsed and checked here, then
+//! turned into the library's own values; `main` only prints the error chain.
+//!
+//! Exit codes: 0 success; 1 the processor failed (a record under the `fail`
+//! policy) or the component was refused; 2 bad arguments, manifest or input.
+
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::deploy::{Manifest, build};
+use crate::guestbench;
+use crate::offline::{self, OfflineRunner, RunError, RunOptions};
+use crate::sandbox::{self, ProcessorPolicy, Sandbox, SandboxConfig, SandboxError};
+
+/// Run WebAssembly stream processors over Kafka, exactly once.
+#[derive(Debug, Parser)]
+#[command(name = "onceflow", version, about, long_about = None)]
+pub struct Cli {
+    /// Log filter (tracing syntax, e.g. `info`, `onceflow=debug,guest=trace`).
+    #[arg(long, global = true, env = "ONCEFLOW_LOG", default_value = "info")]
+    pub log: String,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output format for commands that report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// For people.
+    Text,
+    /// For scripts.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build a processor's component from source (per its onceflow.toml).
+    Build {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+    },
+    /// Show a component's imports and exports and whether the sandbox
+    /// accepts it.
+    Validate {
+        /// A manifest (its component is checked) or a .wasm component.
+        target: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "text")]
+        output: OutputFormat,
+    },
+    /// Run a processor offline on records from a JSON Lines file, with
+    /// in-memory state, and print its outputs as JSON Lines.
+    Test {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+        /// Input records, one JSON object per line ("-" for stdin).
+        #[arg(long)]
+        input: PathBuf,
+        /// After the outputs, print every store's final entries.
+        #[arg(long)]
+        dump_state: bool,
+        /// Most records per `process` call.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch_size: u32,
+        /// Partitions of the input topics, for records without a partition.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+        partitions: i32,
+        /// Use this component instead of the manifest's.
+        #[arg(long)]
+        component: Option<PathBuf>,
+    },
+    /// Measure records/s through a processor's `process` (no Kafka).
+    BenchGuest {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+        /// Records per measurement (synthetic wallet payments).
+        #[arg(long, default_value_t = 100_000)]
+        records: usize,
+        /// Batch sizes to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
+        batch_sizes: Vec<usize>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "text")]
+        output: OutputFormat,
+    },
+}
+
+/// An error that maps to a specific exit code.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Exit {
+    /// The code.
+    pub code: u8,
+    /// The message.
+    pub message: String,
+}
+
+fn usage(message: impl Into<String>) -> anyhow::Error {
+    Exit {
+        code: 2,
+        message: message.into(),
+    }
+    .into()
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Build { manifest } => cmd_build(&manifest),
+        Command::Validate { target, output } => cmd_validate(&target, output),
+        Command::Test {
+            manifest,
+            input,
+            dump_state,
+            batch_size,
+            partitions,
+            component,
+        } => cmd_test(
+            &manifest,
+            &input,
+            dump_state,
+            batch_size as usize,
+            partitions,
+            component.as_deref(),
+        ),
+        Command::BenchGuest {
+            manifest,
+            records,
+            batch_sizes,
+            output,
+        } => cmd_bench_guest(&manifest, records, &batch_sizes, output),
+    }
+}
+
+fn load_manifest(path: &Path) -> anyhow::Result<Manifest> {
+    Manifest::load(path).map_err(|e| usage(e.to_string()))
+}
+
+fn read_component(path: &Path, manifest: Option<&Manifest>) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        let hint = match manifest {
+            Some(m) if e.kind() == std::io::ErrorKind::NotFound => {
+                format!(": run `onceflow build {}` first", m.path.display())
+            }
+            _ => String::new(),
+        };
+        usage(format!("cannot read component {}: {e}{hint}", path.display()))
+    })
+}
+
+fn cmd_build(manifest: &Path) -> anyhow::Result<ExitCode> {
+    let manifest = load_manifest(manifest)?;
+    let out = build::build(&manifest)?;
+    println!(
+        "built {} ({} KiB); imports: {}",
+        out.component.display(),
+        out.bytes.div_ceil(1024),
+        if out.imports.is_empty() {
+            "none".to_owned()
+        } else {
+            out.imports.join(", ")
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_validate(target: &Path, output: OutputFormat) -> anyhow::Result<ExitCode> {
+    let is_wasm = target.extension().is_some_and(|e| e == "wasm");
+    let manifest = if is_wasm {
+        None
+    } else {
+        Some(load_manifest(target)?)
+    };
+    let path = match &manifest {
+        Some(m) => m.component_path(),
+        None => target.to_path_buf(),
+    };
+    let bytes = read_component(&path, manifest.as_ref())?;
+    let policy = manifest
+        .as_ref()
+        .map(ProcessorPolicy::from_manifest)
+        .unwrap_or_default();
+
+    let interface = sandbox::policy::inspect(&bytes);
+    let verdicts: Vec<(String, Result<sandbox::Grant, String>)> = match &interface {
+        Ok(i) => i
+            .imports
+            .iter()
+            .map(|name| (name.clone(), sandbox::policy::classify_import(name)))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    // The full check: policy, compile, link, instantiate, init.
+    let verdict: Result<(), SandboxError> = Sandbox::new(SandboxConfig::default())
+        .and_then(|s| s.load(&bytes, policy))
+        .and_then(|p| p.instantiate(0).map(drop));
+
+    match output {
+        OutputFormat::Json => {
+            let json = serde_json::json!({
+                "component": path,
+                "bytes": bytes.len(),
+                "exports": interface.as_ref().map(|i| i.exports.clone()).unwrap_or_default(),
+                "imports": verdicts.iter().map(|(name, v)| serde_json::json!({
+                    "name": name,
+                    "allowed": v.is_ok(),
+                    "grant": v.as_ref().map(|g| g.describe()).ok(),
+                    "reason": v.as_ref().err(),
+                })).collect::<Vec<_>>(),
+                "accepted": verdict.is_ok(),
+                "error": verdict.as_ref().err().map(|e| e.to_string()),
+            });
+            println!("{}", serde_json::to_string_pretty(&json)?);
+        }
+        OutputFormat::Text => {
+            println!("component: {} ({} KiB)", path.display(), bytes.len().div_ceil(1024));
+            if let Ok(i) = &interface {
+                println!("exports:   {}", i.exports.join(", "));
+                println!("imports:   {}", if i.imports.is_empty() { "none" } else { "" });
+                for (name, v) in &verdicts {
+                    match v {
+                        Ok(g) => println!("  allowed  {name}  ({})", g.describe()),
+                        Err(reason) => println!("  REFUSED  {name}  ({reason})"),
+                    }
+                }
+            }
+            match &verdict {
+                Ok(()) => println!("verdict:   accepted"),
+                Err(e) => println!("verdict:   refused: {e}"),
+            }
+        }
+    }
+    Ok(if verdict.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn cmd_test(
+    manifest_path: &Path,
+    input: &Path,
+    dump_state: bool,
+    batch_size: usize,
+    partitions: i32,
+    component: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let manifest = load_manifest(manifest_path)?;
+    let component_path = component.map_or_else(|| manifest.component_path(), Path::to_path_buf);
+    let bytes = read_component(&component_path, Some(&manifest))?;
+
+    let file_name = input.display().to_string();
+    let records = if input == Path::new("-") {
+        offline::read_input(std::io::stdin().lock(), "<stdin>", &manifest, partitions)
+    } else {
+        let file = std::fs::File::open(input)
+            .map_err(|e| usage(format!("cannot open input {file_name}: {e}")))?;
+        offline::read_input(BufReader::new(file), &file_name, &manifest, partitions)
+    }
+    .map_err(|e| usage(e.to_string()))?;
+
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let processor = sandbox
+        .load(&bytes, ProcessorPolicy::from_manifest(&manifest))
+        .with_context(|| format!("cannot load {}", component_path.display()))?;
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let dlq = manifest.errors.dead_letter_topic.clone();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = runner.run(&records, &RunOptions { batch_size }, |o| {
+        offline::write_output(&mut out, o, dlq.as_deref())
+    });
+    let code = match result {
+        Ok(summary) => {
+            if dump_state {
+                for (partition, store, entries) in runner.dump_state()? {
+                    for (k, v) in entries {
+                        offline::write_state_entry(&mut out, partition, &store, &k, &v)?;
+                    }
+                }
+            }
+            out.flush()?;
+            eprintln!(
+                "processed {} records in {} calls: {} outputs, {} dead-lettered, {} skipped",
+                summary.records, summary.calls, summary.outputs, summary.dead_lettered, summary.skipped
+            );
+            ExitCode::SUCCESS
+        }
+        Err(RunError::Task(e)) => {
+            out.flush()?;
+            eprintln!("error: {e}");
+            eprintln!("(processing stopped; outputs above are from the records before it)");
+            ExitCode::from(1)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(code)
+}
+
+fn cmd_bench_guest(
+    manifest_path: &Path,
+    records: usize,
+    batch_sizes: &[usize],
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let manifest = load_manifest(manifest_path)?;
+    if records == 0 || batch_sizes.iter().any(|&b| b == 0) {
+        bail!(usage("--records and every --batch-sizes value must be at least 1"));
+    }
+    let bytes = read_component(&manifest.component_path(), Some(&manifest))?;
+    let input = guestbench::synthetic_payments(&manifest, records);
+    eprintln!(
+        "{}: {records} synthetic payments per run, batch sizes {batch_sizes:?}, fuel on and off",
+        manifest.name
+    );
+    let rows = guestbench::run(&manifest, &bytes, &input, batch_sizes, |row| {
+        eprintln!(
+            "  batch {:>5}  fuel {:<3}  {:>12.0} records/s",
+            row.batch_size,
+            if row.fuel { "on" } else { "off" },
+            row.records_per_second()
+        );
+    })?;
+    match output {
+        OutputFormat::Json => {
+            let json: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "processor": manifest.name,
+                        "batch_size": r.batch_size,
+                        "fuel": r.fuel,
+                        "records": r.records,
+                        "seconds": r.elapsed.as_secs_f64(),
+                        "records_per_second": r.records_per_second(),
+                    })
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&json)?);
+        }
+        OutputFormat::Text => {
+            println!("| processor | batch | fuel | records/s |");
+            println!("|---|---:|---|---:|");
+            for r in &rows {
+                println!(
+                    "| {} | {} | {} | {:.0} |",
+                    manifest.name,
+                    r.batch_size,
+                    if r.fuel { "on" } else { "off" },
+                    r.records_per_second()
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

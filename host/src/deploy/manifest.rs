@@ -1,0 +1,586 @@
+//! `onceflow.toml`: what a processor is, where its component lives, what it
+//! reads and writes, and how it is run.
+//!
+//! Parsing is strict: an unknown key or a bad value is an error that names
+//! the key and the file, because a typo in a manifest (say `comit-interval-ms`)
+//! silently falling back to a default is how exactly-once setups go wrong.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The file name `onceflow` looks for when given a directory.
+pub const MANIFEST_FILE: &str = "onceflow.toml";
+
+/// Why a manifest was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// The file could not be read.
+    #[error("cannot read manifest {path}: {source}")]
+    Read {
+        /// The manifest path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has an unknown key or a value of the
+    /// wrong type (the TOML error names the key and the line).
+    #[error("invalid manifest {path}: {message}")]
+    Parse {
+        /// The manifest path.
+        path: PathBuf,
+        /// What is wrong, with the key and the line.
+        message: String,
+    },
+    /// A value is well-typed but not allowed.
+    #[error("invalid manifest {path}: `{key}`: {message}")]
+    Invalid {
+        /// The manifest path.
+        path: PathBuf,
+        /// The offending key, dotted (`errors.dead-letter-topic`).
+        key: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+/// The processing guarantee, as Kafka Streams' `processing.guarantee`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Guarantee {
+    /// Every batch's outputs, state changes and input offsets commit in one
+    /// Kafka transaction.
+    #[default]
+    ExactlyOnceV2,
+    /// Outputs are produced and offsets committed afterwards; a crash can
+    /// duplicate outputs.
+    AtLeastOnce,
+}
+
+/// What happens to a record whose processing fails (the processor returned
+/// an error for it, trapped, or ran out of fuel, memory or time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorPolicy {
+    /// Stop the deployment and surface the error (Kafka Streams' default).
+    #[default]
+    Fail,
+    /// Count and log the record, and carry on.
+    Skip,
+    /// Write the record with the reason and its coordinates to the
+    /// dead-letter topic, inside the same transaction, and carry on.
+    DeadLetter,
+}
+
+/// The source language of a processor, for `onceflow build`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    /// Rust with the `onceflow-sdk` crate.
+    Rust,
+}
+
+/// `[build]`: how `onceflow build` makes the component.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct BuildSection {
+    /// Source language.
+    pub language: Language,
+    /// Source directory, relative to the manifest.
+    #[serde(default = "default_source")]
+    pub source: PathBuf,
+    /// The component file, relative to the manifest. Defaults to
+    /// `target/onceflow/<name>.wasm`.
+    pub component: Option<PathBuf>,
+    /// The compilation target (Rust): `wasm32-unknown-unknown` (default, no
+    /// WASI imports at all) or `wasm32-wasip2`.
+    pub target: Option<String>,
+}
+
+fn default_source() -> PathBuf {
+    PathBuf::from(".")
+}
+
+/// `[processing]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ProcessingSection {
+    /// `exactly_once_v2` (default) or `at_least_once`.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+    /// How often a worker commits its transaction, in milliseconds.
+    #[serde(default = "default_commit_interval_ms")]
+    pub commit_interval_ms: u64,
+    /// Worker threads per host instance (each with its own consumer and
+    /// transactional producer).
+    #[serde(default = "default_worker_threads")]
+    pub worker_threads: u32,
+    /// Most records handed to one `process` call.
+    #[serde(default = "default_max_batch")]
+    pub max_batch_records: u32,
+}
+
+impl Default for ProcessingSection {
+    fn default() -> Self {
+        Self {
+            guarantee: Guarantee::default(),
+            commit_interval_ms: default_commit_interval_ms(),
+            worker_threads: default_worker_threads(),
+            max_batch_records: default_max_batch(),
+        }
+    }
+}
+
+fn default_commit_interval_ms() -> u64 {
+    100
+}
+fn default_worker_threads() -> u32 {
+    1
+}
+fn default_max_batch() -> u32 {
+    500
+}
+
+/// `[errors]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ErrorsSection {
+    /// `fail` (default), `skip` or `dead-letter`.
+    #[serde(default)]
+    pub policy: ErrorPolicy,
+    /// The dead-letter topic; required with `dead-letter`.
+    pub dead_letter_topic: Option<String>,
+}
+
+/// `[limits]`: what one instance of the processor may use.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Limits {
+    /// Linear memory cap per instance, in MiB.
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: u64,
+    /// Fuel (roughly, WebAssembly instructions) per input record; a call gets
+    /// this times its batch size. 0 turns fuel metering off.
+    #[serde(default = "default_fuel")]
+    pub fuel_per_record: u64,
+    /// Wall-clock deadline for one `process` call, in milliseconds.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Guest log lines allowed per second per instance; the rest are counted
+    /// and dropped.
+    #[serde(default = "default_log_rate")]
+    pub log_lines_per_second: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_mb: default_memory_mb(),
+            fuel_per_record: default_fuel(),
+            timeout_ms: default_timeout_ms(),
+            log_lines_per_second: default_log_rate(),
+        }
+    }
+}
+
+fn default_memory_mb() -> u64 {
+    128
+}
+fn default_fuel() -> u64 {
+    50_000_000
+}
+fn default_timeout_ms() -> u64 {
+    10_000
+}
+fn default_log_rate() -> u32 {
+    100
+}
+
+/// The raw file, exactly as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawManifest {
+    name: String,
+    tenant: String,
+    #[serde(default)]
+    description: Option<String>,
+    inputs: Vec<String>,
+    #[serde(default)]
+    stores: Vec<String>,
+    build: BuildSection,
+    #[serde(default)]
+    outputs: BTreeMap<String, String>,
+    #[serde(default)]
+    processing: ProcessingSection,
+    #[serde(default)]
+    errors: ErrorsSection,
+    #[serde(default)]
+    limits: Limits,
+    #[serde(default)]
+    config: BTreeMap<String, toml::Value>,
+}
+
+/// A validated manifest.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    /// Where the manifest was read from.
+    pub path: PathBuf,
+    /// Processor name: `[a-z0-9][a-z0-9._-]*`.
+    pub name: String,
+    /// Owning tenant, same character set.
+    pub tenant: String,
+    /// Free text.
+    pub description: Option<String>,
+    /// Input topics (a task reads the same partition of each).
+    pub inputs: Vec<String>,
+    /// State store names.
+    pub stores: Vec<String>,
+    /// Build instructions.
+    pub build: BuildSection,
+    /// Output alias -> topic.
+    pub outputs: BTreeMap<String, String>,
+    /// Processing settings.
+    pub processing: ProcessingSection,
+    /// Error handling.
+    pub errors: ErrorsSection,
+    /// Resource limits.
+    pub limits: Limits,
+    /// `[config]`, flattened to strings, handed to the processor's `init`.
+    pub config: Vec<(String, String)>,
+}
+
+impl Manifest {
+    /// Reads and validates a manifest. `path` may be the file or the
+    /// directory that holds `onceflow.toml`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ManifestError> {
+        let mut path = path.as_ref().to_path_buf();
+        if path.is_dir() {
+            path.push(MANIFEST_FILE);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| ManifestError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates manifest text; `path` is used for messages and
+    /// to resolve relative paths.
+    pub fn parse(text: &str, path: PathBuf) -> Result<Self, ManifestError> {
+        let raw: RawManifest = toml::from_str(text).map_err(|e| ManifestError::Parse {
+            path: path.clone(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let invalid = |key: &str, message: String| ManifestError::Invalid {
+            path: path.clone(),
+            key: key.to_owned(),
+            message,
+        };
+
+        check_name(&raw.name).map_err(|m| invalid("name", m))?;
+        check_name(&raw.tenant).map_err(|m| invalid("tenant", m))?;
+        if raw.inputs.is_empty() {
+            return Err(invalid(
+                "inputs",
+                "list at least one input topic".to_owned(),
+            ));
+        }
+        for topic in &raw.inputs {
+            check_topic(topic).map_err(|m| invalid("inputs", m))?;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for store in &raw.stores {
+            check_identifier(store).map_err(|m| invalid("stores", m))?;
+            if !seen.insert(store) {
+                return Err(invalid("stores", format!("store {store:?} is listed twice")));
+            }
+        }
+        for (alias, topic) in &raw.outputs {
+            check_identifier(alias).map_err(|m| invalid(&format!("outputs.{alias}"), m))?;
+            check_topic(topic).map_err(|m| invalid(&format!("outputs.{alias}"), m))?;
+            if raw.inputs.contains(topic) {
+                return Err(invalid(
+                    &format!("outputs.{alias}"),
+                    format!("topic {topic:?} is also an input: a processor cannot feed itself"),
+                ));
+            }
+        }
+        if let Some(target) = &raw.build.target
+            && !matches!(target.as_str(), "wasm32-unknown-unknown" | "wasm32-wasip2")
+        {
+            return Err(invalid(
+                "build.target",
+                format!("{target:?} is not supported: use wasm32-unknown-unknown or wasm32-wasip2"),
+            ));
+        }
+        let p = &raw.processing;
+        if !(1..=600_000).contains(&p.commit_interval_ms) {
+            return Err(invalid(
+                "processing.commit-interval-ms",
+                format!("{} is out of range 1..=600000", p.commit_interval_ms),
+            ));
+        }
+        if !(1..=64).contains(&p.worker_threads) {
+            return Err(invalid(
+                "processing.worker-threads",
+                format!("{} is out of range 1..=64", p.worker_threads),
+            ));
+        }
+        if !(1..=100_000).contains(&p.max_batch_records) {
+            return Err(invalid(
+                "processing.max-batch-records",
+                format!("{} is out of range 1..=100000", p.max_batch_records),
+            ));
+        }
+        match (raw.errors.policy, &raw.errors.dead_letter_topic) {
+            (ErrorPolicy::DeadLetter, None) => {
+                return Err(invalid(
+                    "errors.dead-letter-topic",
+                    "policy `dead-letter` needs a dead-letter-topic".to_owned(),
+                ));
+            }
+            (ErrorPolicy::DeadLetter, Some(topic)) => {
+                check_topic(topic).map_err(|m| invalid("errors.dead-letter-topic", m))?;
+                if raw.inputs.contains(topic) {
+                    return Err(invalid(
+                        "errors.dead-letter-topic",
+                        format!("topic {topic:?} is also an input"),
+                    ));
+                }
+            }
+            (_, Some(_)) => {
+                return Err(invalid(
+                    "errors.dead-letter-topic",
+                    "only used with policy = \"dead-letter\": remove it or change the policy"
+                        .to_owned(),
+                ));
+            }
+            (_, None) => {}
+        }
+        let l = &raw.limits;
+        if !(1..=4096).contains(&l.memory_mb) {
+            return Err(invalid(
+                "limits.memory-mb",
+                format!("{} is out of range 1..=4096", l.memory_mb),
+            ));
+        }
+        if !(1..=600_000).contains(&l.timeout_ms) {
+            return Err(invalid(
+                "limits.timeout-ms",
+                format!("{} is out of range 1..=600000", l.timeout_ms),
+            ));
+        }
+        let mut config = Vec::with_capacity(raw.config.len());
+        for (key, value) in raw.config {
+            let value = match value {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => {
+                    return Err(invalid(
+                        &format!("config.{key}"),
+                        format!(
+                            "a {} is not allowed: config values are strings, numbers or booleans",
+                            other.type_str()
+                        ),
+                    ));
+                }
+            };
+            config.push((key, value));
+        }
+
+        Ok(Self {
+            path,
+            name: raw.name,
+            tenant: raw.tenant,
+            description: raw.description,
+            inputs: raw.inputs,
+            stores: raw.stores,
+            build: raw.build,
+            outputs: raw.outputs,
+            processing: raw.processing,
+            errors: raw.errors,
+            limits: raw.limits,
+            config,
+        })
+    }
+
+    /// The directory holding the manifest; relative paths start here.
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or_else(|| Path::new("."))
+    }
+
+    /// The component file.
+    pub fn component_path(&self) -> PathBuf {
+        match &self.build.component {
+            Some(p) => self.dir().join(p),
+            None => self
+                .dir()
+                .join("target")
+                .join("onceflow")
+                .join(format!("{}.wasm", self.name)),
+        }
+    }
+
+    /// The source directory.
+    pub fn source_dir(&self) -> PathBuf {
+        self.dir().join(&self.build.source)
+    }
+
+    /// The application id: consumer group and prefix of everything the
+    /// deployment owns in Kafka.
+    pub fn application_id(&self) -> String {
+        format!("{}.{}", self.tenant, self.name)
+    }
+}
+
+/// Names of processors and tenants: they end up in consumer group ids,
+/// transactional ids and topic names.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name: use 1 to 64 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+        ))
+    }
+}
+
+/// Store names and output aliases.
+fn check_identifier(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name: use 1 to 64 letters, digits, '-', '_' or '.'"
+        ))
+    }
+}
+
+/// Kafka's own rule for topic names.
+pub fn check_topic(topic: &str) -> Result<(), String> {
+    let ok = !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{topic:?} is not a valid Kafka topic name: use 1 to 249 letters, digits, '-', '_' or '.'"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WALLET: &str = r#"
+name = "wallet"
+tenant = "demo"
+inputs = ["payments"]
+stores = ["balances"]
+
+[build]
+language = "rust"
+
+[outputs]
+balances = "balances"
+audit = "audit"
+
+[errors]
+policy = "dead-letter"
+dead-letter-topic = "payments.dlq"
+"#;
+
+    fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        Manifest::parse(text, PathBuf::from("/x/onceflow.toml"))
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let m = parse(WALLET).unwrap();
+        assert_eq!(m.processing.guarantee, Guarantee::ExactlyOnceV2);
+        assert_eq!(m.processing.commit_interval_ms, 100);
+        assert_eq!(m.processing.worker_threads, 1);
+        assert_eq!(m.limits.memory_mb, 128);
+        assert_eq!(m.errors.policy, ErrorPolicy::DeadLetter);
+        assert_eq!(m.application_id(), "demo.wallet");
+        assert_eq!(
+            m.component_path(),
+            PathBuf::from("/x/target/onceflow/wallet.wasm")
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_the_key_and_the_file() {
+        let text = WALLET.replace(
+            "[errors]",
+            "[processing]\ncomit-interval-ms = 5\n\n[errors]",
+        );
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("/x/onceflow.toml"), "{err}");
+        assert!(err.contains("comit-interval-ms"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let cases = [
+            (WALLET.replace("wallet\"", "Wallet!\""), "`name`"),
+            (
+                WALLET.replace("dead-letter-topic = \"payments.dlq\"", ""),
+                "errors.dead-letter-topic",
+            ),
+            (
+                WALLET.replace("audit = \"audit\"", "audit = \"payments\""),
+                "outputs.audit",
+            ),
+            (
+                WALLET.replace("[errors]", "[limits]\nmemory-mb = 0\n[errors]"),
+                "limits.memory-mb",
+            ),
+            (
+                WALLET.replace("policy = \"dead-letter\"", "policy = \"retry\""),
+                "retry",
+            ),
+            (
+                WALLET.replace("stores = [\"balances\"]", "stores = [\"a\", \"a\"]"),
+                "listed twice",
+            ),
+        ];
+        for (text, needle) in cases {
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{needle:?} not in {err}");
+        }
+    }
+
+    #[test]
+    fn config_values_become_strings() {
+        let text = format!("{WALLET}\n[config]\nthreshold = 10\nmode = \"strict\"\n");
+        let m = parse(&text).unwrap();
+        assert_eq!(
+            m.config,
+            vec![
+                ("mode".to_owned(), "strict".to_owned()),
+                ("threshold".to_owned(), "10".to_owned())
+            ]
+        );
+    }
+}

@@ -1,0 +1,28 @@
+//! The `onceflow` binary: parse, run, print the error chain once.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use onceflow::cli::{Cli, Exit, run};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err}");
+            for cause in err.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            let code = err.downcast_ref::<Exit>().map_or(1, |e| e.code);
+            ExitCode::from(code)
+        }
+    }
+}

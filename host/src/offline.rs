@@ -1,0 +1,500 @@
+//! The offline runner (`onceflow test`): feeds a processor records from a
+//! JSON Lines file with in-memory stores, as Kafka Streams'
+//! TopologyTestDriver does for topologies. Same sandbox, same task logic
+//! (batching, poison-record isolation, error policy) as the real host; no
+//! Kafka.
+//!
+//! Input, one JSON object per line:
+//! `{"topic": "payments", "key": "a", "value": "{...}", "partition": 0,
+//!   "headers": {"h": "v"}, "timestamp": 1700000000000}`
+//! with `key_base64` / `value_base64` in place of `key` / `value` for binary
+//! data; `key`/`value` may be `null`. Output, one line per record emitted,
+//! in emit order: `{"topic", "key", "value"}` (`key_base64`/`value_base64`
+//! when not UTF-8), plus `"error"` on dead letters.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
+
+use crate::deploy::Manifest;
+use crate::sandbox::Processor;
+use crate::state::{KvStore, MemoryStore};
+use crate::task::{Task, TaskConfig, TaskError, dead_letter_headers};
+use crate::types::{Header, InputRecord, OutputRecord};
+
+/// Why an input file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// Reading failed.
+    #[error("cannot read {file}: {source}")]
+    Read {
+        /// The input file.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A line is not a valid input record.
+    #[error("{file}:{line}: {message}")]
+    Line {
+        /// The input file.
+        file: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputLine {
+    topic: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    key_base64: Option<String>,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    value_base64: Option<String>,
+    #[serde(default)]
+    partition: Option<i32>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    timestamp: Option<i64>,
+}
+
+/// Parses an input file. Records without a partition go to
+/// `murmur2(key) % partitions`, as Kafka's default partitioner does (keyless
+/// records to partition 0). Offsets count from 0 per topic and partition.
+pub fn read_input(
+    reader: impl BufRead,
+    file: &str,
+    manifest: &Manifest,
+    partitions: i32,
+) -> Result<Vec<InputRecord>, InputError> {
+    let mut records = Vec::new();
+    let mut offsets: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for (n, line) in reader.lines().enumerate() {
+        let line_no = n + 1;
+        let line = line.map_err(|source| InputError::Read {
+            file: file.to_owned(),
+            source,
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |message: String| InputError::Line {
+            file: file.to_owned(),
+            line: line_no,
+            message,
+        };
+        let parsed: InputLine = serde_json::from_str(&line).map_err(|e| {
+            bad(format!(
+                "{e}; expected {{\"topic\", \"key\", \"value\", \"partition\"?, \"headers\"?, \"timestamp\"?}}"
+            ))
+        })?;
+        if !manifest.inputs.contains(&parsed.topic) {
+            return Err(bad(format!(
+                "topic {:?} is not an input of {} (inputs: {})",
+                parsed.topic,
+                manifest.name,
+                manifest.inputs.join(", ")
+            )));
+        }
+        let key = bytes_field("key", parsed.key, parsed.key_base64).map_err(&bad)?;
+        let value = bytes_field("value", parsed.value, parsed.value_base64).map_err(&bad)?;
+        let partition = match parsed.partition {
+            Some(p) if p < 0 || p >= partitions => {
+                return Err(bad(format!(
+                    "partition {p} is out of range: the input topics have {partitions} partitions (--partitions)"
+                )));
+            }
+            Some(p) => p,
+            None => key
+                .as_deref()
+                .map_or(0, |k| kafka_partition(k, partitions)),
+        };
+        let offset = offsets.entry((parsed.topic.clone(), partition)).or_insert(0);
+        records.push(InputRecord {
+            topic: parsed.topic,
+            partition,
+            offset: *offset,
+            timestamp: parsed.timestamp.unwrap_or(0),
+            key,
+            value,
+            headers: parsed
+                .headers
+                .into_iter()
+                .map(|(key, v)| Header {
+                    key,
+                    value: v.into_bytes(),
+                })
+                .collect(),
+        });
+        *offset += 1;
+    }
+    Ok(records)
+}
+
+fn bytes_field(
+    name: &str,
+    text: Option<String>,
+    base64: Option<String>,
+) -> Result<Option<Vec<u8>>, String> {
+    match (text, base64) {
+        (Some(_), Some(_)) => Err(format!("give either {name} or {name}_base64, not both")),
+        (Some(t), None) => Ok(Some(t.into_bytes())),
+        (None, Some(b)) => BASE64
+            .decode(b.as_bytes())
+            .map(Some)
+            .map_err(|e| format!("{name}_base64 is not valid base64: {e}")),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Kafka's default partitioner for keyed records: murmur2, sign bit
+/// cleared, modulo the partition count (Java client `Utils.murmur2`).
+pub fn kafka_partition(key: &[u8], partitions: i32) -> i32 {
+    ((murmur2(key) & 0x7fff_ffff) % partitions.max(1) as u32) as i32
+}
+
+/// Kafka's murmur2 (seed 0x9747b28c).
+pub fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let len = data.len();
+    let mut h: u32 = 0x9747_b28c ^ (len as u32);
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+/// One output line.
+#[derive(Serialize)]
+struct OutputLine<'a> {
+    topic: &'a str,
+    #[serde(flatten)]
+    key: BytesField<'a>,
+    #[serde(flatten)]
+    value: BytesField<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// A key or value: UTF-8 text as `name`, anything else as `name_base64`.
+struct BytesField<'a> {
+    name: &'static str,
+    bytes: Option<&'a [u8]>,
+}
+
+impl Serialize for BytesField<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(1))?;
+        match self.bytes {
+            None => map.serialize_entry(self.name, &())?,
+            Some(b) => match std::str::from_utf8(b) {
+                Ok(text) => map.serialize_entry(self.name, text)?,
+                Err(_) => {
+                    map.serialize_entry(&format!("{}_base64", self.name), &BASE64.encode(b))?
+                }
+            },
+        }
+        map.end()
+    }
+}
+
+/// Writes an output record as one JSON line.
+pub fn write_output(out: &mut impl Write, record: &OutputRecord, dead_letter_topic: Option<&str>) -> std::io::Result<()> {
+    let error = if Some(record.topic.as_str()) == dead_letter_topic {
+        record
+            .headers
+            .iter()
+            .find(|h| h.key == dead_letter_headers::ERROR)
+            .map(|h| String::from_utf8_lossy(&h.value).into_owned())
+    } else {
+        None
+    };
+    let line = OutputLine {
+        topic: &record.topic,
+        key: BytesField {
+            name: "key",
+            bytes: record.key.as_deref(),
+        },
+        value: BytesField {
+            name: "value",
+            bytes: record.value.as_deref(),
+        },
+        error,
+    };
+    serde_json::to_writer(&mut *out, &line)?;
+    out.write_all(b"\n")
+}
+
+/// Settings of an offline run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Most records per `process` call.
+    pub batch_size: usize,
+}
+
+/// Totals of an offline run.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Input records.
+    pub records: u64,
+    /// Output records (dead letters included).
+    pub outputs: u64,
+    /// Dead-lettered records.
+    pub dead_lettered: u64,
+    /// Skipped records.
+    pub skipped: u64,
+    /// `process` calls.
+    pub calls: u64,
+}
+
+/// The offline runner's tasks, one per input partition seen.
+pub struct OfflineRunner {
+    processor: Processor,
+    config: TaskConfig,
+    stores: Vec<String>,
+    tasks: BTreeMap<i32, Task>,
+}
+
+impl OfflineRunner {
+    /// A runner for a loaded processor and its manifest.
+    pub fn new(processor: Processor, manifest: &Manifest) -> Self {
+        Self {
+            processor,
+            config: TaskConfig::from_manifest(manifest),
+            stores: manifest.stores.clone(),
+            tasks: BTreeMap::new(),
+        }
+    }
+
+    fn task(&mut self, partition: i32) -> &mut Task {
+        let (processor, config, stores) = (&self.processor, &self.config, &self.stores);
+        self.tasks.entry(partition).or_insert_with(|| {
+            let stores = stores
+                .iter()
+                .map(|s| (s.clone(), Box::new(MemoryStore::default()) as Box<dyn KvStore>))
+                .collect();
+            Task::new(partition, processor.clone(), config.clone(), stores)
+        })
+    }
+
+    /// Processes records in input order, in batches of consecutive records
+    /// of one partition, handing each batch's outputs to `sink`. Every batch
+    /// "commits" as soon as it is processed. Stops at the first record that
+    /// fails under the `fail` policy.
+    pub fn run(
+        &mut self,
+        records: &[InputRecord],
+        options: &RunOptions,
+        mut sink: impl FnMut(&OutputRecord) -> std::io::Result<()>,
+    ) -> Result<RunSummary, RunError> {
+        let mut summary = RunSummary::default();
+        let batch_size = options.batch_size.max(1);
+        let mut start = 0;
+        while start < records.len() {
+            let partition = records[start].partition;
+            let mut end = start + 1;
+            while end < records.len() && end - start < batch_size && records[end].partition == partition {
+                end += 1;
+            }
+            let batch = &records[start..end];
+            let task = self.task(partition);
+            let outcome = task.process_batch(batch);
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(e) => {
+                    task.abort();
+                    return Err(RunError::Task(e));
+                }
+            };
+            task.apply_committed()?;
+            summary.records += batch.len() as u64;
+            summary.outputs += outcome.outputs.len() as u64;
+            summary.dead_lettered += outcome.dead_lettered;
+            summary.skipped += outcome.skipped;
+            summary.calls += outcome.calls;
+            for o in &outcome.outputs {
+                sink(o).map_err(RunError::Output)?;
+            }
+            start = end;
+        }
+        Ok(summary)
+    }
+
+    /// Every partition's stores: `(partition, store, entries)`.
+    pub fn dump_state(&self) -> Result<Vec<(i32, String, Vec<crate::types::Entry>)>, RunError> {
+        let mut out = Vec::new();
+        for (partition, task) in &self.tasks {
+            for (store, entries) in task.dump_state()? {
+                out.push((*partition, store, entries));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Why an offline run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Processing stopped.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// Writing the outputs failed.
+    #[error("cannot write the output: {0}")]
+    Output(std::io::Error),
+}
+
+/// One `--dump-state` line.
+pub fn write_state_entry(
+    out: &mut impl Write,
+    partition: i32,
+    store: &str,
+    key: &[u8],
+    value: &[u8],
+) -> std::io::Result<()> {
+    #[derive(Serialize)]
+    struct StateLine<'a> {
+        store: &'a str,
+        partition: i32,
+        #[serde(flatten)]
+        key: BytesField<'a>,
+        #[serde(flatten)]
+        value: BytesField<'a>,
+    }
+    serde_json::to_writer(
+        &mut *out,
+        &StateLine {
+            store,
+            partition,
+            key: BytesField {
+                name: "key",
+                bytes: Some(key),
+            },
+            value: BytesField {
+                name: "value",
+                bytes: Some(value),
+            },
+        },
+    )?;
+    out.write_all(b"\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn manifest() -> Manifest {
+        Manifest::parse(
+            "name = \"w\"\ntenant = \"t\"\ninputs = [\"in\"]\n[build]\nlanguage = \"rust\"\n",
+            PathBuf::from("m/onceflow.toml"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn murmur2_matches_the_java_client() {
+        // Values from Kafka's UtilsTest / DefaultPartitionerTest.
+        assert_eq!(murmur2(b"21") as i32, -973932308);
+        assert_eq!(murmur2(b"foobar") as i32, -790332482);
+        assert_eq!(murmur2(b"a-little-bit-long-string") as i32, -985981536);
+        assert_eq!(murmur2(b"a-little-bit-longer-string") as i32, -1486304829);
+        assert_eq!(murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") as i32, -58897971);
+        assert_eq!(murmur2(b"abc") as i32, 479470107);
+    }
+
+    #[test]
+    fn input_lines_parse_with_offsets_and_partitions() {
+        let text = r#"{"topic":"in","key":"a","value":"1"}
+{"topic":"in","key":"b","value_base64":"AAE=","partition":1,"headers":{"h":"v"},"timestamp":5}
+
+{"topic":"in","key":null,"value":null,"partition":1}"#;
+        let recs = read_input(text.as_bytes(), "f", &manifest(), 2).unwrap();
+        assert_eq!(recs.len(), 3);
+        assert_eq!(recs[0].partition, kafka_partition(b"a", 2));
+        assert_eq!((recs[1].partition, recs[1].offset), (1, 0));
+        assert_eq!((recs[2].partition, recs[2].offset), (1, 1));
+        assert_eq!(recs[1].value.as_deref(), Some(&[0u8, 1][..]));
+        assert_eq!(recs[1].headers[0].key, "h");
+        assert_eq!(recs[1].timestamp, 5);
+        assert_eq!(recs[2].key, None);
+    }
+
+    #[test]
+    fn bad_lines_name_file_and_line() {
+        let cases = [
+            (r#"{"topic":"other","value":"x"}"#, "not an input"),
+            (r#"{"topic":"in","valu":"x"}"#, "unknown field"),
+            (r#"{"topic":"in","value":"x","value_base64":"eA=="}"#, "not both"),
+            (r#"{"topic":"in","value_base64":"%%"}"#, "not valid base64"),
+            (r#"{"topic":"in","partition":7}"#, "out of range"),
+            ("not json", "expected"),
+        ];
+        for (line, needle) in cases {
+            let text = format!("{{\"topic\":\"in\"}}\n{line}");
+            let err = read_input(text.as_bytes(), "in.jsonl", &manifest(), 2)
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with("in.jsonl:2: "), "{err}");
+            assert!(err.contains(needle), "{needle:?} not in {err}");
+        }
+    }
+
+    #[test]
+    fn output_lines_use_text_or_base64() {
+        let mut buf = Vec::new();
+        let rec = OutputRecord {
+            topic: "t".into(),
+            key: Some(b"k".to_vec()),
+            value: Some(vec![0xff, 0x00]),
+            headers: vec![],
+        };
+        write_output(&mut buf, &rec, None).unwrap();
+        let none = OutputRecord {
+            topic: "dlq".into(),
+            key: None,
+            value: Some(b"v".to_vec()),
+            headers: vec![Header {
+                key: dead_letter_headers::ERROR.into(),
+                value: b"bad".to_vec(),
+            }],
+        };
+        write_output(&mut buf, &none, Some("dlq")).unwrap();
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "{\"topic\":\"t\",\"key\":\"k\",\"value_base64\":\"/wA=\"}\n\
+             {\"topic\":\"dlq\",\"key\":null,\"value\":\"v\",\"error\":\"bad\"}\n"
+        );
+    }
+}

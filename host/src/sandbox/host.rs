@@ -1,0 +1,227 @@
+//! The host side of the `onceflow:processor` imports, on the per-instance
+//! store data. Errors the processor is meant to see (unknown store, unknown
+//! alias, too large) are returned to it; failures of the host itself (a
+//! store backend error) trap, so the batch is retried rather than blamed on
+//! a record.
+
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{ResourceLimiter, Result};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::log::GuestLog;
+use super::wasi::Determinism;
+use crate::types::{self, AccessError, Effects, EmitError, LogLevel, StoreAccessError};
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "processor",
+    imports: { default: trappable },
+});
+
+pub use exports_types::{Header as WitHeader, ProcessError as WitProcessError, Record as WitRecord};
+
+mod exports_types {
+    pub use super::onceflow::processor::types::{Header, ProcessError, Record};
+}
+
+use onceflow::processor::{context, log, output, state, types as wit};
+
+/// A host-side failure inside an import: the call traps with it, and the
+/// sandbox reports it as the host's fault, not the record's.
+#[derive(Debug)]
+pub struct HostFailure(pub String);
+
+impl std::fmt::Display for HostFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HostFailure {}
+
+/// Caps linear memory and table growth, and remembers whether it refused, so
+/// that the trap that follows can be reported as "memory limit exceeded".
+pub struct MemoryLimiter {
+    pub(crate) max_bytes: usize,
+    pub(crate) refused: bool,
+}
+
+/// Table elements allowed per table: generous for real programs, a wall for
+/// a guest that grows tables to exhaust host memory.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> Result<bool> {
+        if desired > self.max_bytes {
+            self.refused = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> Result<bool> {
+        if desired > MAX_TABLE_ELEMENTS {
+            self.refused = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+/// Coordinates of one record of the current batch, for `begin-record`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordCoords {
+    pub seed: u64,
+    pub timestamp_ms: i64,
+}
+
+/// Everything an instance's imports can reach. One per wasmtime `Store`.
+pub struct HostState {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limiter: MemoryLimiter,
+    /// Where state and output go; swapped in for the duration of a call.
+    pub(crate) effects: Box<dyn Effects>,
+    pub(crate) determinism: Determinism,
+    pub(crate) log: GuestLog,
+    pub(crate) batch: Vec<RecordCoords>,
+    /// The record the processor said it is working on.
+    pub(crate) cursor: Option<u32>,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Adds the Onceflow imports and the sandboxed WASI 0.2 to a linker.
+/// `wasi:http` is never added.
+pub fn add_to_linker(linker: &mut Linker<HostState>) -> Result<()> {
+    wasmtime_wasi::p2::add_to_linker_sync(linker)?;
+    Processor::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)
+}
+
+fn state_result<T>(r: Result<T, AccessError>) -> Result<Result<T, wit::StateError>> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(AccessError::Refused(StoreAccessError::UnknownStore(s))) => {
+            Ok(Err(wit::StateError::UnknownStore(s)))
+        }
+        Err(AccessError::Refused(StoreAccessError::TooLarge(n))) => {
+            Ok(Err(wit::StateError::TooLarge(n)))
+        }
+        Err(AccessError::Failed(m)) => Err(wasmtime::Error::new(HostFailure(m))),
+    }
+}
+
+fn to_entries(entries: Vec<types::Entry>) -> Vec<wit::Entry> {
+    entries
+        .into_iter()
+        .map(|(key, value)| wit::Entry { key, value })
+        .collect()
+}
+
+impl wit::Host for HostState {}
+
+impl state::Host for HostState {
+    fn get(&mut self, store: String, key: Vec<u8>) -> Result<Result<Option<Vec<u8>>, wit::StateError>> {
+        state_result(self.effects.get(&store, &key))
+    }
+
+    fn put(&mut self, store: String, key: Vec<u8>, value: Vec<u8>) -> Result<Result<(), wit::StateError>> {
+        state_result(self.effects.put(&store, key, value))
+    }
+
+    fn delete(&mut self, store: String, key: Vec<u8>) -> Result<Result<(), wit::StateError>> {
+        state_result(self.effects.delete(&store, key))
+    }
+
+    fn scan_prefix(
+        &mut self,
+        store: String,
+        prefix: Vec<u8>,
+        after: Option<Vec<u8>>,
+        limit: u32,
+    ) -> Result<Result<Vec<wit::Entry>, wit::StateError>> {
+        let r = self
+            .effects
+            .scan_prefix(&store, &prefix, after.as_deref(), limit as usize);
+        state_result(r.map(to_entries))
+    }
+
+    fn scan_range(
+        &mut self,
+        store: String,
+        start: Option<Vec<u8>>,
+        end: Option<Vec<u8>>,
+        limit: u32,
+    ) -> Result<Result<Vec<wit::Entry>, wit::StateError>> {
+        let r = self
+            .effects
+            .scan_range(&store, start.as_deref(), end.as_deref(), limit as usize);
+        state_result(r.map(to_entries))
+    }
+}
+
+impl output::Host for HostState {
+    fn emit(
+        &mut self,
+        alias: String,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<wit::Header>,
+    ) -> Result<Result<(), wit::OutputError>> {
+        let headers = headers
+            .into_iter()
+            .map(|h| types::Header {
+                key: h.key,
+                value: h.value,
+            })
+            .collect();
+        Ok(match self.effects.emit(&alias, key, value, headers) {
+            Ok(()) => Ok(()),
+            Err(EmitError::UnknownAlias(a)) => Err(wit::OutputError::UnknownAlias(a)),
+            Err(EmitError::TooLarge(n)) => Err(wit::OutputError::TooLarge(n)),
+        })
+    }
+}
+
+impl log::Host for HostState {
+    fn write(&mut self, level: log::Level, message: String) -> Result<()> {
+        let level = match level {
+            log::Level::Trace => LogLevel::Trace,
+            log::Level::Debug => LogLevel::Debug,
+            log::Level::Info => LogLevel::Info,
+            log::Level::Warn => LogLevel::Warn,
+            log::Level::Error => LogLevel::Error,
+        };
+        self.log.write(level, &message);
+        Ok(())
+    }
+}
+
+impl context::Host for HostState {
+    fn begin_record(&mut self, index: u32) -> Result<()> {
+        // An index past the batch is a guest bug; ignore it rather than
+        // trap, so the cursor keeps pointing at the last valid record.
+        if let Some(c) = self.batch.get(index as usize) {
+            self.cursor = Some(index);
+            self.determinism.set_record(c.seed, c.timestamp_ms);
+        }
+        Ok(())
+    }
+}

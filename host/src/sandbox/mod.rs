@@ -1,0 +1,626 @@
+//! The Wasm sandbox: wasmtime engine, import policy, limits, and guest
+//! instances.
+//!
+//! A component goes through three steps:
+//!
+//! 1. [`policy::inspect`] reads its imports and exports from the bytes, and
+//!    [`policy::ComponentInterface::check`] refuses anything outside the
+//!    allowlist, before anything is compiled;
+//! 2. [`Sandbox::load`] compiles it (or loads the compiled form from the
+//!    on-disk cache, keyed by content hash and engine settings) and links it
+//!    against the Onceflow imports and the sandboxed WASI;
+//! 3. [`Processor::instantiate`] makes a [`Guest`]: one instance in its own
+//!    store, with its own memory cap, fuel and deadline, for one task.
+//!
+//! The sandbox knows nothing of Kafka or RocksDB: a guest's state and output
+//! go to an [`Effects`] the caller supplies for each call.
+
+mod host;
+pub mod log;
+pub mod policy;
+mod wasi;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Func, InstancePre, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, Trap};
+
+pub use self::host::HostFailure;
+use self::host::{HostState, MemoryLimiter, RecordCoords, WitHeader, WitProcessError, WitRecord};
+use self::log::{GuestLog, LogLabels, LogSink};
+pub use self::policy::{ComponentInterface, Grant, PolicyError};
+pub use self::wasi::record_seed;
+use crate::types::{Effects, InputRecord, NoEffects};
+
+/// How often the epoch ticks: the granularity of call deadlines.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Why the sandbox could not load or start a processor.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The component breaks the import policy or lacks an export.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The component could not be compiled.
+    #[error("cannot compile the component: {0}")]
+    Compile(String),
+    /// The component's imports do not match what the host provides.
+    #[error("cannot link the component: {0}")]
+    Link(String),
+    /// An export has the wrong type.
+    #[error("export `{export}` has the wrong type ({message}): build against onceflow:processor@0.1.0")]
+    ExportType {
+        /// The export.
+        export: &'static str,
+        /// The type-check message.
+        message: String,
+    },
+    /// Instantiation failed (for example the initial memory exceeds the cap).
+    #[error("cannot instantiate the processor: {0}")]
+    Instantiate(String),
+    /// `init` returned an error or trapped.
+    #[error("the processor's init failed: {0}")]
+    Init(String),
+    /// The compiled-component cache could not be used.
+    #[error("compiled-component cache {path}: {message}")]
+    Cache {
+        /// The cache path.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// The engine could not be configured.
+    #[error("cannot configure the Wasm engine: {0}")]
+    Engine(String),
+}
+
+/// Engine-wide settings.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Meter fuel. Costs some speed; without it only the deadline stops a
+    /// runaway guest. A processor's `fuel-per-record = 0` also turns fuel
+    /// off for that processor, but the engine still meters.
+    pub fuel: bool,
+    /// Where compiled components are cached (`None`: no cache).
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            fuel: true,
+            cache_dir: default_cache_dir(),
+        }
+    }
+}
+
+/// `$ONCEFLOW_CACHE_DIR`, else `$XDG_CACHE_HOME/onceflow`, else
+/// `~/.cache/onceflow`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("ONCEFLOW_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("onceflow"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("onceflow"))
+}
+
+/// Per-processor limits and labels, from the manifest.
+#[derive(Debug, Clone)]
+pub struct ProcessorPolicy {
+    /// Linear memory cap per instance, bytes.
+    pub memory_bytes: usize,
+    /// Fuel per input record (0: unmetered).
+    pub fuel_per_record: u64,
+    /// Wall-clock deadline per call.
+    pub timeout: Duration,
+    /// Guest log lines per second per instance.
+    pub log_lines_per_second: u32,
+    /// `[config]` handed to `init`.
+    pub config: Vec<(String, String)>,
+    /// Tenant, for log labels.
+    pub tenant: String,
+    /// Processor name, for log labels.
+    pub processor: String,
+}
+
+impl Default for ProcessorPolicy {
+    /// The manifest defaults: 128 MiB, 50 M fuel per record, 10 s per call,
+    /// 100 log lines per second.
+    fn default() -> Self {
+        let limits = crate::deploy::manifest::Limits::default();
+        Self {
+            memory_bytes: (limits.memory_mb as usize) << 20,
+            fuel_per_record: limits.fuel_per_record,
+            timeout: Duration::from_millis(limits.timeout_ms),
+            log_lines_per_second: limits.log_lines_per_second,
+            config: Vec::new(),
+            tenant: String::new(),
+            processor: String::new(),
+        }
+    }
+}
+
+impl ProcessorPolicy {
+    /// The policy a manifest asks for.
+    pub fn from_manifest(m: &crate::deploy::Manifest) -> Self {
+        Self {
+            memory_bytes: (m.limits.memory_mb as usize) << 20,
+            fuel_per_record: m.limits.fuel_per_record,
+            timeout: Duration::from_millis(m.limits.timeout_ms),
+            log_lines_per_second: m.limits.log_lines_per_second,
+            config: m.config.clone(),
+            tenant: m.tenant.clone(),
+            processor: m.name.clone(),
+        }
+    }
+}
+
+/// The wasmtime engine, the linker with the sandboxed imports, and the
+/// compile cache. One per host process (per fuel setting); cheap to clone.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<SandboxInner>,
+}
+
+struct SandboxInner {
+    engine: Engine,
+    linker: Linker<HostState>,
+    config: SandboxConfig,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Drop for SandboxInner {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Sandbox {
+    /// Creates the engine and starts its epoch ticker thread.
+    pub fn new(config: SandboxConfig) -> Result<Self, SandboxError> {
+        let mut wc = Config::new();
+        wc.wasm_component_model(true)
+            .consume_fuel(config.fuel)
+            .epoch_interruption(true)
+            .cranelift_opt_level(wasmtime::OptLevel::Speed)
+            .max_wasm_stack(1 << 20);
+        let engine = Engine::new(&wc).map_err(|e| SandboxError::Engine(e.to_string()))?;
+        let mut linker = Linker::new(&engine);
+        host::add_to_linker(&mut linker).map_err(|e| SandboxError::Engine(e.to_string()))?;
+
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        {
+            let engine = engine.weak();
+            let stop = ticker_stop.clone();
+            std::thread::Builder::new()
+                .name("onceflow-epoch".to_owned())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        match engine.upgrade() {
+                            Some(e) => e.increment_epoch(),
+                            None => break,
+                        }
+                    }
+                })
+                .map_err(|e| SandboxError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+        }
+        Ok(Self {
+            inner: Arc::new(SandboxInner {
+                engine,
+                linker,
+                config,
+                ticker_stop,
+            }),
+        })
+    }
+
+    /// Checks the policy, compiles (or loads from the cache) and links a
+    /// component.
+    pub fn load(&self, bytes: &[u8], policy: ProcessorPolicy) -> Result<Processor, SandboxError> {
+        let interface = policy::inspect(bytes)?;
+        let grants = interface.check()?;
+        let component = self.compile_cached(bytes)?;
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| SandboxError::Link(format!("{e:#}")))?;
+        Ok(Processor {
+            inner: Arc::new(ProcessorInner {
+                sandbox: self.clone(),
+                pre,
+                policy,
+                interface,
+                grants,
+                sink: Arc::new(log::TracingSink),
+            }),
+        })
+    }
+
+    fn compile_cached(&self, bytes: &[u8]) -> Result<Component, SandboxError> {
+        let engine = &self.inner.engine;
+        let Some(dir) = &self.inner.config.cache_dir else {
+            return Component::new(engine, bytes).map_err(|e| SandboxError::Compile(format!("{e:#}")));
+        };
+        let dir = dir.join("compiled");
+        let path = dir.join(format!("{}.cwasm", self.cache_key(bytes)));
+        if path.exists() {
+            // SAFETY: the file was written by `Component::serialize` of an
+            // engine with the same compatibility hash (it is in the file
+            // name), and the cache directory belongs to this user.
+            match unsafe { Component::deserialize_file(engine, &path) } {
+                Ok(c) => {
+                    tracing::debug!(path = %path.display(), "loaded compiled component from cache");
+                    return Ok(c);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "ignoring unusable cache entry: {e:#}");
+                }
+            }
+        }
+        let started = std::time::Instant::now();
+        let component =
+            Component::new(engine, bytes).map_err(|e| SandboxError::Compile(format!("{e:#}")))?;
+        tracing::info!(
+            bytes = bytes.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "compiled component"
+        );
+        let cache_err = |message: String| SandboxError::Cache {
+            path: path.clone(),
+            message,
+        };
+        let serialized = component
+            .serialize()
+            .map_err(|e| cache_err(format!("{e:#}")))?;
+        std::fs::create_dir_all(&dir).map_err(|e| cache_err(e.to_string()))?;
+        // Write then rename, so a concurrent reader never sees half a file.
+        let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+        std::fs::write(&tmp, serialized).map_err(|e| cache_err(e.to_string()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| cache_err(e.to_string()))?;
+        Ok(component)
+    }
+
+    /// Content hash of the component plus the engine's compatibility hash
+    /// (wasmtime version and every setting that changes compiled code).
+    fn cache_key(&self, bytes: &[u8]) -> String {
+        use std::hash::Hash;
+        struct ShaHasher(Sha256);
+        impl std::hash::Hasher for ShaHasher {
+            fn finish(&self) -> u64 {
+                0
+            }
+            fn write(&mut self, bytes: &[u8]) {
+                self.0.update(bytes);
+            }
+        }
+        let mut engine_hash = ShaHasher(Sha256::new());
+        self.inner
+            .engine
+            .precompile_compatibility_hash()
+            .hash(&mut engine_hash);
+        let engine_hash = engine_hash.0.finalize();
+        let content = Sha256::digest(bytes);
+        format!("{}-{}", hex::encode(content), hex::encode(&engine_hash[..8]))
+    }
+}
+
+/// A loaded processor: compiled, linked, ready to instantiate per task.
+#[derive(Clone)]
+pub struct Processor {
+    inner: Arc<ProcessorInner>,
+}
+
+struct ProcessorInner {
+    sandbox: Sandbox,
+    pre: InstancePre<HostState>,
+    policy: ProcessorPolicy,
+    interface: ComponentInterface,
+    grants: Vec<(String, Grant)>,
+    sink: Arc<dyn LogSink>,
+}
+
+impl Processor {
+    /// The component's imports and exports.
+    pub fn interface(&self) -> &ComponentInterface {
+        &self.inner.interface
+    }
+
+    /// How each import is granted.
+    pub fn grants(&self) -> &[(String, Grant)] {
+        &self.inner.grants
+    }
+
+    /// The limits in force.
+    pub fn policy(&self) -> &ProcessorPolicy {
+        &self.inner.policy
+    }
+
+    /// The same processor with guest logs sent to `sink`.
+    pub fn with_log_sink(&self, sink: Arc<dyn LogSink>) -> Self {
+        let i = &self.inner;
+        Self {
+            inner: Arc::new(ProcessorInner {
+                sandbox: i.sandbox.clone(),
+                pre: i.pre.clone(),
+                policy: i.policy.clone(),
+                interface: i.interface.clone(),
+                grants: i.grants.clone(),
+                sink,
+            }),
+        }
+    }
+
+    /// Creates an instance for the task of `partition` and runs its `init`.
+    pub fn instantiate(&self, partition: i32) -> Result<Guest, SandboxError> {
+        let p = &self.inner.policy;
+        let engine = &self.inner.sandbox.inner.engine;
+        let log = GuestLog::new(
+            LogLabels {
+                tenant: p.tenant.clone(),
+                processor: p.processor.clone(),
+                partition,
+            },
+            self.inner.sink.clone(),
+            p.log_lines_per_second,
+        );
+        let determinism = wasi::Determinism::default();
+        let state = HostState {
+            wasi: wasi::build_ctx(&determinism, &log),
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter {
+                max_bytes: p.memory_bytes,
+                refused: false,
+            },
+            effects: Box::new(NoEffects),
+            determinism,
+            log,
+            batch: Vec::new(),
+            cursor: None,
+        };
+        let mut store = Store::new(engine, state);
+        store.limiter(|s| &mut s.limiter);
+        let fuel = self.inner.sandbox.inner.config.fuel;
+        // Instantiation and init get the budget of a 1000-record batch:
+        // language runtimes do real work here.
+        set_budget(&mut store, fuel, p.fuel_per_record.saturating_mul(1000), p.timeout);
+        let instance = self.inner.pre.instantiate(&mut store).map_err(|e| {
+            let limiter = &store.data().limiter;
+            if limiter.refused {
+                SandboxError::Instantiate(format!(
+                    "the component needs more memory than its limit of {} MiB; raise limits.memory-mb",
+                    p.memory_bytes >> 20
+                ))
+            } else {
+                SandboxError::Instantiate(format!("{e:#}"))
+            }
+        })?;
+        let process = instance
+            .get_func(&mut store, "process")
+            .ok_or_else(|| SandboxError::Policy(PolicyError::MissingExport("process".into())))?;
+        process
+            .typed::<(&[WitRecord],), (Result<(), WitProcessError>,)>(&store)
+            .map_err(|e| SandboxError::ExportType {
+                export: "process",
+                message: format!("{e:#}"),
+            })?;
+        if let Some(init) = instance.get_func(&mut store, "init") {
+            let init = init
+                .typed::<(&[(String, String)],), (Result<(), String>,)>(&store)
+                .map_err(|e| SandboxError::ExportType {
+                    export: "init",
+                    message: format!("{e:#}"),
+                })?;
+            match init.call(&mut store, (&p.config,)) {
+                Ok((Ok(()),)) => {}
+                Ok((Err(message),)) => return Err(SandboxError::Init(message)),
+                Err(e) => {
+                    let failure = classify_trap(&store, e, p);
+                    return Err(SandboxError::Init(failure.to_string()));
+                }
+            }
+        }
+        let punctuate = instance.get_func(&mut store, "punctuate");
+        Ok(Guest {
+            processor: self.inner.clone(),
+            store,
+            process,
+            punctuate,
+            fuel,
+            poisoned: false,
+            scratch: Vec::new(),
+        })
+    }
+}
+
+fn set_budget(store: &mut Store<HostState>, fuel_on: bool, fuel: u64, timeout: Duration) {
+    if fuel_on {
+        // 0 means unmetered for this processor.
+        let fuel = if fuel == 0 { u64::MAX } else { fuel };
+        // Cannot fail: fuel is enabled on the engine.
+        let _ = store.set_fuel(fuel);
+    }
+    let ticks = (timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
+    store.set_epoch_deadline(ticks + 1);
+}
+
+/// Why a call to the guest did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallFailure {
+    /// The processor returned an error; the instance is still usable.
+    Rejected {
+        /// The failing record's index in the batch, if the processor named it.
+        index: Option<u32>,
+        /// The processor's message.
+        message: String,
+    },
+    /// The guest trapped or hit a limit; the instance is unusable.
+    Trapped {
+        /// The record the processor was working on, if it said so.
+        index: Option<u32>,
+        /// What happened, for people.
+        reason: String,
+    },
+    /// The host failed during the call (for example a state backend error):
+    /// not the record's fault. The instance is unusable.
+    Host(String),
+}
+
+impl std::fmt::Display for CallFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallFailure::Rejected { message, .. } => f.write_str(message),
+            CallFailure::Trapped { reason, .. } => f.write_str(reason),
+            CallFailure::Host(m) => write!(f, "host failure: {m}"),
+        }
+    }
+}
+
+fn classify_trap(store: &Store<HostState>, err: wasmtime::Error, p: &ProcessorPolicy) -> CallFailure {
+    if let Some(h) = err.downcast_ref::<HostFailure>() {
+        return CallFailure::Host(h.0.clone());
+    }
+    let data = store.data();
+    let index = data.cursor;
+    let mut reason = match err.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => format!(
+            "ran out of fuel ({} per record): the processor is looping or doing too much work \
+             for one record; raise limits.fuel-per-record if the work is legitimate",
+            p.fuel_per_record
+        ),
+        Some(Trap::Interrupt) => format!(
+            "exceeded the deadline of {} ms for one call; raise limits.timeout-ms if the work \
+             is legitimate",
+            p.timeout.as_millis()
+        ),
+        Some(Trap::StackOverflow) => "stack overflow (unbounded recursion?)".to_owned(),
+        _ if data.limiter.refused => format!(
+            "memory limit of {} MiB exceeded; raise limits.memory-mb if the processor needs more",
+            p.memory_bytes >> 20
+        ),
+        Some(trap) => format!("trapped: {trap}"),
+        None => format!("failed: {err:#}"),
+    };
+    if let Some(last) = data.log.take_last_error() {
+        reason.push_str(&format!(" (last error logged: {last})"));
+    }
+    CallFailure::Trapped { index, reason }
+}
+
+/// One live instance of a processor, for one task.
+pub struct Guest {
+    processor: Arc<ProcessorInner>,
+    store: Store<HostState>,
+    process: Func,
+    punctuate: Option<Func>,
+    fuel: bool,
+    poisoned: bool,
+    scratch: Vec<WitRecord>,
+}
+
+impl Guest {
+    /// Whether the instance trapped and must be replaced.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// Calls `process` with `batch`, sending state and output to
+    /// `effects`. The caller owns rolling back `effects` on failure.
+    pub fn process(
+        &mut self,
+        batch: &[InputRecord],
+        effects: &mut Box<dyn Effects>,
+    ) -> Result<(), CallFailure> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if self.poisoned {
+            return Err(CallFailure::Host(
+                "instance used after a trap (host bug)".to_owned(),
+            ));
+        }
+        {
+            let data = self.store.data_mut();
+            data.batch.clear();
+            data.batch.extend(batch.iter().map(|r| RecordCoords {
+                seed: record_seed(&r.topic, r.partition, r.offset),
+                timestamp_ms: r.timestamp,
+            }));
+            let first = data.batch[0];
+            data.determinism.set_record(first.seed, first.timestamp_ms);
+            data.cursor = None;
+            data.limiter.refused = false;
+            std::mem::swap(&mut data.effects, effects);
+        }
+        let p = &self.processor.policy;
+        set_budget(
+            &mut self.store,
+            self.fuel,
+            p.fuel_per_record.saturating_mul(batch.len() as u64),
+            p.timeout,
+        );
+
+        self.scratch.clear();
+        self.scratch.extend(batch.iter().map(to_wit));
+        let result = self
+            .process
+            .typed::<(&[WitRecord],), (Result<(), WitProcessError>,)>(&self.store)
+            .and_then(|f| f.call(&mut self.store, (&self.scratch,)));
+
+        std::mem::swap(&mut self.store.data_mut().effects, effects);
+        match result {
+            Ok((Ok(()),)) => Ok(()),
+            Ok((Err(e),)) => Err(CallFailure::Rejected {
+                index: e.record_index,
+                message: e.message,
+            }),
+            Err(e) => {
+                self.poisoned = true;
+                self.store.data().log.flush();
+                Err(classify_trap(&self.store, e, &self.processor.policy))
+            }
+        }
+    }
+
+    /// Whether the processor exports `punctuate`.
+    pub fn has_punctuate(&self) -> bool {
+        self.punctuate.is_some()
+    }
+
+    /// Fuel left after the last call (`None` without fuel metering).
+    pub fn fuel_left(&self) -> Option<u64> {
+        self.store.get_fuel().ok()
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        self.store.data().log.flush();
+    }
+}
+
+fn to_wit(r: &InputRecord) -> WitRecord {
+    WitRecord {
+        topic: r.topic.clone(),
+        partition: r.partition,
+        offset: r.offset,
+        timestamp: r.timestamp,
+        key: r.key.clone(),
+        value: r.value.clone(),
+        headers: r
+            .headers
+            .iter()
+            .map(|h| WitHeader {
+                key: h.key.clone(),
+                value: h.value.clone(),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,510 @@
+//! Keyed state stores.
+//!
+//! Each task (one input partition) owns one partition of every store the
+//! manifest declares. A store partition has three layers, read top-down:
+//!
+//! 1. the *call* layer: writes of the `process` call in progress. A failed
+//!    call (error or trap) drops it, so a poison record leaves no trace;
+//! 2. the *transaction* layer: writes of calls that succeeded since the last
+//!    commit. These become changelog records in the commit's transaction, and
+//!    are dropped if the transaction aborts;
+//! 3. the *committed* store, which only ever holds data whose transaction
+//!    committed (the EOS loop applies layer 2 to it after the commit
+//!    succeeds). A crash can therefore never leave uncommitted data behind.
+//!
+//! This module knows nothing of Wasm or Kafka: `task` drives it.
+
+use std::collections::{BTreeMap, btree_map};
+use std::ops::Bound;
+
+use crate::types::{AccessError, Entry, StoreAccessError};
+
+/// Largest key or value the host accepts, in bytes. Kafka's default
+/// `max.message.bytes` is about 1 MiB, and a state change is one changelog
+/// record.
+pub const MAX_ENTRY_BYTES: u64 = 1 << 20;
+
+/// A failure of the store backend itself (not of the processor).
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The backend failed to read or write.
+    #[error("state store {store:?}: {message}")]
+    Backend {
+        /// The store name.
+        store: String,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// The committed data of one store partition.
+pub trait KvStore: Send {
+    /// Reads a committed key.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError>;
+    /// Committed entries with keys in the bounds, ascending.
+    fn range<'a>(
+        &'a self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+    ) -> Box<dyn Iterator<Item = Result<Entry, StateError>> + 'a>;
+    /// Applies committed changes (`None` deletes).
+    fn apply(&mut self, changes: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError>;
+}
+
+/// A store partition held in memory: the offline runner's backend.
+#[derive(Debug, Default, Clone)]
+pub struct MemoryStore {
+    data: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl MemoryStore {
+    /// All entries, ascending.
+    pub fn entries(&self) -> impl Iterator<Item = (&Vec<u8>, &Vec<u8>)> {
+        self.data.iter()
+    }
+}
+
+impl KvStore for MemoryStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        Ok(self.data.get(key).cloned())
+    }
+
+    fn range<'a>(
+        &'a self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+    ) -> Box<dyn Iterator<Item = Result<Entry, StateError>> + 'a> {
+        if bounds_empty(start, end) {
+            return Box::new(std::iter::empty());
+        }
+        Box::new(
+            self.data
+                .range::<[u8], _>((start, end))
+                .map(|(k, v)| Ok((k.clone(), v.clone()))),
+        )
+    }
+
+    fn apply(&mut self, changes: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError> {
+        for (key, value) in changes {
+            match value {
+                Some(v) => self.data.insert(key.clone(), v.clone()),
+                None => self.data.remove(key),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// `BTreeMap::range` panics on inverted or empty-exclusive bounds; a guest
+/// asking for `[b, a)` must get an empty scan instead.
+fn bounds_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
+    match (start, end) {
+        (Bound::Included(s), Bound::Included(e)) => s > e,
+        (Bound::Included(s), Bound::Excluded(e))
+        | (Bound::Excluded(s), Bound::Included(e))
+        | (Bound::Excluded(s), Bound::Excluded(e)) => s >= e,
+        _ => false,
+    }
+}
+
+type Layer = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// One store partition with its call and transaction layers.
+struct LayeredStore {
+    name: String,
+    committed: Box<dyn KvStore>,
+    txn: Layer,
+    call: Layer,
+}
+
+impl LayeredStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        if let Some(v) = self.call.get(key) {
+            return Ok(v.clone());
+        }
+        if let Some(v) = self.txn.get(key) {
+            return Ok(v.clone());
+        }
+        self.committed.get(key)
+    }
+
+    /// Entries in the bounds, newest layer winning, tombstones hidden.
+    fn scan(
+        &self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        accept: impl Fn(&[u8]) -> bool,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StateError> {
+        let mut out = Vec::new();
+        if bounds_empty(start, end) || limit == 0 {
+            return Ok(out);
+        }
+        let upper = MergeUpper {
+            txn: self.txn.range::<[u8], _>((start, end)).peekable(),
+            call: self.call.range::<[u8], _>((start, end)).peekable(),
+        };
+        let mut upper = upper.peekable();
+        let mut lower = self.committed.range(start, end).peekable();
+        enum Pick {
+            Upper,
+            UpperOverLower,
+            Lower,
+        }
+        loop {
+            // Take the smaller key; on a tie the upper layers win.
+            let pick = match (upper.peek(), lower.peek()) {
+                (None, None) => break,
+                (Some(_), None) => Pick::Upper,
+                (None, Some(_)) | (Some(_), Some(Err(_))) => Pick::Lower,
+                (Some((uk, _)), Some(Ok((lk, _)))) => match uk.as_slice().cmp(lk.as_slice()) {
+                    std::cmp::Ordering::Less => Pick::Upper,
+                    std::cmp::Ordering::Equal => Pick::UpperOverLower,
+                    std::cmp::Ordering::Greater => Pick::Lower,
+                },
+            };
+            let (key, value) = match pick {
+                Pick::Lower => lower.next().expect("peeked")?,
+                Pick::Upper | Pick::UpperOverLower => {
+                    if matches!(pick, Pick::UpperOverLower) {
+                        lower.next();
+                    }
+                    match upper.next().expect("peeked") {
+                        (k, Some(v)) => (k.clone(), v.clone()),
+                        (_, None) => continue,
+                    }
+                }
+            };
+            if !accept(&key) {
+                // Keys are ascending, and callers only reject keys past the
+                // end of what they want.
+                break;
+            }
+            out.push((key, value));
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Merges the transaction and call layers, the call layer winning.
+struct MergeUpper<'a> {
+    txn: std::iter::Peekable<btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>,
+    call: std::iter::Peekable<btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>,
+}
+
+impl<'a> Iterator for MergeUpper<'a> {
+    type Item = (&'a Vec<u8>, &'a Option<Vec<u8>>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match (self.txn.peek(), self.call.peek()) {
+            (None, None) => None,
+            (Some(_), None) => self.txn.next(),
+            (None, Some(_)) => self.call.next(),
+            (Some((tk, _)), Some((ck, _))) => {
+                if tk == ck {
+                    self.txn.next();
+                    self.call.next()
+                } else if tk < ck {
+                    self.txn.next()
+                } else {
+                    self.call.next()
+                }
+            }
+        }
+    }
+}
+
+/// The changes of one store since the last commit: what goes to its
+/// changelog and, after the commit, to the committed store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreChanges {
+    /// The store name.
+    pub store: String,
+    /// Latest value (or `None`: deleted) of every key written, ascending.
+    pub changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// The state of one task: one partition of every declared store.
+pub struct TaskState {
+    stores: Vec<LayeredStore>,
+}
+
+impl TaskState {
+    /// Opens the task's state over committed stores, one per name.
+    pub fn new(stores: Vec<(String, Box<dyn KvStore>)>) -> Self {
+        Self {
+            stores: stores
+                .into_iter()
+                .map(|(name, committed)| LayeredStore {
+                    name,
+                    committed,
+                    txn: Layer::new(),
+                    call: Layer::new(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Stores are few (a handful per processor): a linear search beats
+    /// hashing the name.
+    fn store(&self, name: &str) -> Result<&LayeredStore, StoreAccessError> {
+        self.stores
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| StoreAccessError::UnknownStore(name.to_owned()))
+    }
+
+    fn store_mut(&mut self, name: &str) -> Result<&mut LayeredStore, StoreAccessError> {
+        self.stores
+            .iter_mut()
+            .find(|s| s.name == name)
+            .ok_or_else(|| StoreAccessError::UnknownStore(name.to_owned()))
+    }
+
+    /// Reads a key as the processor sees it (its own writes included).
+    pub fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError> {
+        Ok(self.store(store)?.get(key)?)
+    }
+
+    /// Writes a key in the call layer.
+    pub fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
+        if key.len() as u64 > MAX_ENTRY_BYTES || value.len() as u64 > MAX_ENTRY_BYTES {
+            return Err(StoreAccessError::TooLarge(MAX_ENTRY_BYTES).into());
+        }
+        self.store_mut(store)?.call.insert(key, Some(value));
+        Ok(())
+    }
+
+    /// Deletes a key in the call layer.
+    pub fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
+        if key.len() as u64 > MAX_ENTRY_BYTES {
+            return Err(StoreAccessError::TooLarge(MAX_ENTRY_BYTES).into());
+        }
+        self.store_mut(store)?.call.insert(key, None);
+        Ok(())
+    }
+
+    /// Entries whose key starts with `prefix`, strictly after `after`.
+    pub fn scan_prefix(
+        &self,
+        store: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, AccessError> {
+        let s = self.store(store)?;
+        let start = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a),
+            _ => Bound::Included(prefix),
+        };
+        let end_key = prefix_successor(prefix);
+        let end = match &end_key {
+            Some(e) => Bound::Excluded(e.as_slice()),
+            None => Bound::Unbounded,
+        };
+        Ok(s.scan(start, end, |k| k.starts_with(prefix), limit)?)
+    }
+
+    /// Entries with `start <= key < end`.
+    pub fn scan_range(
+        &self,
+        store: &str,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, AccessError> {
+        let s = self.store(store)?;
+        let start = start.map_or(Bound::Unbounded, Bound::Included);
+        let end = end.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(s.scan(start, end, |_| true, limit)?)
+    }
+
+    /// The call succeeded: its writes join the transaction.
+    pub fn end_call(&mut self) {
+        for s in &mut self.stores {
+            let call = std::mem::take(&mut s.call);
+            s.txn.extend(call);
+        }
+    }
+
+    /// The call failed: forget its writes.
+    pub fn discard_call(&mut self) {
+        for s in &mut self.stores {
+            s.call.clear();
+        }
+    }
+
+    /// Whether any store has changes waiting for a commit.
+    pub fn is_dirty(&self) -> bool {
+        self.stores.iter().any(|s| !s.txn.is_empty())
+    }
+
+    /// The transaction's changes, per store (stores without changes left
+    /// out), without clearing them: the EOS loop writes them to the
+    /// changelogs, commits, then calls [`TaskState::apply_committed`].
+    pub fn pending_changes(&self) -> Vec<StoreChanges> {
+        self.stores
+            .iter()
+            .filter(|s| !s.txn.is_empty())
+            .map(|s| StoreChanges {
+                store: s.name.clone(),
+                changes: s.txn.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            })
+            .collect()
+    }
+
+    /// The transaction committed: move its changes into the committed
+    /// stores.
+    pub fn apply_committed(&mut self) -> Result<(), StateError> {
+        for s in &mut self.stores {
+            if s.txn.is_empty() {
+                continue;
+            }
+            let changes: Vec<_> = std::mem::take(&mut s.txn).into_iter().collect();
+            s.committed.apply(&changes)?;
+        }
+        Ok(())
+    }
+
+    /// The transaction aborted: forget everything since the last commit.
+    pub fn abort(&mut self) {
+        for s in &mut self.stores {
+            s.txn.clear();
+            s.call.clear();
+        }
+    }
+
+    /// Every store's visible entries (committed plus pending), for dumps.
+    pub fn dump(&self) -> Result<Vec<(String, Vec<Entry>)>, StateError> {
+        self.stores
+            .iter()
+            .map(|s| {
+                Ok((
+                    s.name.clone(),
+                    s.scan(Bound::Unbounded, Bound::Unbounded, |_| true, usize::MAX)?,
+                ))
+            })
+            .collect()
+    }
+}
+
+impl From<StateError> for AccessError {
+    fn from(e: StateError) -> Self {
+        AccessError::Failed(e.to_string())
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix`, or `None`
+/// if there is none (the prefix is empty or all 0xff).
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task_with(committed: &[(&str, &str)]) -> TaskState {
+        let mut store = MemoryStore::default();
+        let changes: Vec<_> = committed
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), Some(v.as_bytes().to_vec())))
+            .collect();
+        store.apply(&changes).unwrap();
+        TaskState::new(vec![("s".to_owned(), Box::new(store))])
+    }
+
+    fn keys(entries: &[Entry]) -> Vec<String> {
+        entries
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{}={}",
+                    String::from_utf8_lossy(k),
+                    String::from_utf8_lossy(v)
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reads_see_call_then_txn_then_committed() {
+        let mut t = task_with(&[("a", "1"), ("b", "1")]);
+        t.put("s", b"a".to_vec(), b"2".to_vec()).unwrap();
+        t.end_call();
+        t.put("s", b"a".to_vec(), b"3".to_vec()).unwrap();
+        assert_eq!(t.get("s", b"a").unwrap(), Some(b"3".to_vec()));
+        t.discard_call();
+        assert_eq!(t.get("s", b"a").unwrap(), Some(b"2".to_vec()));
+        t.abort();
+        assert_eq!(t.get("s", b"a").unwrap(), Some(b"1".to_vec()));
+        assert!(!t.is_dirty());
+    }
+
+    #[test]
+    fn scans_merge_layers_and_hide_tombstones() {
+        let mut t = task_with(&[("p1", "c"), ("p2", "c"), ("p4", "c"), ("q", "c")]);
+        t.delete("s", b"p2".to_vec()).unwrap();
+        t.put("s", b"p3".to_vec(), b"t".to_vec()).unwrap();
+        t.end_call();
+        t.put("s", b"p4".to_vec(), b"call".to_vec()).unwrap();
+        t.put("s", b"p0".to_vec(), b"call".to_vec()).unwrap();
+        let all = t.scan_prefix("s", b"p", None, 100).unwrap();
+        assert_eq!(keys(&all), ["p0=call", "p1=c", "p3=t", "p4=call"]);
+        let page = t.scan_prefix("s", b"p", Some(b"p1"), 2).unwrap();
+        assert_eq!(keys(&page), ["p3=t", "p4=call"]);
+        let range = t.scan_range("s", Some(b"p1"), Some(b"p4"), 100).unwrap();
+        assert_eq!(keys(&range), ["p1=c", "p3=t"]);
+        assert!(t.scan_range("s", Some(b"z"), Some(b"a"), 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn commit_moves_only_successful_calls() {
+        let mut t = task_with(&[]);
+        t.put("s", b"k".to_vec(), b"v".to_vec()).unwrap();
+        t.end_call();
+        t.put("s", b"bad".to_vec(), b"v".to_vec()).unwrap();
+        t.discard_call();
+        t.delete("s", b"gone".to_vec()).unwrap();
+        t.end_call();
+        let pending = t.pending_changes();
+        assert_eq!(
+            pending,
+            vec![StoreChanges {
+                store: "s".to_owned(),
+                changes: vec![
+                    (b"gone".to_vec(), None),
+                    (b"k".to_vec(), Some(b"v".to_vec()))
+                ],
+            }]
+        );
+        t.apply_committed().unwrap();
+        assert!(!t.is_dirty());
+        assert_eq!(t.get("s", b"k").unwrap(), Some(b"v".to_vec()));
+    }
+
+    #[test]
+    fn unknown_store_is_refused() {
+        let t = task_with(&[]);
+        let err = t.get("nope", b"k").unwrap_err().to_string();
+        assert!(err.contains("\"nope\""), "{err}");
+    }
+
+    #[test]
+    fn prefix_successor_handles_ff() {
+        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_successor(&[0x61, 0xff]), Some(vec![0x62]));
+        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
+        assert_eq!(prefix_successor(b""), None);
+    }
+}

@@ -1,0 +1,391 @@
+//! A task: one input partition's guest instance and state, and the rule that
+//! turns a failing record into exactly one error-policy action.
+//!
+//! A batch goes to the guest in one `process` call. If the call fails, its
+//! effects are dropped (state call layer, outputs) and the batch is split
+//! around the record to blame: the one the processor named (a returned error
+//! with an index, or the record it announced with `begin-record` before it
+//! trapped), else the halves of the batch. A record is poison only when it
+//! fails alone; the records before and after it are processed normally. So
+//! a batch with one bad record costs a few extra calls, never a lost or
+//! doubled effect. A trap kills the instance; the next call gets a fresh one.
+//!
+//! Used by the offline runner and by the EOS loop, which adds the commit.
+
+use std::any::Any;
+
+use crate::deploy::manifest::ErrorPolicy;
+use crate::sandbox::{CallFailure, Guest, Processor, SandboxError};
+use crate::state::{KvStore, StateError, StoreChanges, TaskState};
+use crate::types::{
+    AccessError, EmitError, Effects, Entry, Header, InputRecord, OutputRecord,
+};
+
+/// Largest output record (key + value + headers) accepted, in bytes.
+pub const MAX_OUTPUT_BYTES: u64 = 1 << 20;
+
+/// Header names on dead-lettered records.
+pub mod dead_letter_headers {
+    /// Why the record failed.
+    pub const ERROR: &str = "onceflow.error.message";
+    /// The input topic.
+    pub const TOPIC: &str = "onceflow.error.topic";
+    /// The input partition (decimal).
+    pub const PARTITION: &str = "onceflow.error.partition";
+    /// The input offset (decimal).
+    pub const OFFSET: &str = "onceflow.error.offset";
+    /// The application id (`tenant.processor`).
+    pub const PROCESSOR: &str = "onceflow.error.processor";
+}
+
+/// How a task handles failures, from the manifest.
+#[derive(Debug, Clone)]
+pub struct TaskConfig {
+    /// `tenant.name`, for dead-letter headers and messages.
+    pub application_id: String,
+    /// The error policy.
+    pub policy: ErrorPolicy,
+    /// The dead-letter topic (with `dead-letter`).
+    pub dead_letter_topic: Option<String>,
+    /// Output alias -> topic.
+    pub outputs: Vec<(String, String)>,
+}
+
+impl TaskConfig {
+    /// The task settings a manifest asks for.
+    pub fn from_manifest(m: &crate::deploy::Manifest) -> Self {
+        Self {
+            application_id: m.application_id(),
+            policy: m.errors.policy,
+            dead_letter_topic: m.errors.dead_letter_topic.clone(),
+            outputs: m
+                .outputs
+                .iter()
+                .map(|(a, t)| (a.clone(), t.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// Why a batch could not be processed.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// A record failed under the `fail` policy.
+    #[error("record {topic}/{partition}@{offset} failed and the error policy is `fail`: {reason}")]
+    RecordFailed {
+        /// Input topic.
+        topic: String,
+        /// Input partition.
+        partition: i32,
+        /// Input offset.
+        offset: i64,
+        /// Why.
+        reason: String,
+    },
+    /// The host failed (not the record's fault): abort and retry the batch.
+    #[error("host failure while processing: {0}")]
+    Host(String),
+    /// The processor could not be instantiated.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The state store failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// What one batch produced.
+#[derive(Debug, Default)]
+pub struct BatchOutcome {
+    /// Output records in emit order, dead letters in their place.
+    pub outputs: Vec<OutputRecord>,
+    /// Records handed to the error policy's skip.
+    pub skipped: u64,
+    /// Records written to the dead-letter topic.
+    pub dead_lettered: u64,
+    /// `process` calls made (more than one when the batch was split).
+    pub calls: u64,
+}
+
+/// The effects of a task: its state and the outputs of the call in progress.
+struct TaskEffects {
+    state: TaskState,
+    outputs: Vec<(String, String)>,
+    call_outputs: Vec<OutputRecord>,
+}
+
+impl Effects for TaskEffects {
+    fn get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError> {
+        self.state.get(store, key)
+    }
+    fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
+        self.state.put(store, key, value)
+    }
+    fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
+        self.state.delete(store, key)
+    }
+    fn scan_prefix(
+        &mut self,
+        store: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, AccessError> {
+        self.state.scan_prefix(store, prefix, after, limit)
+    }
+    fn scan_range(
+        &mut self,
+        store: &str,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, AccessError> {
+        self.state.scan_range(store, start, end, limit)
+    }
+    fn emit(
+        &mut self,
+        alias: &str,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<Header>,
+    ) -> Result<(), EmitError> {
+        let topic = self
+            .outputs
+            .iter()
+            .find(|(a, _)| a == alias)
+            .map(|(_, t)| t.clone())
+            .ok_or_else(|| EmitError::UnknownAlias(alias.to_owned()))?;
+        let size = key.as_ref().map_or(0, Vec::len)
+            + value.as_ref().map_or(0, Vec::len)
+            + headers.iter().map(|h| h.key.len() + h.value.len()).sum::<usize>();
+        if size as u64 > MAX_OUTPUT_BYTES {
+            return Err(EmitError::TooLarge(MAX_OUTPUT_BYTES));
+        }
+        self.call_outputs.push(OutputRecord {
+            topic,
+            key,
+            value,
+            headers,
+        });
+        Ok(())
+    }
+}
+
+/// One input partition's processing.
+pub struct Task {
+    partition: i32,
+    processor: Processor,
+    config: TaskConfig,
+    guest: Option<Guest>,
+    effects: Box<dyn Effects>,
+}
+
+impl Task {
+    /// A task for `partition` over committed stores (one per declared
+    /// store). The guest is instantiated on first use.
+    pub fn new(
+        partition: i32,
+        processor: Processor,
+        config: TaskConfig,
+        stores: Vec<(String, Box<dyn KvStore>)>,
+    ) -> Self {
+        let outputs = config.outputs.clone();
+        Self {
+            partition,
+            processor,
+            config,
+            guest: None,
+            effects: Box::new(TaskEffects {
+                state: TaskState::new(stores),
+                outputs,
+                call_outputs: Vec::new(),
+            }),
+        }
+    }
+
+    /// The input partition.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    fn fx(&mut self) -> &mut TaskEffects {
+        let any: &mut dyn Any = self.effects.as_mut();
+        any.downcast_mut::<TaskEffects>()
+            .expect("a task's effects are always TaskEffects")
+    }
+
+    fn fx_ref(&self) -> &TaskEffects {
+        let any: &dyn Any = self.effects.as_ref();
+        any.downcast_ref::<TaskEffects>()
+            .expect("a task's effects are always TaskEffects")
+    }
+
+    /// Processes a batch of this partition's records, in order. State
+    /// changes stay pending until [`Task::apply_committed`] or
+    /// [`Task::abort`].
+    pub fn process_batch(&mut self, batch: &[InputRecord]) -> Result<BatchOutcome, TaskError> {
+        let mut outcome = BatchOutcome::default();
+        self.run(batch, &mut outcome)?;
+        Ok(outcome)
+    }
+
+    fn run(&mut self, records: &[InputRecord], out: &mut BatchOutcome) -> Result<(), TaskError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        out.calls += 1;
+        let failure = match self.call(records)? {
+            Ok(()) => {
+                let fx = self.fx();
+                fx.state.end_call();
+                out.outputs.append(&mut fx.call_outputs);
+                return Ok(());
+            }
+            Err(failure) => failure,
+        };
+        let fx = self.fx();
+        fx.state.discard_call();
+        fx.call_outputs.clear();
+        if let CallFailure::Host(message) = failure {
+            return Err(TaskError::Host(message));
+        }
+        if records.len() == 1 {
+            return self.poison(&records[0], failure.to_string(), out);
+        }
+        let named = match &failure {
+            CallFailure::Rejected { index, .. } | CallFailure::Trapped { index, .. } => {
+                index.map(|i| i as usize).filter(|&i| i < records.len())
+            }
+            CallFailure::Host(_) => None,
+        };
+        tracing::debug!(
+            partition = self.partition,
+            records = records.len(),
+            named,
+            "call failed ({failure}); isolating the record"
+        );
+        match named {
+            Some(i) => {
+                self.run(&records[..i], out)?;
+                self.run(&records[i..=i], out)?;
+                self.run(&records[i + 1..], out)
+            }
+            None => {
+                let mid = records.len() / 2;
+                self.run(&records[..mid], out)?;
+                self.run(&records[mid..], out)
+            }
+        }
+    }
+
+    /// One `process` call on a live instance.
+    fn call(&mut self, records: &[InputRecord]) -> Result<Result<(), CallFailure>, TaskError> {
+        if self.guest.as_ref().is_none_or(Guest::is_poisoned) {
+            // Drop the old instance first: only one lives at a time.
+            self.guest = None;
+            self.guest = Some(self.processor.instantiate(self.partition)?);
+        }
+        let guest = self.guest.as_mut().expect("instantiated above");
+        Ok(guest.process(records, &mut self.effects))
+    }
+
+    fn poison(
+        &mut self,
+        record: &InputRecord,
+        reason: String,
+        out: &mut BatchOutcome,
+    ) -> Result<(), TaskError> {
+        match self.config.policy {
+            ErrorPolicy::Fail => Err(TaskError::RecordFailed {
+                topic: record.topic.clone(),
+                partition: record.partition,
+                offset: record.offset,
+                reason,
+            }),
+            ErrorPolicy::Skip => {
+                tracing::warn!(
+                    processor = %self.config.application_id,
+                    topic = %record.topic,
+                    partition = record.partition,
+                    offset = record.offset,
+                    "skipped a record: {reason}"
+                );
+                out.skipped += 1;
+                Ok(())
+            }
+            ErrorPolicy::DeadLetter => {
+                let topic = self
+                    .config
+                    .dead_letter_topic
+                    .clone()
+                    .unwrap_or_else(|| format!("{}.dlq", self.config.application_id));
+                tracing::debug!(
+                    topic = %record.topic,
+                    partition = record.partition,
+                    offset = record.offset,
+                    "dead-lettered a record: {reason}"
+                );
+                out.outputs.push(dead_letter(record, topic, &self.config.application_id, reason));
+                out.dead_lettered += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether state changes wait for a commit.
+    pub fn is_dirty(&self) -> bool {
+        self.fx_ref().state.is_dirty()
+    }
+
+    /// The state changes since the last commit, for the changelogs.
+    pub fn pending_changes(&self) -> Vec<StoreChanges> {
+        self.fx_ref().state.pending_changes()
+    }
+
+    /// The transaction committed: apply the pending changes to the
+    /// committed stores.
+    pub fn apply_committed(&mut self) -> Result<(), TaskError> {
+        Ok(self.fx().state.apply_committed()?)
+    }
+
+    /// The transaction aborted: drop pending changes and the instance (a
+    /// guest never outlives an aborted transaction).
+    pub fn abort(&mut self) {
+        self.fx().state.abort();
+        self.fx().call_outputs.clear();
+        self.guest = None;
+    }
+
+    /// Visible state per store, for `--dump-state`.
+    pub fn dump_state(&self) -> Result<Vec<(String, Vec<Entry>)>, TaskError> {
+        Ok(self.fx_ref().state.dump()?)
+    }
+}
+
+/// The dead-letter record for `record`: its key, value and headers, plus
+/// the reason and its coordinates as headers.
+pub fn dead_letter(
+    record: &InputRecord,
+    topic: String,
+    application_id: &str,
+    reason: String,
+) -> OutputRecord {
+    use dead_letter_headers as h;
+    let mut headers = record.headers.clone();
+    let mut add = |key: &str, value: String| {
+        headers.push(Header {
+            key: key.to_owned(),
+            value: value.into_bytes(),
+        })
+    };
+    add(h::ERROR, reason);
+    add(h::TOPIC, record.topic.clone());
+    add(h::PARTITION, record.partition.to_string());
+    add(h::OFFSET, record.offset.to_string());
+    add(h::PROCESSOR, application_id.to_owned());
+    OutputRecord {
+        topic,
+        key: record.key.clone(),
+        value: record.value.clone(),
+        headers,
+    }
+}

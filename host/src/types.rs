@@ -1,0 +1,222 @@
+//! Plain data shared by every module: records in, records out, and the errors
+//! a processor can see. This module depends on no external library, so
+//! `sandbox`, `state`, `task` and `stream` can all speak it without depending
+//! on each other.
+
+use std::fmt;
+
+/// A Kafka record header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Header key.
+    pub key: String,
+    /// Header value.
+    pub value: Vec<u8>,
+}
+
+/// One input record, as read from Kafka (or from an offline input file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputRecord {
+    /// Input topic.
+    pub topic: String,
+    /// Input partition.
+    pub partition: i32,
+    /// Offset in the partition.
+    pub offset: i64,
+    /// Timestamp in milliseconds since the Unix epoch.
+    pub timestamp: i64,
+    /// Key; `None` is a null key.
+    pub key: Option<Vec<u8>>,
+    /// Value; `None` is a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// Headers in their original order.
+    pub headers: Vec<Header>,
+}
+
+/// A record a processor emitted, already resolved from alias to topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputRecord {
+    /// Destination topic.
+    pub topic: String,
+    /// Key; `None` is a null key.
+    pub key: Option<Vec<u8>>,
+    /// Value; `None` is a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: Vec<Header>,
+}
+
+/// A state operation the processor asked for that the host refused. The
+/// processor sees it as a `state-error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreAccessError {
+    /// The store is not declared in the manifest.
+    UnknownStore(String),
+    /// The key or value exceeds the limit (bytes).
+    TooLarge(u64),
+}
+
+impl fmt::Display for StoreAccessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownStore(name) => write!(
+                f,
+                "unknown state store {name:?}: declare it under `stores` in onceflow.toml"
+            ),
+            Self::TooLarge(limit) => write!(f, "key or value larger than {limit} bytes"),
+        }
+    }
+}
+
+/// A state access that did not succeed: refused (the processor's fault; it
+/// sees a `state-error`) or failed in the host (the call traps and the batch
+/// is retried, since the record is not to blame).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessError {
+    /// The processor asked for something it may not have.
+    Refused(StoreAccessError),
+    /// The store backend failed.
+    Failed(String),
+}
+
+impl From<StoreAccessError> for AccessError {
+    fn from(e: StoreAccessError) -> Self {
+        Self::Refused(e)
+    }
+}
+
+impl fmt::Display for AccessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Refused(e) => e.fmt(f),
+            Self::Failed(m) => write!(f, "state store failed: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for AccessError {}
+
+/// An emit the host refused. The processor sees it as an `output-error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EmitError {
+    /// The alias is not declared in the manifest's `[outputs]`.
+    UnknownAlias(String),
+    /// The record exceeds the limit (bytes).
+    TooLarge(u64),
+}
+
+impl fmt::Display for EmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownAlias(alias) => write!(
+                f,
+                "unknown output alias {alias:?}: declare it under [outputs] in onceflow.toml"
+            ),
+            Self::TooLarge(limit) => write!(f, "output record larger than {limit} bytes"),
+        }
+    }
+}
+
+/// A key-value pair returned by a scan.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+/// Severity of a guest log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Finest detail.
+    Trace,
+    /// Debugging detail.
+    Debug,
+    /// Normal operation.
+    Info,
+    /// Something unexpected that the processor handled.
+    Warn,
+    /// Something failed.
+    Error,
+}
+
+/// Where a processor's effects go during a `process` call: the state stores
+/// of its partition and its output buffer. The sandbox calls these from the
+/// guest's imports; `task` implements them over `state`.
+pub trait Effects: std::any::Any + Send {
+    /// Reads a key.
+    fn get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError>;
+    /// Writes a key.
+    fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError>;
+    /// Deletes a key.
+    fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError>;
+    /// Keys with `prefix`, ascending, strictly after `after`, at most `limit`.
+    fn scan_prefix(
+        &mut self,
+        store: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, AccessError>;
+    /// Keys in `[start, end)`, ascending, at most `limit`.
+    fn scan_range(
+        &mut self,
+        store: &str,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, AccessError>;
+    /// Emits a record to an output alias.
+    fn emit(
+        &mut self,
+        alias: &str,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<Header>,
+    ) -> Result<(), EmitError>;
+}
+
+/// An [`Effects`] that refuses everything: what a guest sees outside a
+/// `process` call (for example during `init`).
+#[derive(Debug, Default)]
+pub struct NoEffects;
+
+impl Effects for NoEffects {
+    fn get(&mut self, store: &str, _: &[u8]) -> Result<Option<Vec<u8>>, AccessError> {
+        Err(outside_process(store))
+    }
+    fn put(&mut self, store: &str, _: Vec<u8>, _: Vec<u8>) -> Result<(), AccessError> {
+        Err(outside_process(store))
+    }
+    fn delete(&mut self, store: &str, _: Vec<u8>) -> Result<(), AccessError> {
+        Err(outside_process(store))
+    }
+    fn scan_prefix(
+        &mut self,
+        store: &str,
+        _: &[u8],
+        _: Option<&[u8]>,
+        _: usize,
+    ) -> Result<Vec<Entry>, AccessError> {
+        Err(outside_process(store))
+    }
+    fn scan_range(
+        &mut self,
+        store: &str,
+        _: Option<&[u8]>,
+        _: Option<&[u8]>,
+        _: usize,
+    ) -> Result<Vec<Entry>, AccessError> {
+        Err(outside_process(store))
+    }
+    fn emit(
+        &mut self,
+        alias: &str,
+        _: Option<Vec<u8>>,
+        _: Option<Vec<u8>>,
+        _: Vec<Header>,
+    ) -> Result<(), EmitError> {
+        Err(EmitError::UnknownAlias(alias.to_owned()))
+    }
+}
+
+fn outside_process(store: &str) -> AccessError {
+    AccessError::Failed(format!(
+        "state store {store:?} is only available inside `process`, not in `init`"
+    ))
+}

@@ -1,0 +1,92 @@
+//! Helpers shared by the integration tests: paths, building guests with the
+//! real `onceflow build`, and running the CLI.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ has a parent")
+        .to_path_buf()
+}
+
+/// The `onceflow` binary cargo built for these tests.
+pub fn onceflow() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_onceflow"));
+    cmd.env("ONCEFLOW_LOG", "warn");
+    cmd
+}
+
+/// Where guests are built: their own target directory, because `cargo test`
+/// holds the lock of the host's.
+fn guest_target_dir() -> PathBuf {
+    std::env::var_os("ONCEFLOW_GUEST_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").expect("HOME is set");
+            PathBuf::from(home).join(".cache/onceflow/guest-target")
+        })
+}
+
+/// Builds the guest whose manifest is at `manifest` (relative to the repo)
+/// with `onceflow build`, once per test process, and returns the manifest's
+/// absolute path.
+pub fn build_guest(manifest: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    // One build at a time: cargo would serialise them on its lock anyway.
+    let built = BUILT.get_or_init(Default::default);
+    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get(manifest) {
+        return p.clone();
+    }
+    let path = repo().join(manifest);
+    let out = onceflow()
+        .arg("build")
+        .arg(&path)
+        .env("CARGO_TARGET_DIR", guest_target_dir())
+        .output()
+        .expect("run onceflow build");
+    assert!(
+        out.status.success(),
+        "onceflow build {manifest} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    built.insert(manifest.to_owned(), path.clone());
+    path
+}
+
+/// Runs `onceflow test` on `manifest` with `input` (JSON Lines text) and
+/// extra arguments.
+pub fn offline_test(manifest: &Path, input: &str, extra: &[&str]) -> Output {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("input.jsonl");
+    std::fs::write(&file, input).expect("write input");
+    onceflow()
+        .arg("test")
+        .arg(manifest)
+        .arg("--input")
+        .arg(&file)
+        .args(extra)
+        .output()
+        .expect("run onceflow test")
+}
+
+/// Parses JSON Lines.
+pub fn json_lines(bytes: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+/// One input line for `onceflow test`.
+pub fn input_line(topic: &str, key: &str, value: &str) -> String {
+    serde_json::json!({"topic": topic, "key": key, "value": value}).to_string()
+}

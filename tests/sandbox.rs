@@ -1,0 +1,256 @@
+//! Hostile guests: each is stopped with a clear reason, handled by the error
+//! policy, leaves no state behind, and the host keeps processing.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{build_guest, onceflow};
+use onceflow::deploy::Manifest;
+use onceflow::deploy::manifest::ErrorPolicy;
+use onceflow::offline::{OfflineRunner, RunOptions};
+use onceflow::sandbox::log::{GuestLogLine, LogLabels, LogSink};
+use onceflow::sandbox::{ProcessorPolicy, Sandbox, SandboxConfig};
+use onceflow::task::dead_letter_headers;
+use onceflow::types::{InputRecord, OutputRecord};
+
+fn record(topic: &str, offset: i64, key: &str, value: &str) -> InputRecord {
+    InputRecord {
+        topic: topic.to_owned(),
+        partition: 0,
+        offset,
+        timestamp: 1_700_000_000_000 + offset,
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(value.as_bytes().to_vec()),
+        headers: vec![],
+    }
+}
+
+fn error_of(o: &OutputRecord) -> Option<String> {
+    o.headers
+        .iter()
+        .find(|h| h.key == dead_letter_headers::ERROR)
+        .map(|h| String::from_utf8_lossy(&h.value).into_owned())
+}
+
+/// Loads a guest with its manifest switched to dead-letter (topic `dlq`), so
+/// every failure's reason is visible in the outputs.
+fn load(manifest: &str, fuel: bool) -> (Manifest, onceflow::sandbox::Processor) {
+    let path = build_guest(manifest);
+    let mut m = Manifest::load(&path).unwrap();
+    m.errors.policy = ErrorPolicy::DeadLetter;
+    m.errors.dead_letter_topic = Some("dlq".to_owned());
+    let bytes = std::fs::read(m.component_path()).unwrap();
+    let sandbox = Sandbox::new(SandboxConfig {
+        fuel,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let processor = sandbox
+        .load(&bytes, ProcessorPolicy::from_manifest(&m))
+        .unwrap();
+    (m, processor)
+}
+
+fn run(
+    runner: &mut OfflineRunner,
+    records: &[InputRecord],
+    batch_size: usize,
+) -> Vec<OutputRecord> {
+    let mut outputs = Vec::new();
+    runner
+        .run(records, &RunOptions { batch_size }, |o| {
+            outputs.push(o.clone());
+            Ok(())
+        })
+        .expect("the run completes despite hostile records");
+    outputs
+}
+
+#[test]
+fn hostile_records_are_stopped_and_dead_lettered_and_the_rest_proceeds() {
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    let values = [
+        "ok1", "loop", "ok2", "alloc", "ok3", "panic", "ok4", "fail", "ok5", "stack", "ok6",
+    ];
+    let records: Vec<_> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| record("hostile-in", i as i64, &format!("k{i}"), v))
+        .collect();
+    // Whole batch in one call, then again one record per call: same result.
+    for batch_size in [values.len(), 1] {
+        let mut runner = OfflineRunner::new(processor.clone(), &manifest);
+        let outputs = run(&mut runner, &records, batch_size);
+        let summary: Vec<(String, String)> = outputs
+            .iter()
+            .map(|o| {
+                let v = String::from_utf8_lossy(o.value.as_deref().unwrap()).into_owned();
+                (o.topic.clone(), v)
+            })
+            .collect();
+        let expected: Vec<(String, String)> = values
+            .iter()
+            .map(|v| {
+                let topic = if v.starts_with("ok") { "hostile-out" } else { "dlq" };
+                (topic.to_owned(), (*v).to_owned())
+            })
+            .collect();
+        assert_eq!(summary, expected, "batch size {batch_size}");
+
+        let reasons: Vec<String> = outputs.iter().filter_map(error_of).collect();
+        let want = [
+            ("loop", "ran out of fuel"),
+            ("alloc", "memory limit of 16 MiB exceeded"),
+            ("panic", "hostile guest panicked on purpose"),
+            ("fail", "hostile guest failed on purpose"),
+            ("stack", "stack overflow"),
+        ];
+        for ((kind, needle), reason) in want.iter().zip(&reasons) {
+            assert!(reason.contains(needle), "{kind}: {reason:?} lacks {needle:?}");
+        }
+        // The failed calls' state writes were dropped: only the six good
+        // records counted.
+        let state = runner.dump_state().unwrap();
+        let seen = state.iter().find(|(_, s, _)| s == "seen").expect("seen store");
+        assert_eq!(seen.2, vec![(b"count".to_vec(), b"6".to_vec())], "batch size {batch_size}");
+    }
+}
+
+#[test]
+fn deadline_stops_a_loop_when_fuel_is_off() {
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", false);
+    let records = [
+        record("hostile-in", 0, "a", "loop"),
+        record("hostile-in", 1, "b", "ok"),
+    ];
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let started = std::time::Instant::now();
+    let outputs = run(&mut runner, &records, 10);
+    let reason = error_of(&outputs[0]).expect("the loop is dead-lettered");
+    assert!(reason.contains("exceeded the deadline of 2000 ms"), "{reason}");
+    assert_eq!(outputs[1].value.as_deref(), Some(&b"ok"[..]));
+    // Twice the deadline at most: once in the batch, once alone.
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
+
+#[derive(Default)]
+struct Collect(Mutex<Vec<String>>);
+impl LogSink for Collect {
+    fn line(&self, _: &LogLabels, line: &GuestLogLine) {
+        self.0.lock().unwrap().push(line.message.clone());
+    }
+    fn dropped(&self, _: &LogLabels, _: u64) {}
+}
+
+#[test]
+fn wasi_guest_gets_no_network_no_files_no_env_and_deterministic_time_and_randomness() {
+    let (manifest, processor) = load("tests/guests/wasi-probe/onceflow.toml", true);
+    let logs = Arc::new(Collect::default());
+    let processor = processor.with_log_sink(logs.clone());
+
+    // A real listener: if the sandbox leaked, the guest would connect here.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+
+    let probes = ["tcp", "udp", "dns", "file", "dir", "env", "clock", "random", "stdout"];
+    let records: Vec<_> = probes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| record("probe-in", i as i64, &port, p))
+        .collect();
+    let mut runner = OfflineRunner::new(processor.clone(), &manifest);
+    let outputs = run(&mut runner, &records, 100);
+    let result = |probe: &str| -> String {
+        let i = probes.iter().position(|p| *p == probe).unwrap();
+        let o = &outputs[i];
+        assert_eq!(o.topic, "probe-out", "{probe}: {:?}", error_of(o));
+        String::from_utf8_lossy(o.value.as_deref().unwrap()).into_owned()
+    };
+
+    assert!(listener.accept().is_err(), "no connection reached the listener");
+    for probe in ["tcp", "udp", "dns", "file"] {
+        let r = result(probe).to_lowercase();
+        assert!(
+            r.contains("denied") || r.contains("not permitted") || r.contains("no such file")
+                || r.contains("not supported") || r.contains("unsupported") || r.contains("error"),
+            "{probe} must fail: {r}"
+        );
+        assert!(!r.starts_with("ok"), "{probe} must fail: {r}");
+    }
+    assert!(!result("file").contains("root:"), "no file content leaks");
+    assert_eq!(result("env"), "env=0 args=0");
+    // The wall clock is the record's timestamp, not the host's time.
+    let clock_offset = probes.iter().position(|p| *p == "clock").unwrap() as i64;
+    assert_eq!(result("clock"), (1_700_000_000_000 + clock_offset).to_string());
+    assert!(logs.0.lock().unwrap().iter().any(|l| l.contains("probe stdout")), "stdout is captured into the log");
+
+    // Randomness depends only on the record: the same record gives the same
+    // bytes in a new instance; another offset gives other bytes.
+    let random = result("random");
+    let again = run(
+        &mut OfflineRunner::new(processor.clone(), &manifest),
+        &[record("probe-in", 7, &port, "random")],
+        1,
+    );
+    assert_eq!(String::from_utf8_lossy(again[0].value.as_deref().unwrap()), random);
+    let other = run(
+        &mut OfflineRunner::new(processor, &manifest),
+        &[record("probe-in", 8, &port, "random")],
+        1,
+    );
+    assert_ne!(String::from_utf8_lossy(other[0].value.as_deref().unwrap()), random);
+}
+
+#[test]
+fn components_importing_wasi_http_are_refused_before_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("http.wasm");
+    let bytes = wat::parse_str(
+        r#"(component
+            (import "wasi:http/outgoing-handler@0.2.0" (instance))
+            (core module $m (func (export "process")))
+        )"#,
+    )
+    .unwrap();
+    std::fs::write(&wasm, &bytes).unwrap();
+    let out = onceflow().arg("validate").arg(&wasm).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("REFUSED  wasi:http/outgoing-handler@0.2.0"), "{stdout}");
+    assert!(stdout.contains("verdict:   refused: import `wasi:http/outgoing-handler@0.2.0` is refused"), "{stdout}");
+
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    let err = sandbox
+        .load(&bytes, ProcessorPolicy::default())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("never links wasi:http"), "{err}");
+}
+
+#[test]
+fn validate_accepts_the_wallet_and_lists_its_imports() {
+    let manifest = build_guest("examples/wallet/onceflow.toml");
+    let out = onceflow()
+        .args(["validate", "--output", "json"])
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["accepted"], true);
+    let imports: Vec<&str> = v["imports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert!(!imports.is_empty());
+    assert!(
+        imports.iter().all(|i| i.starts_with("onceflow:processor/")),
+        "a Rust guest imports no WASI: {imports:?}"
+    );
+    assert!(v["exports"].as_array().unwrap().iter().any(|e| e == "process"));
+}
