@@ -20,7 +20,10 @@ impl Lcg {
 
 /// Generates payments and, independently of the processor, the exact output
 /// lines the wallet must print and the final balances.
-fn wallet_case(n: usize, seed: u64) -> (String, Vec<Value>, std::collections::BTreeMap<String, i64>) {
+fn wallet_case(
+    n: usize,
+    seed: u64,
+) -> (String, Vec<Value>, std::collections::BTreeMap<String, i64>) {
     let mut rng = Lcg(seed);
     let mut input = String::new();
     let mut expected = Vec::new();
@@ -31,15 +34,41 @@ fn wallet_case(n: usize, seed: u64) -> (String, Vec<Value>, std::collections::BT
         let amount = (rng.next() % 2001) as i64 - 1000;
         let kind = rng.next() % 20;
         let (value, error) = match kind {
-            0 => (format!(r#"{{"payment_id":"{pid}","account":"#), Some("invalid payment: not valid JSON".to_owned())),
-            1 => (format!(r#"{{"payment_id":"{pid}","amount":{amount}}}"#), Some(r#"invalid payment: missing field "account""#.to_owned())),
-            2 => (format!(r#"{{"payment_id":"{pid}","account":"{account}","amount":"N/A"}}"#), Some(r#"invalid payment: field "amount" must be an integer"#.to_owned())),
-            3 => (format!(r#"{{"payment_id":"{pid}","account":"{account}","amount":1.5}}"#), Some(r#"invalid payment: field "amount" must be an integer"#.to_owned())),
-            4 => ("[1,2,3]".to_owned(), Some("invalid payment: not a JSON object".to_owned())),
-            5 => (format!(r#"{{"payment_id":"{pid}","account":7,"amount":{amount}}}"#), Some(r#"invalid payment: field "account" must be a string"#.to_owned())),
+            0 => (
+                format!(r#"{{"payment_id":"{pid}","account":"#),
+                Some("invalid payment: not valid JSON".to_owned()),
+            ),
+            1 => (
+                format!(r#"{{"payment_id":"{pid}","amount":{amount}}}"#),
+                Some(r#"invalid payment: missing field "account""#.to_owned()),
+            ),
+            2 => (
+                format!(r#"{{"payment_id":"{pid}","account":"{account}","amount":"N/A"}}"#),
+                Some(r#"invalid payment: field "amount" must be an integer"#.to_owned()),
+            ),
+            3 => (
+                format!(r#"{{"payment_id":"{pid}","account":"{account}","amount":1.5}}"#),
+                Some(r#"invalid payment: field "amount" must be an integer"#.to_owned()),
+            ),
+            4 => (
+                "[1,2,3]".to_owned(),
+                Some("invalid payment: not a JSON object".to_owned()),
+            ),
+            5 => (
+                format!(r#"{{"payment_id":"{pid}","account":7,"amount":{amount}}}"#),
+                Some(r#"invalid payment: field "account" must be a string"#.to_owned()),
+            ),
             // Extra fields and any key order are fine.
-            6 => (format!(r#"{{"amount":{amount},"note":"x","account":"{account}","payment_id":"{pid}"}}"#), None),
-            _ => (format!(r#"{{"payment_id":"{pid}","account":"{account}","amount":{amount}}}"#), None),
+            6 => (
+                format!(
+                    r#"{{"amount":{amount},"note":"x","account":"{account}","payment_id":"{pid}"}}"#
+                ),
+                None,
+            ),
+            _ => (
+                format!(r#"{{"payment_id":"{pid}","account":"{account}","amount":{amount}}}"#),
+                None,
+            ),
         };
         input.push_str(&input_line("payments", &account, &value));
         input.push('\n');
@@ -97,7 +126,10 @@ fn wallet_prints_running_balances_audit_and_dead_letters() {
             )
         })
         .collect();
-    assert_eq!(state, balances, "final balances equal the sums of valid payments");
+    assert_eq!(
+        state, balances,
+        "final balances equal the sums of valid payments"
+    );
     let summary = String::from_utf8_lossy(&out.stderr);
     assert!(summary.contains("processed 2000 records"), "{summary}");
 }
@@ -112,12 +144,27 @@ fn wallet_fail_policy_stops_with_the_record_named() {
     let dir = tempfile::tempdir().unwrap();
     let fail_manifest = dir.path().join("onceflow.toml");
     std::fs::write(&fail_manifest, text).unwrap();
-    let component = manifest.parent().unwrap().join("target/onceflow/wallet.wasm");
+    let component = manifest
+        .parent()
+        .unwrap()
+        .join("target/onceflow/wallet.wasm");
 
     let input = [
-        input_line("payments", "a", r#"{"payment_id":"p1","account":"a","amount":5}"#),
-        input_line("payments", "a", r#"{"payment_id":"p2","account":"a","amount":"N/A"}"#),
-        input_line("payments", "a", r#"{"payment_id":"p3","account":"a","amount":1}"#),
+        input_line(
+            "payments",
+            "a",
+            r#"{"payment_id":"p1","account":"a","amount":5}"#,
+        ),
+        input_line(
+            "payments",
+            "a",
+            r#"{"payment_id":"p2","account":"a","amount":"N/A"}"#,
+        ),
+        input_line(
+            "payments",
+            "a",
+            r#"{"payment_id":"p3","account":"a","amount":1}"#,
+        ),
     ]
     .join("\n");
     let out = offline_test(
@@ -128,7 +175,10 @@ fn wallet_fail_policy_stops_with_the_record_named() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("payments/0@1"), "{stderr}");
-    assert!(stderr.contains(r#"field "amount" must be an integer"#), "{stderr}");
+    assert!(
+        stderr.contains(r#"field "amount" must be an integer"#),
+        "{stderr}"
+    );
     let got = json_lines(&out.stdout);
     assert_eq!(got.len(), 2, "only the first payment's outputs: {got:?}");
     assert_eq!(got[0]["topic"], "balances");
@@ -143,7 +193,11 @@ fn word_count_counts_words_across_lines() {
     ]
     .join("\n");
     let out = offline_test(&manifest, &input, &["--dump-state"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines = json_lines(&out.stdout);
     let outputs: Vec<(String, String)> = lines
         .iter()
@@ -157,30 +211,61 @@ fn word_count_counts_words_across_lines() {
         })
         .collect();
     let expected: Vec<(String, String)> = [
-        ("the", "1"), ("cat", "1"), ("saw", "1"), ("the", "2"), ("dog", "1"),
-        ("the", "3"), ("end", "1"), ("the", "4"), ("end", "2"),
+        ("the", "1"),
+        ("cat", "1"),
+        ("saw", "1"),
+        ("the", "2"),
+        ("dog", "1"),
+        ("the", "3"),
+        ("end", "1"),
+        ("the", "4"),
+        ("end", "2"),
     ]
     .iter()
     .map(|(w, c)| (w.to_string(), c.to_string()))
     .collect();
     assert_eq!(outputs, expected);
     let state: Vec<_> = lines.iter().filter(|l| l["store"] == "counts").collect();
-    assert_eq!(state.len(), 5, "five distinct words in the store: {state:?}");
+    assert_eq!(
+        state.len(),
+        5,
+        "five distinct words in the store: {state:?}"
+    );
 }
 
 #[test]
 fn enrich_routes_filters_and_dead_letters() {
     let manifest = build_guest("examples/enrich/onceflow.toml");
     let input = [
-        input_line("orders", "o1", r#"{"order_id":"o1","customer":"c","amount":1500,"country":"DE"}"#),
-        input_line("orders", "o2", r#"{"order_id":"o2","customer":"c","amount":20,"country":"JP"}"#),
-        input_line("orders", "o3", r#"{"order_id":"o3","customer":"c","amount":0,"country":"US"}"#),
-        input_line("orders", "o4", r#"{"order_id":"o4","customer":"c","amount":999,"country":"BR"}"#),
+        input_line(
+            "orders",
+            "o1",
+            r#"{"order_id":"o1","customer":"c","amount":1500,"country":"DE"}"#,
+        ),
+        input_line(
+            "orders",
+            "o2",
+            r#"{"order_id":"o2","customer":"c","amount":20,"country":"JP"}"#,
+        ),
+        input_line(
+            "orders",
+            "o3",
+            r#"{"order_id":"o3","customer":"c","amount":0,"country":"US"}"#,
+        ),
+        input_line(
+            "orders",
+            "o4",
+            r#"{"order_id":"o4","customer":"c","amount":999,"country":"BR"}"#,
+        ),
         input_line("orders", "o5", "not json"),
     ]
     .join("\n");
     let out = offline_test(&manifest, &input, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got = json_lines(&out.stdout);
     let summary: Vec<(String, String)> = got
         .iter()
@@ -215,7 +300,11 @@ fn enrich_routes_filters_and_dead_letters() {
 #[test]
 fn bad_input_and_manifest_are_named() {
     let manifest = build_guest("examples/wallet/onceflow.toml");
-    let out = offline_test(&manifest, "{\"topic\":\"payments\",\"value\":\"x\"}\n{\"topic\":\"nope\"}", &[]);
+    let out = offline_test(
+        &manifest,
+        "{\"topic\":\"payments\",\"value\":\"x\"}\n{\"topic\":\"nope\"}",
+        &[],
+    );
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("input.jsonl:2:"), "{stderr}");
@@ -227,5 +316,8 @@ fn bad_input_and_manifest_are_named() {
     let out = onceflow().arg("validate").arg(&bad).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("colour") && stderr.contains(bad.to_str().unwrap()), "{stderr}");
+    assert!(
+        stderr.contains("colour") && stderr.contains(bad.to_str().unwrap()),
+        "{stderr}"
+    );
 }

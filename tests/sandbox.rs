@@ -92,7 +92,11 @@ fn hostile_records_are_stopped_and_dead_lettered_and_the_rest_proceeds() {
         let expected: Vec<(String, String)> = values
             .iter()
             .map(|v| {
-                let topic = if v.starts_with("ok") { "hostile-out" } else { "dlq" };
+                let topic = if v.starts_with("ok") {
+                    "hostile-out"
+                } else {
+                    "dlq"
+                };
                 (topic.to_owned(), (*v).to_owned())
             })
             .collect();
@@ -107,13 +111,23 @@ fn hostile_records_are_stopped_and_dead_lettered_and_the_rest_proceeds() {
             ("stack", "stack overflow"),
         ];
         for ((kind, needle), reason) in want.iter().zip(&reasons) {
-            assert!(reason.contains(needle), "{kind}: {reason:?} lacks {needle:?}");
+            assert!(
+                reason.contains(needle),
+                "{kind}: {reason:?} lacks {needle:?}"
+            );
         }
         // The failed calls' state writes were dropped: only the six good
         // records counted.
         let state = runner.dump_state().unwrap();
-        let seen = state.iter().find(|(_, s, _)| s == "seen").expect("seen store");
-        assert_eq!(seen.2, vec![(b"count".to_vec(), b"6".to_vec())], "batch size {batch_size}");
+        let seen = state
+            .iter()
+            .find(|(_, s, _)| s == "seen")
+            .expect("seen store");
+        assert_eq!(
+            seen.2,
+            vec![(b"count".to_vec(), b"6".to_vec())],
+            "batch size {batch_size}"
+        );
     }
 }
 
@@ -128,7 +142,10 @@ fn deadline_stops_a_loop_when_fuel_is_off() {
     let started = std::time::Instant::now();
     let outputs = run(&mut runner, &records, 10);
     let reason = error_of(&outputs[0]).expect("the loop is dead-lettered");
-    assert!(reason.contains("exceeded the deadline of 2000 ms"), "{reason}");
+    assert!(
+        reason.contains("exceeded the deadline of 2000 ms"),
+        "{reason}"
+    );
     assert_eq!(outputs[1].value.as_deref(), Some(&b"ok"[..]));
     // Twice the deadline at most: once in the batch, once alone.
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
@@ -154,7 +171,9 @@ fn wasi_guest_gets_no_network_no_files_no_env_and_deterministic_time_and_randomn
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port().to_string();
 
-    let probes = ["tcp", "udp", "dns", "file", "dir", "env", "clock", "random", "stdout"];
+    let probes = [
+        "tcp", "udp", "dns", "file", "dir", "env", "clock", "random", "stdout",
+    ];
     let records: Vec<_> = probes
         .iter()
         .enumerate()
@@ -169,12 +188,19 @@ fn wasi_guest_gets_no_network_no_files_no_env_and_deterministic_time_and_randomn
         String::from_utf8_lossy(o.value.as_deref().unwrap()).into_owned()
     };
 
-    assert!(listener.accept().is_err(), "no connection reached the listener");
+    assert!(
+        listener.accept().is_err(),
+        "no connection reached the listener"
+    );
     for probe in ["tcp", "udp", "dns", "file"] {
         let r = result(probe).to_lowercase();
         assert!(
-            r.contains("denied") || r.contains("not permitted") || r.contains("no such file")
-                || r.contains("not supported") || r.contains("unsupported") || r.contains("error"),
+            r.contains("denied")
+                || r.contains("not permitted")
+                || r.contains("no such file")
+                || r.contains("not supported")
+                || r.contains("unsupported")
+                || r.contains("error"),
             "{probe} must fail: {r}"
         );
         assert!(!r.starts_with("ok"), "{probe} must fail: {r}");
@@ -183,8 +209,18 @@ fn wasi_guest_gets_no_network_no_files_no_env_and_deterministic_time_and_randomn
     assert_eq!(result("env"), "env=0 args=0");
     // The wall clock is the record's timestamp, not the host's time.
     let clock_offset = probes.iter().position(|p| *p == "clock").unwrap() as i64;
-    assert_eq!(result("clock"), (1_700_000_000_000 + clock_offset).to_string());
-    assert!(logs.0.lock().unwrap().iter().any(|l| l.contains("probe stdout")), "stdout is captured into the log");
+    assert_eq!(
+        result("clock"),
+        (1_700_000_000_000 + clock_offset).to_string()
+    );
+    assert!(
+        logs.0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("probe stdout")),
+        "stdout is captured into the log"
+    );
 
     // Randomness depends only on the record: the same record gives the same
     // bytes in a new instance; another offset gives other bytes.
@@ -194,13 +230,19 @@ fn wasi_guest_gets_no_network_no_files_no_env_and_deterministic_time_and_randomn
         &[record("probe-in", 7, &port, "random")],
         1,
     );
-    assert_eq!(String::from_utf8_lossy(again[0].value.as_deref().unwrap()), random);
+    assert_eq!(
+        String::from_utf8_lossy(again[0].value.as_deref().unwrap()),
+        random
+    );
     let other = run(
         &mut OfflineRunner::new(processor, &manifest),
         &[record("probe-in", 8, &port, "random")],
         1,
     );
-    assert_ne!(String::from_utf8_lossy(other[0].value.as_deref().unwrap()), random);
+    assert_ne!(
+        String::from_utf8_lossy(other[0].value.as_deref().unwrap()),
+        random
+    );
 }
 
 #[test]
@@ -218,8 +260,14 @@ fn components_importing_wasi_http_are_refused_before_running() {
     let out = onceflow().arg("validate").arg(&wasm).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("REFUSED  wasi:http/outgoing-handler@0.2.0"), "{stdout}");
-    assert!(stdout.contains("verdict:   refused: import `wasi:http/outgoing-handler@0.2.0` is refused"), "{stdout}");
+    assert!(
+        stdout.contains("REFUSED  wasi:http/outgoing-handler@0.2.0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("verdict:   refused: import `wasi:http/outgoing-handler@0.2.0` is refused"),
+        "{stdout}"
+    );
 
     let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
     let err = sandbox
@@ -238,7 +286,11 @@ fn validate_accepts_the_wallet_and_lists_its_imports() {
         .arg(&manifest)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["accepted"], true);
     let imports: Vec<&str> = v["imports"]
@@ -252,5 +304,11 @@ fn validate_accepts_the_wallet_and_lists_its_imports() {
         imports.iter().all(|i| i.starts_with("onceflow:processor/")),
         "a Rust guest imports no WASI: {imports:?}"
     );
-    assert!(v["exports"].as_array().unwrap().iter().any(|e| e == "process"));
+    assert!(
+        v["exports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == "process")
+    );
 }

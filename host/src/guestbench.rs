@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::deploy::Manifest;
 use crate::sandbox::{ProcessorPolicy, Sandbox, SandboxConfig, SandboxError};
 use crate::state::{KvStore, MemoryStore};
-use crate::task::{Task, TaskConfig, TaskError};
+use crate::task::{BatchOutcome, Task, TaskConfig, TaskError};
 use crate::types::InputRecord;
 
 /// One measurement.
@@ -86,15 +86,26 @@ pub fn run(
             let stores = manifest
                 .stores
                 .iter()
-                .map(|s| (s.clone(), Box::new(MemoryStore::default()) as Box<dyn KvStore>))
+                .map(|s| {
+                    (
+                        s.clone(),
+                        Box::new(MemoryStore::default()) as Box<dyn KvStore>,
+                    )
+                })
                 .collect();
-            let mut task = Task::new(0, processor.clone(), TaskConfig::from_manifest(manifest), stores);
+            let mut task = Task::new(
+                0,
+                processor.clone(),
+                TaskConfig::from_manifest(manifest),
+                stores,
+            );
             let warmup = batch_size.min(records.len());
-            task.process_batch(&records[..warmup])?;
+            task.process_batch(&records[..warmup], &mut BatchOutcome::default())?;
             let started = Instant::now();
             let mut outputs = 0usize;
             for (n, batch) in records.chunks(batch_size.max(1)).enumerate() {
-                let outcome = task.process_batch(batch)?;
+                let mut outcome = BatchOutcome::default();
+                task.process_batch(batch, &mut outcome)?;
                 outputs += outcome.outputs.len();
                 // Commit as the EOS loop would at its interval (every
                 // ~1000 records here), so the overlay stays small.

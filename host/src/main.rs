@@ -18,8 +18,14 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err}");
+            // Print each cause once: many messages already quote their source.
+            let mut shown = err.to_string();
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                let text = cause.to_string();
+                if !shown.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                    shown = text;
+                }
             }
             let code = err.downcast_ref::<Exit>().map_or(1, |e| e.code);
             ExitCode::from(code)

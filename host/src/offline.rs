@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::deploy::Manifest;
 use crate::sandbox::Processor;
 use crate::state::{KvStore, MemoryStore};
-use crate::task::{Task, TaskConfig, TaskError, dead_letter_headers};
+use crate::task::{BatchOutcome, Task, TaskConfig, TaskError, dead_letter_headers};
 use crate::types::{Header, InputRecord, OutputRecord};
 
 /// Why an input file was refused.
@@ -115,11 +115,11 @@ pub fn read_input(
                 )));
             }
             Some(p) => p,
-            None => key
-                .as_deref()
-                .map_or(0, |k| kafka_partition(k, partitions)),
+            None => key.as_deref().map_or(0, |k| kafka_partition(k, partitions)),
         };
-        let offset = offsets.entry((parsed.topic.clone(), partition)).or_insert(0);
+        let offset = offsets
+            .entry((parsed.topic.clone(), partition))
+            .or_insert(0);
         records.push(InputRecord {
             topic: parsed.topic,
             partition,
@@ -231,7 +231,11 @@ impl Serialize for BytesField<'_> {
 }
 
 /// Writes an output record as one JSON line.
-pub fn write_output(out: &mut impl Write, record: &OutputRecord, dead_letter_topic: Option<&str>) -> std::io::Result<()> {
+pub fn write_output(
+    out: &mut impl Write,
+    record: &OutputRecord,
+    dead_letter_topic: Option<&str>,
+) -> std::io::Result<()> {
     let error = if Some(record.topic.as_str()) == dead_letter_topic {
         record
             .headers
@@ -303,7 +307,12 @@ impl OfflineRunner {
         self.tasks.entry(partition).or_insert_with(|| {
             let stores = stores
                 .iter()
-                .map(|s| (s.clone(), Box::new(MemoryStore::default()) as Box<dyn KvStore>))
+                .map(|s| {
+                    (
+                        s.clone(),
+                        Box::new(MemoryStore::default()) as Box<dyn KvStore>,
+                    )
+                })
                 .collect();
             Task::new(partition, processor.clone(), config.clone(), stores)
         })
@@ -325,19 +334,24 @@ impl OfflineRunner {
         while start < records.len() {
             let partition = records[start].partition;
             let mut end = start + 1;
-            while end < records.len() && end - start < batch_size && records[end].partition == partition {
+            while end < records.len()
+                && end - start < batch_size
+                && records[end].partition == partition
+            {
                 end += 1;
             }
             let batch = &records[start..end];
             let task = self.task(partition);
-            let outcome = task.process_batch(batch);
-            let outcome = match outcome {
-                Ok(o) => o,
-                Err(e) => {
-                    task.abort();
-                    return Err(RunError::Task(e));
+            let mut outcome = BatchOutcome::default();
+            if let Err(e) = task.process_batch(batch, &mut outcome) {
+                // Unlike a transaction, show what the records before the
+                // failing one produced, as TopologyTestDriver does.
+                task.abort();
+                for o in &outcome.outputs {
+                    sink(o).map_err(RunError::Output)?;
                 }
-            };
+                return Err(RunError::Task(e));
+            }
             task.apply_committed()?;
             summary.records += batch.len() as u64;
             summary.outputs += outcome.outputs.len() as u64;
@@ -430,7 +444,10 @@ mod tests {
         assert_eq!(murmur2(b"foobar") as i32, -790332482);
         assert_eq!(murmur2(b"a-little-bit-long-string") as i32, -985981536);
         assert_eq!(murmur2(b"a-little-bit-longer-string") as i32, -1486304829);
-        assert_eq!(murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") as i32, -58897971);
+        assert_eq!(
+            murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") as i32,
+            -58897971
+        );
         assert_eq!(murmur2(b"abc") as i32, 479470107);
     }
 
@@ -456,7 +473,10 @@ mod tests {
         let cases = [
             (r#"{"topic":"other","value":"x"}"#, "not an input"),
             (r#"{"topic":"in","valu":"x"}"#, "unknown field"),
-            (r#"{"topic":"in","value":"x","value_base64":"eA=="}"#, "not both"),
+            (
+                r#"{"topic":"in","value":"x","value_base64":"eA=="}"#,
+                "not both",
+            ),
             (r#"{"topic":"in","value_base64":"%%"}"#, "not valid base64"),
             (r#"{"topic":"in","partition":7}"#, "out of range"),
             ("not json", "expected"),

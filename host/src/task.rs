@@ -17,9 +17,7 @@ use std::any::Any;
 use crate::deploy::manifest::ErrorPolicy;
 use crate::sandbox::{CallFailure, Guest, Processor, SandboxError};
 use crate::state::{KvStore, StateError, StoreChanges, TaskState};
-use crate::types::{
-    AccessError, EmitError, Effects, Entry, Header, InputRecord, OutputRecord,
-};
+use crate::types::{AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord};
 
 /// Largest output record (key + value + headers) accepted, in bytes.
 pub const MAX_OUTPUT_BYTES: u64 = 1 << 20;
@@ -156,7 +154,10 @@ impl Effects for TaskEffects {
             .ok_or_else(|| EmitError::UnknownAlias(alias.to_owned()))?;
         let size = key.as_ref().map_or(0, Vec::len)
             + value.as_ref().map_or(0, Vec::len)
-            + headers.iter().map(|h| h.key.len() + h.value.len()).sum::<usize>();
+            + headers
+                .iter()
+                .map(|h| h.key.len() + h.value.len())
+                .sum::<usize>();
         if size as u64 > MAX_OUTPUT_BYTES {
             return Err(EmitError::TooLarge(MAX_OUTPUT_BYTES));
         }
@@ -219,13 +220,16 @@ impl Task {
             .expect("a task's effects are always TaskEffects")
     }
 
-    /// Processes a batch of this partition's records, in order. State
-    /// changes stay pending until [`Task::apply_committed`] or
-    /// [`Task::abort`].
-    pub fn process_batch(&mut self, batch: &[InputRecord]) -> Result<BatchOutcome, TaskError> {
-        let mut outcome = BatchOutcome::default();
-        self.run(batch, &mut outcome)?;
-        Ok(outcome)
+    /// Processes a batch of this partition's records, in order, adding
+    /// what it produced to `outcome`. State changes stay pending until
+    /// [`Task::apply_committed`] or [`Task::abort`]. On an error, `outcome`
+    /// holds what the records before the failing one produced.
+    pub fn process_batch(
+        &mut self,
+        batch: &[InputRecord],
+        outcome: &mut BatchOutcome,
+    ) -> Result<(), TaskError> {
+        self.run(batch, outcome)
     }
 
     fn run(&mut self, records: &[InputRecord], out: &mut BatchOutcome) -> Result<(), TaskError> {
@@ -324,7 +328,12 @@ impl Task {
                     offset = record.offset,
                     "dead-lettered a record: {reason}"
                 );
-                out.outputs.push(dead_letter(record, topic, &self.config.application_id, reason));
+                out.outputs.push(dead_letter(
+                    record,
+                    topic,
+                    &self.config.application_id,
+                    reason,
+                ));
                 out.dead_lettered += 1;
                 Ok(())
             }

@@ -150,7 +150,10 @@ fn read_component(path: &Path, manifest: Option<&Manifest>) -> anyhow::Result<Ve
             }
             _ => String::new(),
         };
-        usage(format!("cannot read component {}: {e}{hint}", path.display()))
+        usage(format!(
+            "cannot read component {}: {e}{hint}",
+            path.display()
+        ))
     })
 }
 
@@ -219,10 +222,17 @@ fn cmd_validate(target: &Path, output: OutputFormat) -> anyhow::Result<ExitCode>
             println!("{}", serde_json::to_string_pretty(&json)?);
         }
         OutputFormat::Text => {
-            println!("component: {} ({} KiB)", path.display(), bytes.len().div_ceil(1024));
+            println!(
+                "component: {} ({} KiB)",
+                path.display(),
+                bytes.len().div_ceil(1024)
+            );
             if let Ok(i) = &interface {
                 println!("exports:   {}", i.exports.join(", "));
-                println!("imports:   {}", if i.imports.is_empty() { "none" } else { "" });
+                println!(
+                    "imports:   {}",
+                    if i.imports.is_empty() { "none" } else { "" }
+                );
                 for (name, v) in &verdicts {
                     match v {
                         Ok(g) => println!("  allowed  {name}  ({})", g.describe()),
@@ -288,7 +298,11 @@ fn cmd_test(
             out.flush()?;
             eprintln!(
                 "processed {} records in {} calls: {} outputs, {} dead-lettered, {} skipped",
-                summary.records, summary.calls, summary.outputs, summary.dead_lettered, summary.skipped
+                summary.records,
+                summary.calls,
+                summary.outputs,
+                summary.dead_lettered,
+                summary.skipped
             );
             ExitCode::SUCCESS
         }
@@ -311,7 +325,9 @@ fn cmd_bench_guest(
 ) -> anyhow::Result<ExitCode> {
     let manifest = load_manifest(manifest_path)?;
     if records == 0 || batch_sizes.iter().any(|&b| b == 0) {
-        bail!(usage("--records and every --batch-sizes value must be at least 1"));
+        bail!(usage(
+            "--records and every --batch-sizes value must be at least 1"
+        ));
     }
     let bytes = read_component(&manifest.component_path(), Some(&manifest))?;
     let input = guestbench::synthetic_payments(&manifest, records);

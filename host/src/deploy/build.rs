@@ -75,7 +75,10 @@ fn build_rust(manifest: &Manifest) -> Result<BuildOutput, BuildError> {
         });
     }
     let cargo_toml = cargo_toml.canonicalize().unwrap_or(cargo_toml);
-    eprintln!("building {} for {target} (cargo build --release)", manifest.name);
+    eprintln!(
+        "building {} for {target} (cargo build --release)",
+        manifest.name
+    );
     let output = Command::new(cargo())
         .args(["build", "--release", "--target", target])
         .arg("--manifest-path")

@@ -293,7 +293,10 @@ impl Manifest {
         for store in &raw.stores {
             check_identifier(store).map_err(|m| invalid("stores", m))?;
             if !seen.insert(store) {
-                return Err(invalid("stores", format!("store {store:?} is listed twice")));
+                return Err(invalid(
+                    "stores",
+                    format!("store {store:?} is listed twice"),
+                ));
             }
         }
         for (alias, topic) in &raw.outputs {

@@ -18,13 +18,15 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-pub use exports_types::{Header as WitHeader, ProcessError as WitProcessError, Record as WitRecord};
+pub use exports_types::{
+    Header as WitHeader, ProcessError as WitProcessError, Record as WitRecord,
+};
 
 mod exports_types {
     pub use super::onceflow::processor::types::{Header, ProcessError, Record};
 }
 
-use onceflow::processor::{context, log, output, state, types as wit};
+use self::onceflow::processor::{context, log, output, state, types as wit};
 
 /// A host-side failure inside an import: the call traps with it, and the
 /// sandbox reports it as the host's fault, not the record's.
@@ -138,11 +140,20 @@ fn to_entries(entries: Vec<types::Entry>) -> Vec<wit::Entry> {
 impl wit::Host for HostState {}
 
 impl state::Host for HostState {
-    fn get(&mut self, store: String, key: Vec<u8>) -> Result<Result<Option<Vec<u8>>, wit::StateError>> {
+    fn get(
+        &mut self,
+        store: String,
+        key: Vec<u8>,
+    ) -> Result<Result<Option<Vec<u8>>, wit::StateError>> {
         state_result(self.effects.get(&store, &key))
     }
 
-    fn put(&mut self, store: String, key: Vec<u8>, value: Vec<u8>) -> Result<Result<(), wit::StateError>> {
+    fn put(
+        &mut self,
+        store: String,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    ) -> Result<Result<(), wit::StateError>> {
         state_result(self.effects.put(&store, key, value))
     }
 

@@ -52,7 +52,9 @@ pub enum SandboxError {
     #[error("cannot link the component: {0}")]
     Link(String),
     /// An export has the wrong type.
-    #[error("export `{export}` has the wrong type ({message}): build against onceflow:processor@0.1.0")]
+    #[error(
+        "export `{export}` has the wrong type ({message}): build against onceflow:processor@0.1.0"
+    )]
     ExportType {
         /// The export.
         export: &'static str,
@@ -65,14 +67,6 @@ pub enum SandboxError {
     /// `init` returned an error or trapped.
     #[error("the processor's init failed: {0}")]
     Init(String),
-    /// The compiled-component cache could not be used.
-    #[error("compiled-component cache {path}: {message}")]
-    Cache {
-        /// The cache path.
-        path: PathBuf,
-        /// What failed.
-        message: String,
-    },
     /// The engine could not be configured.
     #[error("cannot configure the Wasm engine: {0}")]
     Engine(String),
@@ -247,7 +241,8 @@ impl Sandbox {
     fn compile_cached(&self, bytes: &[u8]) -> Result<Component, SandboxError> {
         let engine = &self.inner.engine;
         let Some(dir) = &self.inner.config.cache_dir else {
-            return Component::new(engine, bytes).map_err(|e| SandboxError::Compile(format!("{e:#}")));
+            return Component::new(engine, bytes)
+                .map_err(|e| SandboxError::Compile(format!("{e:#}")));
         };
         let dir = dir.join("compiled");
         let path = dir.join(format!("{}.cwasm", self.cache_key(bytes)));
@@ -273,18 +268,11 @@ impl Sandbox {
             ms = started.elapsed().as_millis() as u64,
             "compiled component"
         );
-        let cache_err = |message: String| SandboxError::Cache {
-            path: path.clone(),
-            message,
-        };
-        let serialized = component
-            .serialize()
-            .map_err(|e| cache_err(format!("{e:#}")))?;
-        std::fs::create_dir_all(&dir).map_err(|e| cache_err(e.to_string()))?;
-        // Write then rename, so a concurrent reader never sees half a file.
-        let tmp = dir.join(format!(".{}.tmp", std::process::id()));
-        std::fs::write(&tmp, serialized).map_err(|e| cache_err(e.to_string()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| cache_err(e.to_string()))?;
+        // The cache is an optimisation: failing to write it costs a
+        // recompile next time, never the load.
+        if let Err(e) = write_cache_entry(&dir, &path, &component) {
+            tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
+        }
         Ok(component)
     }
 
@@ -308,8 +296,35 @@ impl Sandbox {
             .hash(&mut engine_hash);
         let engine_hash = engine_hash.0.finalize();
         let content = Sha256::digest(bytes);
-        format!("{}-{}", hex::encode(content), hex::encode(&engine_hash[..8]))
+        format!(
+            "{}-{}",
+            hex::encode(content),
+            hex::encode(&engine_hash[..8])
+        )
     }
+}
+
+/// Writes a compiled component to the cache: to a file unique to this
+/// writer, then renamed into place, so concurrent writers (threads or
+/// processes) never expose half a file.
+fn write_cache_entry(
+    dir: &std::path::Path,
+    path: &std::path::Path,
+    component: &Component,
+) -> Result<(), String> {
+    static UNIQUE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serialized = component.serialize().map_err(|e| format!("{e:#}"))?;
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        std::process::id(),
+        UNIQUE.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&tmp, serialized).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        e.to_string()
+    })
 }
 
 /// A loaded processor: compiled, linked, ready to instantiate per task.
@@ -390,7 +405,12 @@ impl Processor {
         let fuel = self.inner.sandbox.inner.config.fuel;
         // Instantiation and init get the budget of a 1000-record batch:
         // language runtimes do real work here.
-        set_budget(&mut store, fuel, p.fuel_per_record.saturating_mul(1000), p.timeout);
+        set_budget(
+            &mut store,
+            fuel,
+            p.fuel_per_record.saturating_mul(1000),
+            p.timeout,
+        );
         let instance = self.inner.pre.instantiate(&mut store).map_err(|e| {
             let limiter = &store.data().limiter;
             if limiter.refused {
@@ -483,7 +503,11 @@ impl std::fmt::Display for CallFailure {
     }
 }
 
-fn classify_trap(store: &Store<HostState>, err: wasmtime::Error, p: &ProcessorPolicy) -> CallFailure {
+fn classify_trap(
+    store: &Store<HostState>,
+    err: wasmtime::Error,
+    p: &ProcessorPolicy,
+) -> CallFailure {
     if let Some(h) = err.downcast_ref::<HostFailure>() {
         return CallFailure::Host(h.0.clone());
     }

@@ -70,7 +70,9 @@ pub enum PolicyError {
         reason: String,
     },
     /// A required export is missing.
-    #[error("the component does not export `{0}`: build it against the world onceflow:processor/processor@0.1.0")]
+    #[error(
+        "the component does not export `{0}`: build it against the world onceflow:processor/processor@0.1.0"
+    )]
     MissingExport(String),
 }
 
@@ -103,6 +105,11 @@ pub fn inspect(bytes: &[u8]) -> Result<ComponentInterface, PolicyError> {
             Payload::ComponentImportSection(reader) if depth == 1 => {
                 for import in reader {
                     let import = import.map_err(|e| PolicyError::NotAComponent(e.to_string()))?;
+                    // A world's `use` of types becomes type imports (`record`,
+                    // `process-error`): type equalities, not capabilities.
+                    if matches!(import.ty, wasmparser::ComponentTypeRef::Type(_)) {
+                        continue;
+                    }
                     imports.push(import.name.full_name().into_owned());
                 }
             }
@@ -178,10 +185,12 @@ pub fn classify_import(name: &str) -> Result<Grant, String> {
         ));
     };
     if wasi == "http" {
-        return Err("the sandbox never links wasi:http: a processor cannot make network \
+        return Err(
+            "the sandbox never links wasi:http: a processor cannot make network \
                     requests (its result would change on retry); bring the data in through a \
                     Kafka topic instead"
-            .to_owned());
+                .to_owned(),
+        );
     }
     if !version.is_some_and(|v| v.starts_with("0.2.")) {
         return Err(format!(
@@ -271,7 +280,9 @@ mod tests {
     #[test]
     fn core_modules_and_garbage_are_not_components() {
         let module = wat::parse_str("(module)").unwrap();
-        assert!(matches!(inspect(&module), Err(PolicyError::NotAComponent(m)) if m.contains("core WebAssembly module")));
+        assert!(
+            matches!(inspect(&module), Err(PolicyError::NotAComponent(m)) if m.contains("core WebAssembly module"))
+        );
         assert!(inspect(b"not wasm at all").is_err());
         assert!(inspect(b"").is_err());
     }

@@ -465,7 +465,11 @@ mod tests {
         assert_eq!(keys(&page), ["p3=t", "p4=call"]);
         let range = t.scan_range("s", Some(b"p1"), Some(b"p4"), 100).unwrap();
         assert_eq!(keys(&range), ["p1=c", "p3=t"]);
-        assert!(t.scan_range("s", Some(b"z"), Some(b"a"), 10).unwrap().is_empty());
+        assert!(
+            t.scan_range("s", Some(b"z"), Some(b"a"), 10)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

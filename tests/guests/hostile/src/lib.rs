@@ -1,0 +1,86 @@
+//! A guest that misbehaves on demand, for the host's sandbox tests. The
+//! record's value picks what it does:
+//!
+//! - `loop`: spins forever (the host must stop it with fuel or a timeout);
+//! - `alloc`: leaks 1 MiB blocks (reserved, so linear memory grows) until allocation
+//!   fails, then panics (the host's memory limit must hold);
+//! - `panic`: panics with "hostile guest panicked on purpose";
+//! - `fail`: returns the error "hostile guest failed on purpose";
+//! - `stack`: recurses without bound (the host must trap, not crash);
+//! - anything else: increments key `count` of store `seen` and emits the
+//!   record's key and value unchanged to alias `out`.
+
+use std::hint::black_box;
+
+use onceflow_sdk::{Context, Error, Processor, Record};
+
+/// The hostile processor.
+pub struct Hostile;
+
+const MIB: usize = 1 << 20;
+
+impl Processor for Hostile {
+    fn process(ctx: &mut Context, record: &Record) -> Result<(), Error> {
+        match record.value.as_deref() {
+            Some(b"loop") => spin(),
+            Some(b"alloc") => exhaust_memory(),
+            Some(b"panic") => panic!("hostile guest panicked on purpose"),
+            Some(b"fail") => Err(Error::new("hostile guest failed on purpose")),
+            Some(b"stack") => {
+                black_box(recurse(0));
+                Ok(())
+            }
+            _ => {
+                let seen = ctx.store("seen");
+                let count = seen.get_i64("count")?.unwrap_or(0) + 1;
+                seen.put_i64("count", count)?;
+                ctx.emit_with("out", record.key.as_deref(), record.value.as_deref(), &[])
+            }
+        }
+    }
+}
+
+onceflow_sdk::export_processor!(Hostile);
+
+/// Loops forever; `black_box` keeps the optimiser from removing the loop.
+fn spin() -> ! {
+    let mut counter: u64 = 0;
+    loop {
+        counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+/// Leaks 1 MiB blocks until the allocator says no, then panics, so that the
+/// trap and the log line say how far it got.
+fn exhaust_memory() -> ! {
+    let mut leaked: usize = 0;
+    loop {
+        let mut block: Vec<u8> = Vec::new();
+        if block.try_reserve_exact(MIB).is_err() {
+            panic!("hostile guest could not allocate after leaking {leaked} MiB");
+        }
+        // Reserving is enough: in WebAssembly the reservation grows linear
+        // memory, which is what the host limits. (Filling each block would
+        // spend the fuel budget before the memory limit is reached.)
+        block.push(0xa5);
+        black_box(&mut block);
+        std::mem::forget(block);
+        leaked += 1;
+    }
+}
+
+/// Recurses until the stack runs out. The depth stays in WebAssembly locals
+/// (no shadow-stack frame), so the engine's call stack is what overflows;
+/// the volatile read keeps the optimiser from proving the recursion endless
+/// and the call is not in tail position.
+#[inline(never)]
+fn recurse(depth: u64) -> u64 {
+    // SAFETY: reading a static through a valid reference.
+    if depth == unsafe { std::ptr::read_volatile(&STOP_AT) } {
+        return depth;
+    }
+    recurse(depth + 1).wrapping_mul(3).wrapping_add(depth)
+}
+
+/// Never reached: `u64::MAX` calls deep.
+static STOP_AT: u64 = u64::MAX;
