@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::deploy::Manifest;
 use crate::sandbox::{ProcessorPolicy, Sandbox, SandboxConfig, SandboxError};
-use crate::state::{KvStore, MemoryStore};
+use crate::state::MemoryPartition;
 use crate::task::{BatchOutcome, Task, TaskConfig, TaskError};
 use crate::types::InputRecord;
 
@@ -83,21 +83,11 @@ pub fn run(
         })?;
         let processor = sandbox.load(component, ProcessorPolicy::from_manifest(manifest))?;
         for &batch_size in batch_sizes {
-            let stores = manifest
-                .stores
-                .iter()
-                .map(|s| {
-                    (
-                        s.clone(),
-                        Box::new(MemoryStore::default()) as Box<dyn KvStore>,
-                    )
-                })
-                .collect();
             let mut task = Task::new(
                 0,
                 processor.clone(),
                 TaskConfig::from_manifest(manifest),
-                stores,
+                Box::new(MemoryPartition::default()),
             );
             let warmup = batch_size.min(records.len());
             task.process_batch(&records[..warmup], &mut BatchOutcome::default())?;
@@ -110,10 +100,10 @@ pub fn run(
                 // Commit as the EOS loop would at its interval (every
                 // ~1000 records here), so the overlay stays small.
                 if (n + 1) * batch_size % 1000 < batch_size {
-                    task.apply_committed()?;
+                    task.apply_committed(Vec::new())?;
                 }
             }
-            task.apply_committed()?;
+            task.apply_committed(Vec::new())?;
             std::hint::black_box(outputs);
             let row = BenchRow {
                 batch_size,

@@ -15,6 +15,9 @@
 //!   committed), so a failed call or an aborted transaction leaves nothing.
 //! - [`task`]: one input partition: feeds batches to its guest, isolates a
 //!   failing record, applies the error policy (fail, skip, dead-letter).
+//! - [`stream`]: `onceflow run`, the exactly-once loop on Kafka (the commit
+//!   protocol is in `stream/worker.rs`, top to bottom), and `onceflow verify`.
+//! - [`metrics`]: a deployment's counters and commit latencies.
 //! - [`offline`]: `onceflow test`, the TopologyTestDriver for components.
 //! - [`guestbench`]: `onceflow bench-guest`.
 //! - [`types`]: plain records and errors every module shares.
@@ -47,8 +50,10 @@
 pub mod cli;
 pub mod deploy;
 pub mod guestbench;
+pub mod metrics;
 pub mod offline;
 pub mod sandbox;
 pub mod state;
+pub mod stream;
 pub mod task;
 pub mod types;

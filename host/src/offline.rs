@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::deploy::Manifest;
 use crate::sandbox::Processor;
-use crate::state::{KvStore, MemoryStore};
+use crate::state::MemoryPartition;
 use crate::task::{BatchOutcome, Task, TaskConfig, TaskError, dead_letter_headers};
 use crate::types::{Header, InputRecord, OutputRecord};
 
@@ -287,7 +287,6 @@ pub struct RunSummary {
 pub struct OfflineRunner {
     processor: Processor,
     config: TaskConfig,
-    stores: Vec<String>,
     tasks: BTreeMap<i32, Task>,
 }
 
@@ -297,24 +296,19 @@ impl OfflineRunner {
         Self {
             processor,
             config: TaskConfig::from_manifest(manifest),
-            stores: manifest.stores.clone(),
             tasks: BTreeMap::new(),
         }
     }
 
     fn task(&mut self, partition: i32) -> &mut Task {
-        let (processor, config, stores) = (&self.processor, &self.config, &self.stores);
+        let (processor, config) = (&self.processor, &self.config);
         self.tasks.entry(partition).or_insert_with(|| {
-            let stores = stores
-                .iter()
-                .map(|s| {
-                    (
-                        s.clone(),
-                        Box::new(MemoryStore::default()) as Box<dyn KvStore>,
-                    )
-                })
-                .collect();
-            Task::new(partition, processor.clone(), config.clone(), stores)
+            Task::new(
+                partition,
+                processor.clone(),
+                config.clone(),
+                Box::new(MemoryPartition::default()),
+            )
         })
     }
 
@@ -352,7 +346,7 @@ impl OfflineRunner {
                 }
                 return Err(RunError::Task(e));
             }
-            task.apply_committed()?;
+            task.apply_committed(Vec::new())?;
             summary.records += batch.len() as u64;
             summary.outputs += outcome.outputs.len() as u64;
             summary.dead_lettered += outcome.dead_lettered;

@@ -16,7 +16,7 @@ use std::any::Any;
 
 use crate::deploy::manifest::ErrorPolicy;
 use crate::sandbox::{CallFailure, Guest, Processor, SandboxError};
-use crate::state::{KvStore, StateError, StoreChanges, TaskState};
+use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch};
 use crate::types::{AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord};
 
 /// Largest output record (key + value + headers) accepted, in bytes.
@@ -47,6 +47,8 @@ pub struct TaskConfig {
     pub dead_letter_topic: Option<String>,
     /// Output alias -> topic.
     pub outputs: Vec<(String, String)>,
+    /// State store names.
+    pub stores: Vec<String>,
 }
 
 impl TaskConfig {
@@ -61,6 +63,7 @@ impl TaskConfig {
                 .iter()
                 .map(|(a, t)| (a.clone(), t.clone()))
                 .collect(),
+            stores: m.stores.clone(),
         }
     }
 }
@@ -181,22 +184,23 @@ pub struct Task {
 }
 
 impl Task {
-    /// A task for `partition` over committed stores (one per declared
-    /// store). The guest is instantiated on first use.
+    /// A task for `partition` over its committed stores. The guest is
+    /// instantiated on first use.
     pub fn new(
         partition: i32,
         processor: Processor,
         config: TaskConfig,
-        stores: Vec<(String, Box<dyn KvStore>)>,
+        committed: Box<dyn PartitionStore>,
     ) -> Self {
         let outputs = config.outputs.clone();
+        let state = TaskState::new(&config.stores, committed);
         Self {
             partition,
             processor,
             config,
             guest: None,
             effects: Box::new(TaskEffects {
-                state: TaskState::new(stores),
+                state,
                 outputs,
                 call_outputs: Vec::new(),
             }),
@@ -351,9 +355,20 @@ impl Task {
     }
 
     /// The transaction committed: apply the pending changes to the
-    /// committed stores.
-    pub fn apply_committed(&mut self) -> Result<(), TaskError> {
-        Ok(self.fx().state.apply_committed()?)
+    /// committed stores, recording how far each store's changelog reached
+    /// (`positions`: store -> next changelog offset).
+    pub fn apply_committed(&mut self, positions: Vec<(String, i64)>) -> Result<(), TaskError> {
+        Ok(self.fx().state.apply_committed(positions)?)
+    }
+
+    /// The next changelog offset to restore from, per store.
+    pub fn changelog_position(&self, store: &str) -> Result<Option<i64>, TaskError> {
+        Ok(self.fx_ref().state.committed().changelog_position(store)?)
+    }
+
+    /// Writes restored changelog records straight to the committed stores.
+    pub fn write_restored(&mut self, batch: &WriteBatch) -> Result<(), TaskError> {
+        Ok(self.fx().state.write_committed(batch)?)
     }
 
     /// The transaction aborted: drop pending changes and the instance (a

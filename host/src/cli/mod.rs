@@ -7,6 +7,9 @@
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -15,6 +18,7 @@ use crate::deploy::{Manifest, build};
 use crate::guestbench;
 use crate::offline::{self, OfflineRunner, RunError, RunOptions};
 use crate::sandbox::{self, ProcessorPolicy, Sandbox, SandboxConfig, SandboxError};
+use crate::stream::verify::VerifyOptions;
 
 /// Run WebAssembly stream processors over Kafka, exactly once.
 #[derive(Debug, Parser)]
@@ -75,6 +79,85 @@ pub enum Command {
         #[arg(long)]
         component: Option<PathBuf>,
     },
+    /// Run a processor on Kafka until SIGTERM/SIGINT, exactly once (or at
+    /// least once, per its manifest). Instances with the same manifest share
+    /// the work through the consumer group.
+    Run {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+        /// Kafka bootstrap servers (host:port,...).
+        #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
+        bootstrap_servers: String,
+        /// Local state directory (RocksDB per task); one per instance.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Instance id, part of the transactional ids: keep it stable across
+        /// restarts of one instance and unique among instances. Default: a
+        /// hash of the state directory.
+        #[arg(long)]
+        instance_id: Option<String>,
+        /// Use this component instead of the manifest's.
+        #[arg(long)]
+        component: Option<PathBuf>,
+        /// Consumer group session timeout (ms).
+        #[arg(long, default_value_t = 10_000)]
+        session_timeout_ms: u64,
+        /// Transaction timeout (ms).
+        #[arg(long, default_value_t = 10_000)]
+        transaction_timeout_ms: u64,
+        /// Extra librdkafka property for every client, `key=value`
+        /// (repeatable).
+        #[arg(short = 'X', long = "kafka-config")]
+        kafka_config: Vec<String>,
+        /// How often to log throughput, commit latency and failures (ms).
+        #[arg(long, default_value_t = 5_000)]
+        report_interval_ms: u64,
+    },
+    /// Check a pipeline's committed outputs against its input: gaps,
+    /// duplicates, running totals, dead letters, open transactions. Exits 1
+    /// on any finding.
+    Verify {
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
+        bootstrap_servers: String,
+        /// Input topic (JSON values).
+        #[arg(long)]
+        input: String,
+        /// JSON field holding each input's unique id.
+        #[arg(long, default_value = "payment_id")]
+        id: String,
+        /// JSON field holding the grouping key.
+        #[arg(long, default_value = "account")]
+        key: String,
+        /// JSON field holding the integer amount.
+        #[arg(long, default_value = "amount")]
+        sum: String,
+        /// Topic that must hold each valid input's id exactly once, as key.
+        #[arg(long)]
+        echo: Option<String>,
+        /// Topic keyed by group key holding the running totals.
+        #[arg(long)]
+        totals: Option<String>,
+        /// JSON field of the running total in --totals.
+        #[arg(long, default_value = "balance")]
+        total_field: String,
+        /// Dead-letter topic that must hold each invalid input exactly once.
+        #[arg(long)]
+        dead_letter: Option<String>,
+        /// Read uncommitted data as well (shows what aborted transactions
+        /// wrote).
+        #[arg(long)]
+        read_uncommitted: bool,
+        /// Longest the reads may take (s).
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+        /// Also print the verified totals of the first N keys.
+        #[arg(long, default_value_t = 0)]
+        show_totals: usize,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "text")]
+        output: OutputFormat,
+    },
     /// Measure records/s through a processor's `process` (no Kafka).
     BenchGuest {
         /// The manifest, or the directory holding onceflow.toml.
@@ -128,6 +211,58 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             batch_size as usize,
             partitions,
             component.as_deref(),
+        ),
+        Command::Run {
+            manifest,
+            bootstrap_servers,
+            state_dir,
+            instance_id,
+            component,
+            session_timeout_ms,
+            transaction_timeout_ms,
+            kafka_config,
+            report_interval_ms,
+        } => cmd_run(RunArgs {
+            manifest,
+            bootstrap_servers,
+            state_dir,
+            instance_id,
+            component,
+            session_timeout_ms,
+            transaction_timeout_ms,
+            kafka_config,
+            report_interval_ms,
+        }),
+        Command::Verify {
+            bootstrap_servers,
+            input,
+            id,
+            key,
+            sum,
+            echo,
+            totals,
+            total_field,
+            dead_letter,
+            read_uncommitted,
+            timeout_secs,
+            show_totals,
+            output,
+        } => cmd_verify(
+            &VerifyOptions {
+                bootstrap_servers,
+                input,
+                id_field: id,
+                key_field: key,
+                sum_field: sum,
+                echo,
+                totals,
+                total_field,
+                dead_letter,
+                read_uncommitted,
+                timeout: Duration::from_secs(timeout_secs),
+            },
+            show_totals,
+            output,
         ),
         Command::BenchGuest {
             manifest,
@@ -375,4 +510,155 @@ fn cmd_bench_guest(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+struct RunArgs {
+    manifest: PathBuf,
+    bootstrap_servers: String,
+    state_dir: Option<PathBuf>,
+    instance_id: Option<String>,
+    component: Option<PathBuf>,
+    session_timeout_ms: u64,
+    transaction_timeout_ms: u64,
+    kafka_config: Vec<String>,
+    report_interval_ms: u64,
+}
+
+/// `$XDG_DATA_HOME/onceflow/state`, else `~/.local/share/onceflow/state`.
+fn default_state_dir() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("onceflow/state")
+}
+
+fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
+    let manifest = load_manifest(&a.manifest)?;
+    let component_path = a
+        .component
+        .clone()
+        .unwrap_or_else(|| manifest.component_path());
+    let bytes = read_component(&component_path, Some(&manifest))?;
+    let mut extra_config = Vec::new();
+    for kv in &a.kafka_config {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| usage(format!("-X {kv:?}: expected key=value")))?;
+        extra_config.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
+    let state_dir = a.state_dir.unwrap_or_else(default_state_dir);
+    std::fs::create_dir_all(&state_dir).map_err(|e| {
+        usage(format!(
+            "cannot create --state-dir {}: {e}",
+            state_dir.display()
+        ))
+    })?;
+    let state_dir = state_dir.canonicalize().unwrap_or(state_dir);
+    let instance_id = match a.instance_id {
+        Some(id)
+            if !id.is_empty()
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+        {
+            id
+        }
+        Some(id) => {
+            return Err(usage(format!(
+                "--instance-id {id:?}: use letters, digits, '-', '_' or '.'"
+            )));
+        }
+        None => {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(state_dir.to_string_lossy().as_bytes());
+            format!("i{}", hex::encode(&digest[..6]))
+        }
+    };
+    let options = crate::stream::RunOptions {
+        bootstrap_servers: a.bootstrap_servers,
+        state_dir,
+        instance_id,
+        session_timeout: Duration::from_millis(a.session_timeout_ms),
+        transaction_timeout: Duration::from_millis(a.transaction_timeout_ms),
+        extra_config,
+        report_interval: Duration::from_millis(a.report_interval_ms.max(100)),
+    };
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let processor = sandbox
+        .load(&bytes, ProcessorPolicy::from_manifest(&manifest))
+        .with_context(|| format!("cannot load {}", component_path.display()))?;
+
+    let shutdown = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // A second signal exits at once.
+        signal_hook::flag::register_conditional_shutdown(signal, 1, shutdown.clone())?;
+        signal_hook::flag::register(signal, shutdown.clone())?;
+    }
+    tracing::info!(
+        instance = %options.instance_id,
+        state_dir = %options.state_dir.display(),
+        "onceflow run {}",
+        manifest.application_id()
+    );
+    match crate::stream::run(manifest, processor, options, shutdown) {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn cmd_verify(
+    options: &VerifyOptions,
+    show_totals: usize,
+    output: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let report = crate::stream::verify::verify(options)?;
+    match output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Text => {
+            println!(
+                "input {}: {} records, {} valid, {} invalid, {} keys",
+                options.input, report.inputs, report.valid, report.invalid, report.keys
+            );
+            if let Some(t) = &options.echo {
+                println!(
+                    "echo {t}: {} records, {} missing, {} duplicates, {} unexpected",
+                    report.echo_records, report.missing, report.duplicates, report.unexpected
+                );
+            }
+            if let Some(t) = &options.totals {
+                println!(
+                    "totals {t}: {} records, {} of {} keys wrong",
+                    report.totals_records, report.keys_wrong, report.keys
+                );
+            }
+            if let Some(t) = &options.dead_letter {
+                println!("dead letters {t}: {} records", report.dead_letters);
+            }
+            if show_totals > 0 {
+                println!("totals computed from the input (first {show_totals} keys):");
+                for (key, total) in report.key_totals.iter().take(show_totals) {
+                    println!("  {key:<20} {total:>12}");
+                }
+            }
+            if report.is_exact() {
+                println!(
+                    "verdict: exact (no gap, no duplicate, every total right, no open transaction)"
+                );
+            } else {
+                println!("verdict: {} findings", report.findings.len());
+                for f in &report.findings {
+                    println!("  - {f}");
+                }
+            }
+        }
+    }
+    Ok(if report.is_exact() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

@@ -14,6 +14,8 @@
 //!
 //! This module knows nothing of Wasm or Kafka: `task` drives it.
 
+pub mod rocks;
+
 use std::collections::{BTreeMap, btree_map};
 use std::ops::Bound;
 
@@ -37,67 +39,85 @@ pub enum StateError {
     },
 }
 
-/// The committed data of one store partition.
-pub trait KvStore: Send {
+/// The committed data of one task: one partition of every store, and how
+/// far each store's changelog has been applied.
+pub trait PartitionStore: Send {
     /// Reads a committed key.
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError>;
+    fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StateError>;
     /// Committed entries with keys in the bounds, ascending.
     fn range<'a>(
         &'a self,
+        store: &str,
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
     ) -> Box<dyn Iterator<Item = Result<Entry, StateError>> + 'a>;
-    /// Applies committed changes (`None` deletes).
-    fn apply(&mut self, changes: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError>;
+    /// Applies committed changes and changelog positions atomically.
+    fn write(&mut self, batch: &WriteBatch) -> Result<(), StateError>;
+    /// The next changelog offset to read for `store`: every changelog
+    /// record before it is reflected in the store. `None`: never written.
+    fn changelog_position(&self, store: &str) -> Result<Option<i64>, StateError>;
 }
 
-/// A store partition held in memory: the offline runner's backend.
+/// Committed changes to apply in one atomic write.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WriteBatch {
+    /// Per store, the latest value (`None`: delete) of each key written.
+    pub changes: Vec<StoreChanges>,
+    /// Per store, the next changelog offset to read after this write.
+    pub positions: Vec<(String, i64)>,
+}
+
+/// A task's stores held in memory: the offline runner's backend.
 #[derive(Debug, Default, Clone)]
-pub struct MemoryStore {
-    data: BTreeMap<Vec<u8>, Vec<u8>>,
+pub struct MemoryPartition {
+    stores: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
+    positions: BTreeMap<String, i64>,
 }
 
-impl MemoryStore {
-    /// All entries, ascending.
-    pub fn entries(&self) -> impl Iterator<Item = (&Vec<u8>, &Vec<u8>)> {
-        self.data.iter()
-    }
-}
-
-impl KvStore for MemoryStore {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        Ok(self.data.get(key).cloned())
+impl PartitionStore for MemoryPartition {
+    fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        Ok(self.stores.get(store).and_then(|s| s.get(key)).cloned())
     }
 
     fn range<'a>(
         &'a self,
+        store: &str,
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
     ) -> Box<dyn Iterator<Item = Result<Entry, StateError>> + 'a> {
-        if bounds_empty(start, end) {
-            return Box::new(std::iter::empty());
+        match self.stores.get(store) {
+            Some(data) if !bounds_empty(start, end) => Box::new(
+                data.range::<[u8], _>((start, end))
+                    .map(|(k, v)| Ok((k.clone(), v.clone()))),
+            ),
+            _ => Box::new(std::iter::empty()),
         }
-        Box::new(
-            self.data
-                .range::<[u8], _>((start, end))
-                .map(|(k, v)| Ok((k.clone(), v.clone()))),
-        )
     }
 
-    fn apply(&mut self, changes: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError> {
-        for (key, value) in changes {
-            match value {
-                Some(v) => self.data.insert(key.clone(), v.clone()),
-                None => self.data.remove(key),
-            };
+    fn write(&mut self, batch: &WriteBatch) -> Result<(), StateError> {
+        for c in &batch.changes {
+            let data = self.stores.entry(c.store.clone()).or_default();
+            for (key, value) in &c.changes {
+                match value {
+                    Some(v) => data.insert(key.clone(), v.clone()),
+                    None => data.remove(key),
+                };
+            }
+        }
+        for (store, position) in &batch.positions {
+            self.positions.insert(store.clone(), *position);
         }
         Ok(())
+    }
+
+    fn changelog_position(&self, store: &str) -> Result<Option<i64>, StateError> {
+        Ok(self.positions.get(store).copied())
     }
 }
 
 /// `BTreeMap::range` panics on inverted or empty-exclusive bounds; a guest
 /// asking for `[b, a)` must get an empty scan instead.
-fn bounds_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
+pub(crate) fn bounds_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
     match (start, end) {
         (Bound::Included(s), Bound::Included(e)) => s > e,
         (Bound::Included(s), Bound::Excluded(e))
@@ -109,28 +129,32 @@ fn bounds_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
 
 type Layer = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
-/// One store partition with its call and transaction layers.
+/// One store's call and transaction layers.
 struct LayeredStore {
     name: String,
-    committed: Box<dyn KvStore>,
     txn: Layer,
     call: Layer,
 }
 
 impl LayeredStore {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+    fn get(
+        &self,
+        committed: &dyn PartitionStore,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, StateError> {
         if let Some(v) = self.call.get(key) {
             return Ok(v.clone());
         }
         if let Some(v) = self.txn.get(key) {
             return Ok(v.clone());
         }
-        self.committed.get(key)
+        committed.get(&self.name, key)
     }
 
     /// Entries in the bounds, newest layer winning, tombstones hidden.
     fn scan(
         &self,
+        committed: &dyn PartitionStore,
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
         accept: impl Fn(&[u8]) -> bool,
@@ -145,7 +169,7 @@ impl LayeredStore {
             call: self.call.range::<[u8], _>((start, end)).peekable(),
         };
         let mut upper = upper.peekable();
-        let mut lower = self.committed.range(start, end).peekable();
+        let mut lower = committed.range(&self.name, start, end).peekable();
         enum Pick {
             Upper,
             UpperOverLower,
@@ -229,23 +253,34 @@ pub struct StoreChanges {
 
 /// The state of one task: one partition of every declared store.
 pub struct TaskState {
+    committed: Box<dyn PartitionStore>,
     stores: Vec<LayeredStore>,
 }
 
 impl TaskState {
-    /// Opens the task's state over committed stores, one per name.
-    pub fn new(stores: Vec<(String, Box<dyn KvStore>)>) -> Self {
+    /// Opens the task's state over its committed stores.
+    pub fn new(stores: &[String], committed: Box<dyn PartitionStore>) -> Self {
         Self {
+            committed,
             stores: stores
-                .into_iter()
-                .map(|(name, committed)| LayeredStore {
-                    name,
-                    committed,
+                .iter()
+                .map(|name| LayeredStore {
+                    name: name.clone(),
                     txn: Layer::new(),
                     call: Layer::new(),
                 })
                 .collect(),
         }
+    }
+
+    /// The committed stores (for restore and positions).
+    pub fn committed(&self) -> &dyn PartitionStore {
+        self.committed.as_ref()
+    }
+
+    /// Applies a write to the committed stores directly (restore).
+    pub fn write_committed(&mut self, batch: &WriteBatch) -> Result<(), StateError> {
+        self.committed.write(batch)
     }
 
     /// Stores are few (a handful per processor): a linear search beats
@@ -266,7 +301,7 @@ impl TaskState {
 
     /// Reads a key as the processor sees it (its own writes included).
     pub fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError> {
-        Ok(self.store(store)?.get(key)?)
+        Ok(self.store(store)?.get(self.committed.as_ref(), key)?)
     }
 
     /// Writes a key in the call layer.
@@ -305,7 +340,13 @@ impl TaskState {
             Some(e) => Bound::Excluded(e.as_slice()),
             None => Bound::Unbounded,
         };
-        Ok(s.scan(start, end, |k| k.starts_with(prefix), limit)?)
+        Ok(s.scan(
+            self.committed.as_ref(),
+            start,
+            end,
+            |k| k.starts_with(prefix),
+            limit,
+        )?)
     }
 
     /// Entries with `start <= key < end`.
@@ -319,7 +360,7 @@ impl TaskState {
         let s = self.store(store)?;
         let start = start.map_or(Bound::Unbounded, Bound::Included);
         let end = end.map_or(Bound::Unbounded, Bound::Excluded);
-        Ok(s.scan(start, end, |_| true, limit)?)
+        Ok(s.scan(self.committed.as_ref(), start, end, |_| true, limit)?)
     }
 
     /// The call succeeded: its writes join the transaction.
@@ -357,16 +398,22 @@ impl TaskState {
     }
 
     /// The transaction committed: move its changes into the committed
-    /// stores.
-    pub fn apply_committed(&mut self) -> Result<(), StateError> {
-        for s in &mut self.stores {
-            if s.txn.is_empty() {
-                continue;
-            }
-            let changes: Vec<_> = std::mem::take(&mut s.txn).into_iter().collect();
-            s.committed.apply(&changes)?;
+    /// stores in one atomic write, with the changelog positions its
+    /// changelog records reached.
+    pub fn apply_committed(&mut self, positions: Vec<(String, i64)>) -> Result<(), StateError> {
+        let changes: Vec<StoreChanges> = self
+            .stores
+            .iter_mut()
+            .filter(|s| !s.txn.is_empty())
+            .map(|s| StoreChanges {
+                store: s.name.clone(),
+                changes: std::mem::take(&mut s.txn).into_iter().collect(),
+            })
+            .collect();
+        if changes.is_empty() && positions.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.committed.write(&WriteBatch { changes, positions })
     }
 
     /// The transaction aborted: forget everything since the last commit.
@@ -384,7 +431,13 @@ impl TaskState {
             .map(|s| {
                 Ok((
                     s.name.clone(),
-                    s.scan(Bound::Unbounded, Bound::Unbounded, |_| true, usize::MAX)?,
+                    s.scan(
+                        self.committed.as_ref(),
+                        Bound::Unbounded,
+                        Bound::Unbounded,
+                        |_| true,
+                        usize::MAX,
+                    )?,
                 ))
             })
             .collect()
@@ -415,13 +468,21 @@ mod tests {
     use super::*;
 
     fn task_with(committed: &[(&str, &str)]) -> TaskState {
-        let mut store = MemoryStore::default();
+        let mut store = MemoryPartition::default();
         let changes: Vec<_> = committed
             .iter()
             .map(|(k, v)| (k.as_bytes().to_vec(), Some(v.as_bytes().to_vec())))
             .collect();
-        store.apply(&changes).unwrap();
-        TaskState::new(vec![("s".to_owned(), Box::new(store))])
+        store
+            .write(&WriteBatch {
+                changes: vec![StoreChanges {
+                    store: "s".to_owned(),
+                    changes,
+                }],
+                positions: vec![],
+            })
+            .unwrap();
+        TaskState::new(&["s".to_owned()], Box::new(store))
     }
 
     fn keys(entries: &[Entry]) -> Vec<String> {
@@ -492,8 +553,9 @@ mod tests {
                 ],
             }]
         );
-        t.apply_committed().unwrap();
+        t.apply_committed(vec![("s".to_owned(), 42)]).unwrap();
         assert!(!t.is_dirty());
+        assert_eq!(t.committed().changelog_position("s").unwrap(), Some(42));
         assert_eq!(t.get("s", b"k").unwrap(), Some(b"v".to_vec()));
     }
 

@@ -1,0 +1,229 @@
+//! The exactly-once runtime on Kafka: `onceflow run`.
+//!
+//! A deployment runs `worker-threads` workers. Each worker is one
+//! read_committed consumer in the deployment's group and one transactional
+//! producer (EOS v2: per thread, not per task), driving the tasks of the
+//! partitions assigned to it. The commit protocol is in [`worker`], top to
+//! bottom; restoring stores from their changelogs is in [`changelog`].
+//!
+//! This module owns rdkafka; `sandbox` and `state` know nothing of Kafka.
+
+pub mod changelog;
+pub mod kafka;
+pub mod verify;
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::deploy::Manifest;
+use crate::deploy::manifest::Guarantee;
+use crate::metrics::Metrics;
+use crate::sandbox::Processor;
+use crate::task::TaskConfig;
+
+/// Why a deployment stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// A Kafka operation failed.
+    #[error("kafka: {operation}: {message}")]
+    Kafka {
+        /// What was being done.
+        operation: String,
+        /// The client's error.
+        message: String,
+    },
+    /// A topic the manifest names is missing or unusable.
+    #[error("topic {topic:?}: {message}")]
+    Topic {
+        /// The topic.
+        topic: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// A record failed under the `fail` policy: the deployment stops.
+    #[error("processing stopped: {0}")]
+    ProcessorFailed(String),
+    /// The state store failed.
+    #[error("state: {0}")]
+    State(String),
+    /// A worker must restart its session (producer, consumer, tasks):
+    /// fencing, a fatal producer error, a timeout.
+    #[error("worker session must restart: {0}")]
+    Restart(String),
+}
+
+impl StreamError {
+    pub(crate) fn kafka(operation: impl Into<String>, e: impl std::fmt::Display) -> Self {
+        Self::Kafka {
+            operation: operation.into(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Whether the error ends the deployment (as opposed to a worker
+    /// rejoining and carrying on).
+    pub fn stops_deployment(&self) -> bool {
+        matches!(self, Self::ProcessorFailed(_) | Self::Topic { .. })
+    }
+}
+
+/// How `onceflow run` connects and where it keeps state.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Kafka bootstrap servers.
+    pub bootstrap_servers: String,
+    /// Local state directory (RocksDB per task).
+    pub state_dir: PathBuf,
+    /// This instance's id: part of its transactional ids. Stable across
+    /// restarts of the same instance, so a restarted instance fences its
+    /// previous incarnation at once.
+    pub instance_id: String,
+    /// Consumer session timeout.
+    pub session_timeout: Duration,
+    /// Transaction timeout (also bounds how long a crashed instance's open
+    /// transaction blocks readers).
+    pub transaction_timeout: Duration,
+    /// Extra librdkafka properties for every client (`key=value`).
+    pub extra_config: Vec<(String, String)>,
+    /// How often to log the figures.
+    pub report_interval: Duration,
+}
+
+/// Everything the workers of one deployment share.
+pub(crate) struct Deployment {
+    pub manifest: Manifest,
+    pub processor: Processor,
+    pub task_config: TaskConfig,
+    pub options: RunOptions,
+    pub changelogs: Vec<(String, String)>,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: Arc<AtomicBool>,
+}
+
+impl Deployment {
+    pub(crate) fn exactly_once(&self) -> bool {
+        self.manifest.processing.guarantee == Guarantee::ExactlyOnceV2
+    }
+}
+
+/// The changelog topic of a store: `<tenant>.<name>-<store>-changelog`.
+pub fn changelog_topic(manifest: &Manifest, store: &str) -> String {
+    format!("{}-{store}-changelog", manifest.application_id())
+}
+
+/// Runs a deployment until `shutdown` is set (then finishes or aborts the
+/// open transactions, records store positions, and returns) or a worker
+/// fails in a way that stops the deployment.
+pub fn run(
+    manifest: Manifest,
+    processor: Processor,
+    options: RunOptions,
+    shutdown: Arc<AtomicBool>,
+) -> Result<Arc<Metrics>, StreamError> {
+    let partitions = kafka::prepare_topics(&manifest, &options)?;
+    tracing::info!(
+        app = %manifest.application_id(),
+        partitions,
+        guarantee = ?manifest.processing.guarantee,
+        workers = manifest.processing.worker_threads,
+        "starting deployment"
+    );
+    let changelogs = manifest
+        .stores
+        .iter()
+        .map(|s| (s.clone(), changelog_topic(&manifest, s)))
+        .collect();
+    let metrics = Arc::new(Metrics::default());
+    let deployment = Arc::new(Deployment {
+        task_config: TaskConfig::from_manifest(&manifest),
+        manifest,
+        processor,
+        options,
+        changelogs,
+        metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+    });
+
+    let mut handles = Vec::new();
+    for n in 0..deployment.manifest.processing.worker_threads {
+        let d = deployment.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("onceflow-worker-{n}"))
+            .spawn(move || worker::run_worker(&d, n))
+            .map_err(|e| StreamError::Restart(format!("cannot start worker thread: {e}")))?;
+        handles.push(handle);
+    }
+
+    let mut last_report = Instant::now();
+    let mut last = metrics.snapshot();
+    let mut result = Ok(());
+    while handles.iter().any(|h| !h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(50));
+        if handles.iter().any(|h| h.is_finished()) && !shutdown.load(Ordering::Relaxed) {
+            // A worker stopped on its own: the deployment failed. Stop the
+            // others cleanly.
+            shutdown.store(true, Ordering::Relaxed);
+        }
+        if last_report.elapsed() >= deployment.options.report_interval {
+            last = report(&metrics, last, last_report.elapsed());
+            last_report = Instant::now();
+        }
+    }
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+            Err(_) => {
+                if result.is_ok() {
+                    result = Err(StreamError::Restart("a worker thread panicked".to_owned()));
+                }
+            }
+        }
+    }
+    report(&metrics, last, last_report.elapsed());
+    let total = metrics.snapshot();
+    let latency = metrics.overall_latency();
+    tracing::info!(
+        commit_p50_ms = latency.p50.as_secs_f64() * 1e3,
+        commit_p99_ms = latency.p99.as_secs_f64() * 1e3,
+        records = total.records,
+        outputs = total.outputs,
+        commits = total.commits,
+        aborts = total.aborts,
+        fenced = total.fenced,
+        restarts = total.restarts,
+        restored = total.restored,
+        "deployment stopped"
+    );
+    result.map(|()| metrics)
+}
+
+/// Logs the figures since `last`.
+fn report(
+    metrics: &Metrics,
+    last: crate::metrics::Snapshot,
+    elapsed: Duration,
+) -> crate::metrics::Snapshot {
+    let now = metrics.snapshot();
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    let latency = metrics.take_latency();
+    tracing::info!(
+        records_per_s = ((now.records - last.records) as f64 / secs).round(),
+        commits_per_s = ((now.commits - last.commits) as f64 / secs * 10.0).round() / 10.0,
+        commit_p50_ms = latency.p50.as_secs_f64() * 1e3,
+        commit_p99_ms = latency.p99.as_secs_f64() * 1e3,
+        aborts = now.aborts,
+        fenced = now.fenced,
+        restarts = now.restarts,
+        restored = now.restored,
+        "figures"
+    );
+    now
+}

@@ -1,0 +1,744 @@
+//! One worker thread: the exactly-once loop, top to bottom.
+//!
+//! ```text
+//! loop {
+//!     poll a batch                      (rebalance callbacks run in here)
+//!     restore newly assigned tasks      (stable offsets, then changelog tail)
+//!     begin the transaction if none is open
+//!     each task: guest.process(batch)   state -> call/txn layers, outputs -> produce
+//!     at the commit interval: commit    (see Core::commit)
+//! }
+//! ```
+//!
+//! `Core::commit` is the protocol: changelog records for every dirty key,
+//! flush, `send_offsets_to_transaction(offsets, group metadata)`,
+//! `commit_transaction`, and only then the overlays go to RocksDB together
+//! with the changelog positions. Abortable errors abort and rewind to the
+//! committed offsets with fresh guests; anything else (fenced, fatal, a
+//! timeout, an unknown state) ends the session: producer, consumer and tasks
+//! are dropped and the worker rejoins with new ones.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+use super::kafka::{self, TxnFailure};
+use super::{Deployment, StreamError, changelog};
+use crate::metrics::Metrics;
+use crate::state::rocks::RocksPartition;
+use crate::task::{BatchOutcome, Task, TaskError};
+use crate::types::InputRecord;
+
+/// How long a blocking transactional call may take before the producer is
+/// considered to be in an unknown state.
+const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Retries of a retriable transactional call.
+const TXN_RETRIES: u32 = 5;
+
+/// Runs worker `n` until shutdown, restarting its session after errors that
+/// do not stop the deployment.
+pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        if d.shutdown.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let result = Session::start(d, n).and_then(|mut session| {
+            let result = session.run();
+            if result.is_err() {
+                session.discard();
+            }
+            result
+        });
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if e.stops_deployment() => {
+                tracing::error!(worker = n, "{e}");
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    worker = n,
+                    "{e}; re-creating the producer and rejoining the group"
+                );
+                Metrics::add(&d.metrics.restarts, 1);
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Delivery reports: the last offset acknowledged per changelog partition
+/// (the store's position after the commit), and failures.
+#[derive(Default)]
+struct Deliveries {
+    changelog_offsets: HashMap<(String, i32), i64>,
+    failures: u64,
+    first_failure: Option<String>,
+}
+
+struct ProducerCtx {
+    changelog_topics: Vec<String>,
+    deliveries: Mutex<Deliveries>,
+}
+
+impl ClientContext for ProducerCtx {}
+
+impl ProducerContext for ProducerCtx {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let mut d = self.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(m) => {
+                if self.changelog_topics.iter().any(|t| t == m.topic()) {
+                    let slot = d
+                        .changelog_offsets
+                        .entry((m.topic().to_owned(), m.partition()))
+                        .or_insert(-1);
+                    *slot = (*slot).max(m.offset());
+                }
+            }
+            Err((e, _)) => {
+                d.failures += 1;
+                if d.first_failure.is_none() {
+                    d.first_failure = Some(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Counts of the open transaction, added to the metrics when it commits.
+#[derive(Default)]
+struct Pending {
+    records: u64,
+    outputs: u64,
+    dead_lettered: u64,
+    skipped: u64,
+}
+
+/// What the poll loop and the rebalance callbacks share.
+struct Core {
+    d: Arc<Deployment>,
+    worker: u32,
+    producer: BaseProducer<ProducerCtx>,
+    tasks: BTreeMap<i32, Task>,
+    /// Assigned partitions whose stores are not restored yet (paused).
+    restoring: BTreeSet<i32>,
+    in_txn: bool,
+    txn_started: Instant,
+    /// Next offset to read per input partition consumed in this transaction.
+    next_offsets: BTreeMap<(String, i32), i64>,
+    pending: Pending,
+    /// An error raised inside a rebalance callback, for the loop to act on.
+    failure: Option<StreamError>,
+    /// Inside a rebalance callback: an abort cannot rewind there, so it
+    /// ends the session instead.
+    in_callback: bool,
+    /// Partitions revoked since the last poll batch began: records of the
+    /// batch from them are not ours any more (even if reassigned since, the
+    /// consumer reads them again from the committed offset).
+    revoked_during_poll: BTreeSet<i32>,
+    restore_consumer: Option<BaseConsumer>,
+}
+
+struct WorkerContext {
+    core: Arc<Mutex<Core>>,
+}
+
+impl ClientContext for WorkerContext {}
+
+impl ConsumerContext for WorkerContext {
+    /// Partitions are leaving: finish the open transaction first (commit, or
+    /// abort if the assignment was lost), then close their tasks.
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
+        let mut core = lock(&self.core);
+        core.in_callback = true;
+        if core.in_txn {
+            let result = if consumer.assignment_lost() {
+                tracing::warn!(
+                    worker = core.worker,
+                    "assignment lost: aborting the open transaction"
+                );
+                core.abort(None).and_then(|()| {
+                    // The partitions we keep must be rewound too: rejoin.
+                    Err(StreamError::Restart("assignment lost".to_owned()))
+                })
+            } else {
+                core.commit(consumer)
+            };
+            if let Err(e) = result {
+                core.failure.get_or_insert(e);
+            }
+        }
+        core.in_callback = false;
+        for p in partitions_of(tpl) {
+            core.revoked_during_poll.insert(p);
+            if core.tasks.remove(&p).is_some() {
+                tracing::info!(
+                    worker = core.worker,
+                    partition = p,
+                    "task closed (partition revoked)"
+                );
+            }
+            core.restoring.remove(&p);
+        }
+    }
+
+    /// Partitions arrived: open their stores and pause them until restored
+    /// (restoring waits for stable offsets, which needs the poll loop).
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Assign(tpl) = rebalance else {
+            return;
+        };
+        let mut core = lock(&self.core);
+        for p in partitions_of(tpl) {
+            if core.tasks.contains_key(&p) {
+                continue;
+            }
+            match core.open_task(p) {
+                Ok(task) => {
+                    core.tasks.insert(p, task);
+                    core.restoring.insert(p);
+                }
+                Err(e) => {
+                    core.failure.get_or_insert(e);
+                }
+            }
+        }
+        if let Err(e) = consumer.pause(tpl) {
+            core.failure
+                .get_or_insert(StreamError::kafka("pausing partitions to restore", e));
+        }
+    }
+}
+
+fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+    core.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> BTreeSet<i32> {
+    tpl.elements().iter().map(|e| e.partition()).collect()
+}
+
+/// One membership of the group with one producer.
+struct Session {
+    d: Arc<Deployment>,
+    consumer: BaseConsumer<WorkerContext>,
+    core: Arc<Mutex<Core>>,
+}
+
+impl Session {
+    fn start(d: &Arc<Deployment>, n: u32) -> Result<Self, StreamError> {
+        let app = d.manifest.application_id();
+        let client_id = format!("{app}-{}-{n}", d.options.instance_id);
+        let transactional_id = d.exactly_once().then(|| client_id.clone());
+        let producer: BaseProducer<ProducerCtx> =
+            kafka::producer_config(&d.options, transactional_id.as_deref(), &client_id)
+                .create_with_context(ProducerCtx {
+                    changelog_topics: d.changelogs.iter().map(|(_, t)| t.clone()).collect(),
+                    deliveries: Mutex::default(),
+                })
+                .map_err(|e| StreamError::kafka("creating the producer", e))?;
+        if d.exactly_once() {
+            // Fences any previous producer with this transactional id (a
+            // crashed incarnation of this instance) and aborts its open
+            // transaction.
+            producer
+                .init_transactions(TXN_CALL_TIMEOUT)
+                .map_err(|e| StreamError::Restart(format!("init_transactions: {e}")))?;
+        }
+        let core = Arc::new(Mutex::new(Core {
+            d: d.clone(),
+            worker: n,
+            producer,
+            tasks: BTreeMap::new(),
+            restoring: BTreeSet::new(),
+            in_txn: false,
+            txn_started: Instant::now(),
+            next_offsets: BTreeMap::new(),
+            pending: Pending::default(),
+            failure: None,
+            in_callback: false,
+            revoked_during_poll: BTreeSet::new(),
+            restore_consumer: None,
+        }));
+        let consumer: BaseConsumer<WorkerContext> =
+            kafka::consumer_config(&d.options, &app, &client_id)
+                .create_with_context(WorkerContext { core: core.clone() })
+                .map_err(|e| StreamError::kafka("creating the consumer", e))?;
+        let inputs: Vec<&str> = d.manifest.inputs.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&inputs)
+            .map_err(|e| StreamError::kafka("subscribing", e))?;
+        tracing::info!(worker = n, %client_id, "worker session started");
+        Ok(Self {
+            d: d.clone(),
+            consumer,
+            core,
+        })
+    }
+
+    fn run(&mut self) -> Result<(), StreamError> {
+        let interval = Duration::from_millis(self.d.manifest.processing.commit_interval_ms);
+        let max_batch = self.d.manifest.processing.max_batch_records as usize;
+        loop {
+            if self.d.shutdown.load(Ordering::Relaxed) {
+                return self.shut_down();
+            }
+            let wait = {
+                let mut core = lock(&self.core);
+                core.revoked_during_poll.clear();
+                if core.in_txn {
+                    interval.saturating_sub(core.txn_started.elapsed())
+                } else {
+                    Duration::from_millis(100)
+                }
+            };
+            let batch = self.poll_batch(wait.min(Duration::from_millis(100)), max_batch)?;
+
+            let mut core = lock(&self.core);
+            if let Some(e) = core.failure.take() {
+                return Err(e);
+            }
+            if !core.restoring.is_empty() {
+                core.restore_pending(&self.consumer)?;
+            }
+            let batch: Vec<InputRecord> = if core.revoked_during_poll.is_empty() {
+                batch
+            } else {
+                let revoked = std::mem::take(&mut core.revoked_during_poll);
+                batch
+                    .into_iter()
+                    .filter(|r| !revoked.contains(&r.partition))
+                    .collect()
+            };
+            if !batch.is_empty() {
+                core.process(&self.consumer, batch)?;
+            }
+            let due = core.in_txn
+                && (core.txn_started.elapsed() >= interval
+                    || core.pending.records >= 20 * max_batch as u64);
+            if due {
+                core.commit(&self.consumer)?;
+            }
+        }
+    }
+
+    /// Polls up to `max` records: waits up to `wait` for the first, then
+    /// takes what is already fetched.
+    fn poll_batch(&self, wait: Duration, max: usize) -> Result<Vec<InputRecord>, StreamError> {
+        let mut batch = Vec::new();
+        let mut timeout = wait;
+        while batch.len() < max {
+            match self.consumer.poll(timeout) {
+                None => break,
+                Some(Ok(m)) => batch.push(kafka::to_input(&m)),
+                Some(Err(KafkaError::PartitionEOF(_))) => {}
+                Some(Err(e)) => {
+                    if matches!(
+                        e.rdkafka_error_code(),
+                        Some(rdkafka::types::RDKafkaErrorCode::Fatal)
+                    ) {
+                        return Err(StreamError::Restart(format!("consumer: {e}")));
+                    }
+                    tracing::warn!("consumer: {e}");
+                    break;
+                }
+            }
+            timeout = Duration::ZERO;
+        }
+        Ok(batch)
+    }
+
+    /// After an error: make sure nothing of the open transaction commits
+    /// when the consumer closes (its revoke callback would try).
+    fn discard(&mut self) {
+        let mut core = lock(&self.core);
+        if core.in_txn && self.d.exactly_once() {
+            let _ = core.producer.abort_transaction(Duration::from_secs(5));
+        }
+        core.in_txn = false;
+        for task in core.tasks.values_mut() {
+            task.abort();
+        }
+        core.next_offsets.clear();
+        core.pending = Pending::default();
+    }
+
+    /// Clean shutdown: commit what was processed, then leave the group.
+    fn shut_down(&mut self) -> Result<(), StreamError> {
+        {
+            let mut core = lock(&self.core);
+            if core.in_txn {
+                core.commit(&self.consumer)?;
+            }
+        }
+        // Dropping the consumer closes it: the revoke callback runs with no
+        // open transaction and closes the tasks (their stores are up to
+        // date with their changelog positions).
+        tracing::info!("worker leaving the group");
+        Ok(())
+    }
+}
+
+impl Core {
+    fn open_task(&self, partition: i32) -> Result<Task, StreamError> {
+        let path = self
+            .d
+            .options
+            .state_dir
+            .join(self.d.manifest.application_id())
+            .join(partition.to_string());
+        let store = RocksPartition::open(&path, &self.d.manifest.stores)
+            .map_err(|e| StreamError::State(e.to_string()))?;
+        Ok(Task::new(
+            partition,
+            self.d.processor.clone(),
+            self.d.task_config.clone(),
+            Box::new(store),
+        ))
+    }
+
+    /// Restores the paused, newly assigned tasks, then resumes them.
+    fn restore_pending(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+    ) -> Result<(), StreamError> {
+        let partitions: Vec<i32> = self.restoring.iter().copied().collect();
+        let mut tpl = TopicPartitionList::new();
+        for topic in &self.d.manifest.inputs {
+            for p in &partitions {
+                tpl.add_partition(topic, *p);
+            }
+        }
+        // Wait for the committed offsets to be stable (KIP-447: the previous
+        // owner's pending transaction has committed or aborted). Only then
+        // is the changelog's end final for what those offsets cover.
+        consumer
+            .committed_offsets(tpl.clone(), TXN_CALL_TIMEOUT)
+            .map_err(|e| StreamError::Restart(format!("fetching stable committed offsets: {e}")))?;
+        if self.restore_consumer.is_none() {
+            self.restore_consumer = Some(changelog::restore_consumer(&self.d)?);
+        }
+        let restorer = self.restore_consumer.as_ref().expect("created above");
+        for p in &partitions {
+            let task = self.tasks.get_mut(p).expect("restoring tasks exist");
+            let stats = changelog::restore(&self.d, restorer, task)?;
+            Metrics::add(&self.d.metrics.restored, stats.records);
+            Metrics::add(&self.d.metrics.restores, 1);
+            tracing::info!(
+                worker = self.worker,
+                partition = p,
+                records = stats.records,
+                ms = stats.elapsed.as_millis() as u64,
+                "restored {} changelog records",
+                stats.records
+            );
+        }
+        consumer
+            .resume(&tpl)
+            .map_err(|e| StreamError::kafka("resuming restored partitions", e))?;
+        self.restoring.clear();
+        Ok(())
+    }
+
+    /// Runs a polled batch through the tasks and produces their outputs
+    /// inside the open transaction.
+    fn process(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        batch: Vec<InputRecord>,
+    ) -> Result<(), StreamError> {
+        if self.d.exactly_once() && !self.in_txn {
+            self.producer
+                .begin_transaction()
+                .map_err(|e| StreamError::Restart(format!("begin_transaction: {e}")))?;
+        }
+        if !self.in_txn {
+            self.in_txn = true;
+            self.txn_started = Instant::now();
+        }
+        // Records of one partition, in order; partitions in order of first
+        // appearance.
+        let mut by_partition: BTreeMap<i32, Vec<InputRecord>> = BTreeMap::new();
+        for r in batch {
+            by_partition.entry(r.partition).or_default().push(r);
+        }
+        for (partition, records) in by_partition {
+            let Some(task) = self.tasks.get_mut(&partition) else {
+                // Fetched before a revoke took the partition away: not ours
+                // to process; the new owner reads it from the committed
+                // offset.
+                tracing::debug!(
+                    partition,
+                    "dropping records of a partition no longer assigned"
+                );
+                continue;
+            };
+            let mut outcome = BatchOutcome::default();
+            if let Err(e) = task.process_batch(&records, &mut outcome) {
+                return Err(self.fail_batch(e));
+            }
+            for o in &outcome.outputs {
+                if let Err(e) = kafka::send_output(&self.producer, o) {
+                    return self.on_txn_error(consumer, "producing an output", e);
+                }
+            }
+            self.producer.poll(Duration::ZERO);
+            for r in &records {
+                self.next_offsets
+                    .insert((r.topic.clone(), r.partition), r.offset + 1);
+            }
+            self.pending.records += records.len() as u64;
+            self.pending.outputs += outcome.outputs.len() as u64;
+            self.pending.dead_lettered += outcome.dead_lettered;
+            self.pending.skipped += outcome.skipped;
+        }
+        Ok(())
+    }
+
+    /// The protocol. Runs in the poll loop and in the revoke callback.
+    fn commit(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
+        if !self.in_txn {
+            return Ok(());
+        }
+        let started = Instant::now();
+
+        // 1. Every dirty key's latest value (or tombstone) to its store's
+        //    changelog, in the same partition as the task's input.
+        for task in self.tasks.values() {
+            for changes in task.pending_changes() {
+                let topic = self.changelog_of(&changes.store);
+                for (key, value) in &changes.changes {
+                    if let Err(e) = kafka::send(
+                        &self.producer,
+                        &topic,
+                        Some(task.partition()),
+                        Some(key),
+                        value.as_deref(),
+                        &[],
+                    ) {
+                        return self.on_txn_error(consumer, "producing a changelog record", e);
+                    }
+                }
+            }
+        }
+
+        // 2. Flush: every record of the transaction acknowledged, so the
+        //    delivery reports hold the changelog positions.
+        if let Err(e) = self.producer.flush(TXN_CALL_TIMEOUT) {
+            return self.on_txn_error(consumer, "flushing", e);
+        }
+        let failed = {
+            let mut d = self
+                .producer
+                .context()
+                .deliveries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let failed = d.first_failure.take().map(|f| (d.failures, f));
+            d.failures = 0;
+            failed
+        };
+        if let Some((count, first)) = failed {
+            tracing::warn!("{count} records failed delivery (first: {first}); aborting");
+            return self.abort(Some(consumer));
+        }
+
+        // 3 and 4. Offsets and commit.
+        let offsets = kafka::offsets_list(&self.next_offsets);
+        if self.d.exactly_once() {
+            // The offsets go with the consumer's group metadata: the group
+            // coordinator refuses them if this member's generation is stale
+            // (a zombie whose partitions moved), and the transaction cannot
+            // commit.
+            let Some(metadata) = consumer.group_metadata() else {
+                return Err(StreamError::Restart(
+                    "no consumer group metadata".to_owned(),
+                ));
+            };
+            if !self.next_offsets.is_empty() {
+                let r = retry(|| {
+                    self.producer
+                        .send_offsets_to_transaction(&offsets, &metadata, TXN_CALL_TIMEOUT)
+                });
+                if let Err(e) = r {
+                    return self.on_txn_error(consumer, "send_offsets_to_transaction", e);
+                }
+            }
+            if let Err(e) = retry(|| self.producer.commit_transaction(TXN_CALL_TIMEOUT)) {
+                return self.on_txn_error(consumer, "commit_transaction", e);
+            }
+        } else if !self.next_offsets.is_empty() {
+            if let Err(e) = consumer.commit(&offsets, CommitMode::Sync) {
+                return Err(StreamError::Restart(format!("committing offsets: {e}")));
+            }
+        }
+        self.in_txn = false;
+
+        // 5. Committed: now, and only now, the overlays go to RocksDB, with
+        //    the changelog positions in the same write batch.
+        let delivered = std::mem::take(
+            &mut self
+                .producer
+                .context()
+                .deliveries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .changelog_offsets,
+        );
+        for task in self.tasks.values_mut() {
+            let positions: Vec<(String, i64)> = self
+                .d
+                .changelogs
+                .iter()
+                .filter_map(|(store, topic)| {
+                    delivered
+                        .get(&(topic.clone(), task.partition()))
+                        .map(|last| (store.clone(), last + 1))
+                })
+                .collect();
+            task.apply_committed(positions)
+                .map_err(|e| StreamError::State(e.to_string()))?;
+        }
+        self.next_offsets.clear();
+        let m = &self.d.metrics;
+        let p = std::mem::take(&mut self.pending);
+        Metrics::add(&m.records, p.records);
+        Metrics::add(&m.outputs, p.outputs);
+        Metrics::add(&m.dead_lettered, p.dead_lettered);
+        Metrics::add(&m.skipped, p.skipped);
+        Metrics::add(&m.commits, 1);
+        m.commit_latency(started.elapsed());
+        Ok(())
+    }
+
+    /// Acts on a failed Kafka call inside the transaction.
+    fn on_txn_error(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        operation: &str,
+        e: KafkaError,
+    ) -> Result<(), StreamError> {
+        if kafka::is_fencing(&e) {
+            Metrics::add(&self.d.metrics.fenced, 1);
+            tracing::warn!(worker = self.worker, "{operation}: fenced: {e}");
+            return Err(StreamError::Restart(format!("{operation}: fenced: {e}")));
+        }
+        match kafka::classify(&e) {
+            TxnFailure::Abort if self.d.exactly_once() => {
+                tracing::warn!(
+                    worker = self.worker,
+                    "{operation}: {e}; aborting the transaction"
+                );
+                self.abort(Some(consumer))
+            }
+            _ => Err(StreamError::Restart(format!("{operation}: {e}"))),
+        }
+    }
+
+    /// Aborts the open transaction: pending state dropped, guests replaced,
+    /// and (given the consumer) the input rewound to the committed offsets.
+    fn abort(&mut self, consumer: Option<&BaseConsumer<WorkerContext>>) -> Result<(), StreamError> {
+        if self.d.exactly_once() && self.in_txn {
+            self.producer
+                .abort_transaction(TXN_CALL_TIMEOUT)
+                .map_err(|e| StreamError::Restart(format!("abort_transaction: {e}")))?;
+        }
+        Metrics::add(&self.d.metrics.aborts, 1);
+        for task in self.tasks.values_mut() {
+            task.abort();
+        }
+        self.in_txn = false;
+        self.next_offsets.clear();
+        self.pending = Pending::default();
+        {
+            let mut d = self
+                .producer
+                .context()
+                .deliveries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            d.changelog_offsets.clear();
+            d.failures = 0;
+            d.first_failure = None;
+        }
+        let Some(consumer) = consumer else {
+            return Ok(());
+        };
+        if self.in_callback {
+            // Rewinding inside a rebalance callback is not allowed: rejoin,
+            // which reads everything again from the committed offsets.
+            return Err(StreamError::Restart(
+                "transaction aborted during a rebalance".to_owned(),
+            ));
+        }
+        let assignment = consumer
+            .assignment()
+            .map_err(|e| StreamError::Restart(format!("reading the assignment: {e}")))?;
+        let committed = consumer
+            .committed_offsets(assignment, TXN_CALL_TIMEOUT)
+            .map_err(|e| StreamError::Restart(format!("reading committed offsets: {e}")))?;
+        let mut rewind = TopicPartitionList::new();
+        for e in committed.elements() {
+            let offset = match e.offset() {
+                Offset::Offset(o) => Offset::Offset(o),
+                _ => Offset::Beginning,
+            };
+            let _ = rewind.add_partition_offset(e.topic(), e.partition(), offset);
+        }
+        consumer
+            .seek_partitions(rewind, TXN_CALL_TIMEOUT)
+            .map_err(|e| StreamError::Restart(format!("rewinding: {e}")))?;
+        Ok(())
+    }
+
+    fn fail_batch(&mut self, e: TaskError) -> StreamError {
+        // Whatever happens next, nothing of this transaction may commit:
+        // some of the batch's state changes are in the tasks' transaction
+        // layers without their outputs.
+        if let Err(abort_error) = self.abort(None) {
+            tracing::warn!("{abort_error}");
+        }
+        match e {
+            TaskError::RecordFailed { .. } => StreamError::ProcessorFailed(e.to_string()),
+            other => StreamError::Restart(other.to_string()),
+        }
+    }
+
+    fn changelog_of(&self, store: &str) -> String {
+        self.d
+            .changelogs
+            .iter()
+            .find(|(s, _)| s == store)
+            .map(|(_, t)| t.clone())
+            .unwrap_or_else(|| super::changelog_topic(&self.d.manifest, store))
+    }
+}
+
+/// Calls a transactional operation again while it fails retriably.
+fn retry(mut call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), KafkaError> {
+    let mut attempt = 0;
+    loop {
+        match call() {
+            Err(e) if kafka::classify(&e) == TxnFailure::Retry && attempt < TXN_RETRIES => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(100 << attempt));
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Exactly-once on a real Kafka: the wallet end to end, under crashes,
+//! zombies, rebalances, poison records, clean restarts and broker restarts;
+//! and proof that the checks can see what they guard against.
+//!
+//! Figures are printed as `FIGURE name value` lines (run with --nocapture).
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::kafka::{Cluster, Wallet, assert_exact, restored_records};
+
+/// One test at a time: they share the broker and two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn figure(name: &str, value: impl std::fmt::Display) {
+    println!("FIGURE {name} {value}");
+}
+
+/// A small deterministic generator for crash moments.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Figures a host logs when it stops: commit latency over the whole run.
+fn final_latency(log: &str) -> Option<(f64, f64)> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("deployment stopped"))?;
+    let field = |name: &str| -> Option<f64> {
+        let i = line.find(&format!("{name}="))?;
+        line[i + name.len() + 1..]
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((field("commit_p50_ms")?, field("commit_p99_ms")?))
+}
+
+#[test]
+fn a_wallet_end_to_end_exactly_once() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    for guarantee in ["exactly_once_v2", "at_least_once"] {
+        let w = Wallet::new(cluster, "e2e", guarantee, 6);
+        let produced = w.produce(0, 100_000, 1_000, None);
+        let started = Instant::now();
+        let host = w.start("a", &[]);
+        w.wait_done(Duration::from_secs(300));
+        let elapsed = started.elapsed();
+        let log = {
+            let status = host.stop();
+            assert!(status.success(), "clean shutdown exits 0");
+            std::fs::read_to_string(w.dir.path().join("a.log")).unwrap()
+        };
+        figure(
+            &format!("throughput_{guarantee}_records_per_s"),
+            format!("{:.0}", 100_000.0 / elapsed.as_secs_f64()),
+        );
+        if let Some((p50, p99)) = final_latency(&log) {
+            figure(&format!("commit_latency_{guarantee}_p50_ms"), p50);
+            figure(&format!("commit_latency_{guarantee}_p99_ms"), p99);
+        }
+        let report = w.verify(false);
+        assert_exact(&report, &produced, guarantee);
+    }
+}
+
+/// SIGKILLs the host at random moments while it works through the input,
+/// restarting it each time. Returns the recovery times.
+fn crash_loop(w: &Wallet, kills: u32, seed: u64) -> Vec<Duration> {
+    let mut rng = Rng(seed);
+    let mut recoveries = Vec::new();
+    let mut host = w.start("a", &[]);
+    for _ in 0..kills {
+        // Let it make some progress first, then kill at a random moment.
+        let before = w.committed();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while w.committed() <= before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(200 + rng.below(1500)));
+        host.kill();
+        let killed_at = Instant::now();
+        let at_kill = w.committed();
+        host = w.start("a", &[]);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while w.committed() <= at_kill {
+            assert!(Instant::now() < deadline, "no progress after a restart");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        recoveries.push(killed_at.elapsed());
+    }
+    w.wait_done(Duration::from_secs(300));
+    assert!(host.stop().success());
+    recoveries
+}
+
+#[test]
+fn b_crash_and_f_non_vacuity() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+
+    // b: exactly-once under five SIGKILLs.
+    let w = Wallet::new(cluster, "crash", "exactly_once_v2", 6);
+    let produced = w.produce(0, 100_000, 1_000, None);
+    let recoveries = crash_loop(&w, 5, 7);
+    let mut ms: Vec<u128> = recoveries.iter().map(Duration::as_millis).collect();
+    ms.sort();
+    figure("sigkill_to_processing_again_ms_median", ms[ms.len() / 2]);
+    figure("sigkill_to_processing_again_ms_max", ms[ms.len() - 1]);
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "exactly_once_v2 after 5 SIGKILLs");
+
+    // f: the aborted transactions the crashes left are really there: a
+    // read_uncommitted reader sees them as duplicates.
+    let dirty = w.verify(true);
+    figure(
+        "read_uncommitted_duplicates_after_crashes",
+        dirty.duplicates,
+    );
+    assert!(
+        !dirty.is_exact() && dirty.duplicates > 0,
+        "read_uncommitted must see the aborted writes: {:?}",
+        dirty.findings
+    );
+
+    // f: at_least_once under the same crashes duplicates effects.
+    let w = Wallet::new(cluster, "crash-alo", "at_least_once", 6);
+    w.produce(0, 100_000, 1_000, None);
+    crash_loop(&w, 5, 7);
+    let alo = w.verify(false);
+    figure("at_least_once_duplicates_after_crashes", alo.duplicates);
+    assert!(
+        alo.duplicates > 0,
+        "at_least_once under SIGKILL must show duplicates: {:?}",
+        alo.findings
+    );
+}
+
+#[test]
+fn c_zombie_is_fenced() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "zombie", "exactly_once_v2", 6);
+    let mut produced = w.produce(0, 30_000, 500, None);
+    let a = w.start("a", &["--session-timeout-ms", "6000"]);
+    let b = w.start("b", &["--session-timeout-ms", "6000"]);
+    // Both working.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.committed() < 10_000 {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Pause A past its session timeout while input keeps coming: B takes
+    // over A's partitions.
+    a.signal(libc::SIGSTOP);
+    let more = w.produce(30_000, 30_000, 500, None);
+    produced.valid += more.valid;
+    for (k, v) in more.totals {
+        *produced.totals.entry(k).or_insert(0) += v;
+    }
+    std::thread::sleep(Duration::from_secs(15));
+    // A wakes up believing it still owns its partitions.
+    a.signal(libc::SIGCONT);
+    w.wait_done(Duration::from_secs(300));
+    std::thread::sleep(Duration::from_secs(3));
+    let a_log = a.log_text();
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+    let zombie_refused = a_log.contains("fenced")
+        || a_log.contains("assignment lost")
+        || a_log.contains("must restart");
+    assert!(
+        zombie_refused,
+        "A's late commit must be refused; A's log:\n{a_log}"
+    );
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "zombie");
+}
+
+#[test]
+fn d_rebalance_one_three_one() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "rebalance", "exactly_once_v2", 6);
+    let mut produced = w.produce(0, 20_000, 1_000, None);
+    let a = w.start("a", &[]);
+    std::thread::sleep(Duration::from_secs(3));
+    let b = w.start("b", &[]);
+    let c = w.start("c", &[]);
+    for round in 1..=3u64 {
+        let more = w.produce(round * 20_000, 20_000, 1_000, None);
+        produced.valid += more.valid;
+        for (k, v) in more.totals {
+            *produced.totals.entry(k).or_insert(0) += v;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(b.stop().success());
+    assert!(c.stop().success());
+    let more = w.produce(80_000, 20_000, 1_000, None);
+    produced.valid += more.valid;
+    for (k, v) in more.totals {
+        *produced.totals.entry(k).or_insert(0) += v;
+    }
+    w.wait_done(Duration::from_secs(300));
+    assert!(a.stop().success());
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "1 -> 3 -> 1 instances");
+}
+
+#[test]
+fn e_poison_records_are_dead_lettered_once() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "poison", "exactly_once_v2", 6);
+    let produced = w.produce(0, 30_000, 300, Some(50));
+    assert_eq!(produced.invalid, 600);
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(300));
+    assert!(host.stop().success());
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "poison");
+}
+
+#[test]
+fn g_restart_replays_only_the_changelog_tail() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "restart", "exactly_once_v2", 6);
+    let mut produced = w.produce(0, 30_000, 1_000, None);
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(300));
+    assert!(host.stop().success());
+    let first_run = std::fs::read_to_string(w.dir.path().join("a.log")).unwrap();
+    assert_eq!(
+        restored_records(&first_run),
+        0,
+        "a fresh start has nothing to restore"
+    );
+
+    // Clean restart: the stores are at their changelog positions.
+    std::fs::remove_file(w.dir.path().join("a.log")).unwrap();
+    let more = w.produce(30_000, 10_000, 1_000, None);
+    produced.valid += more.valid;
+    for (k, v) in more.totals {
+        *produced.totals.entry(k).or_insert(0) += v;
+    }
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(300));
+    let clean = host.log_text();
+    let replayed_clean = restored_records(&clean);
+    figure(
+        "changelog_records_replayed_after_clean_restart",
+        replayed_clean,
+    );
+    assert_eq!(
+        replayed_clean, 0,
+        "a clean restart replays nothing:\n{clean}"
+    );
+
+    // Crash: at most what was committed but not yet applied locally.
+    let more = w.produce(40_000, 20_000, 1_000, None);
+    produced.valid += more.valid;
+    for (k, v) in more.totals {
+        *produced.totals.entry(k).or_insert(0) += v;
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    host.kill();
+    std::fs::remove_file(w.dir.path().join("a.log")).unwrap();
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(300));
+    let crashed = host.log_text();
+    let replayed_crash = restored_records(&crashed);
+    figure("changelog_records_replayed_after_crash", replayed_crash);
+    assert!(
+        replayed_crash < 1_000,
+        "a crash replays only the unapplied tail, not the {} keys' history",
+        1_000
+    );
+    assert!(host.stop().success());
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "restarts");
+}
+
+#[test]
+fn h_broker_restarts() {
+    let _g = serial();
+    // Single node: stop and start the broker mid-run.
+    let single: &'static Cluster = Box::leak(Box::new(Cluster::start("single", 19192, 1)));
+    let w = Wallet::new(single, "broker", "exactly_once_v2", 6);
+    let produced = w.produce(0, 50_000, 1_000, None);
+    let host = w.start("a", &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.committed() < 10_000 {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    single.stop_broker(1, "TERM");
+    std::thread::sleep(Duration::from_secs(3));
+    single.start_broker(1);
+    w.wait_done(Duration::from_secs(300));
+    assert!(host.stop().success());
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "single broker restart");
+    single.down();
+
+    // Three nodes: kill one mid-run.
+    let three: &'static Cluster = Box::leak(Box::new(Cluster::start("three", 19292, 3)));
+    let w = Wallet::new(three, "broker3", "exactly_once_v2", 6);
+    let produced = w.produce(0, 50_000, 1_000, None);
+    let host = w.start("a", &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.committed() < 10_000 {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    three.stop_broker(2, "KILL");
+    w.wait_done(Duration::from_secs(300));
+    assert!(host.stop().success());
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "one of three brokers killed");
+    three.down();
+}
