@@ -79,34 +79,55 @@ fn a_wallet_end_to_end_exactly_once() {
     }
 }
 
-/// SIGKILLs the host at random moments while it works through the input,
-/// restarting it each time. Returns the recovery times.
-fn crash_loop(w: &Wallet, kills: u32, seed: u64) -> Vec<Duration> {
+/// SIGKILLs the host at random moments while input keeps arriving,
+/// restarting it each time. Returns what was produced and the recovery
+/// times (SIGKILL to the next committed progress).
+fn crash_loop(
+    w: &Wallet,
+    n: u64,
+    kills: u32,
+    seed: u64,
+) -> (common::kafka::Produced, Vec<Duration>) {
     let mut rng = Rng(seed);
     let mut recoveries = Vec::new();
-    let mut host = w.start("a", &[]);
-    for _ in 0..kills {
-        // Let it make some progress first, then kill at a random moment.
-        let before = w.committed();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while w.committed() <= before && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
+    let produced = std::thread::scope(|scope| {
+        let producer =
+            scope.spawn(|| w.produce_paced(0, n, 1_000, Duration::from_secs(8 * kills as u64)));
+        let mut host = w.start("a", &[]);
+        for _ in 0..kills {
+            // Kill at a random moment while the host is busy.
+            let before = w.committed();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while w.committed() <= before {
+                assert!(
+                    Instant::now() < deadline,
+                    "no progress; log:\n{}",
+                    host.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            std::thread::sleep(Duration::from_millis(200 + rng.below(2000)));
+            host.kill();
+            let killed_at = Instant::now();
+            let at_kill = w.committed();
+            host = w.start("a", &[]);
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while w.committed() <= at_kill {
+                assert!(
+                    Instant::now() < deadline,
+                    "no progress after a restart; log:\n{}",
+                    host.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            recoveries.push(killed_at.elapsed());
         }
-        std::thread::sleep(Duration::from_millis(200 + rng.below(1500)));
-        host.kill();
-        let killed_at = Instant::now();
-        let at_kill = w.committed();
-        host = w.start("a", &[]);
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while w.committed() <= at_kill {
-            assert!(Instant::now() < deadline, "no progress after a restart");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        recoveries.push(killed_at.elapsed());
-    }
-    w.wait_done(Duration::from_secs(300));
-    assert!(host.stop().success());
-    recoveries
+        let produced = producer.join().expect("producer thread");
+        w.wait_done(Duration::from_secs(300));
+        assert!(host.stop().success());
+        produced
+    });
+    (produced, recoveries)
 }
 
 #[test]
@@ -116,8 +137,7 @@ fn b_crash_and_f_non_vacuity() {
 
     // b: exactly-once under five SIGKILLs.
     let w = Wallet::new(cluster, "crash", "exactly_once_v2", 6);
-    let produced = w.produce(0, 100_000, 1_000, None);
-    let recoveries = crash_loop(&w, 5, 7);
+    let (produced, recoveries) = crash_loop(&w, 100_000, 5, 7);
     let mut ms: Vec<u128> = recoveries.iter().map(Duration::as_millis).collect();
     ms.sort();
     figure("sigkill_to_processing_again_ms_median", ms[ms.len() / 2]);
@@ -140,8 +160,7 @@ fn b_crash_and_f_non_vacuity() {
 
     // f: at_least_once under the same crashes duplicates effects.
     let w = Wallet::new(cluster, "crash-alo", "at_least_once", 6);
-    w.produce(0, 100_000, 1_000, None);
-    crash_loop(&w, 5, 7);
+    crash_loop(&w, 100_000, 5, 7);
     let alo = w.verify(false);
     figure("at_least_once_duplicates_after_crashes", alo.duplicates);
     assert!(

@@ -296,6 +296,34 @@ dead-letter-topic = "{dlq}"
         produced
     }
 
+    /// Produces like [`Wallet::produce`], in chunks spread over `over`, so
+    /// that a host has work the whole time.
+    pub fn produce_paced(&self, first: u64, n: u64, accounts: u64, over: Duration) -> Produced {
+        let chunks = 50u64;
+        let per = n.div_ceil(chunks);
+        let started = Instant::now();
+        let mut total = Produced::default();
+        let mut next = first;
+        for c in 0..chunks {
+            let count = per.min(first + n - next);
+            if count == 0 {
+                break;
+            }
+            let p = self.produce(next, count, accounts, None);
+            next += count;
+            total.valid += p.valid;
+            total.invalid += p.invalid;
+            for (k, v) in p.totals {
+                *total.totals.entry(k).or_insert(0) += v;
+            }
+            let due = over.mul_f64((c + 1) as f64 / chunks as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        total
+    }
+
     /// Starts `onceflow run` for instance `instance` (its own state dir).
     pub fn start(&self, instance: &str, extra: &[&str]) -> Host {
         Host::start(self, instance, extra)

@@ -35,6 +35,11 @@ pub fn consumer_config(options: &RunOptions, group: &str, client_id: &str) -> Cl
     let mut c = base_config(options);
     c.set("group.id", group)
         .set("client.id", client_id)
+        // Static membership (KIP-345): a restarted instance takes its
+        // partitions back at once instead of waiting for its previous
+        // incarnation's session to expire. The id is the instance's, so a
+        // paused zombie is still fenced when its session expires.
+        .set("group.instance.id", client_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
