@@ -337,10 +337,24 @@ dead-letter-topic = "{dlq}"
             if end > 0 && committed >= end {
                 return started.elapsed();
             }
-            assert!(
-                started.elapsed() < timeout,
-                "not done after {timeout:?}: committed {committed} of {end}"
-            );
+            if started.elapsed() >= timeout {
+                let mut logs = String::new();
+                for entry in std::fs::read_dir(self.dir.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let path = entry.path();
+                    if path.extension().is_some_and(|e| e == "log") {
+                        let text = std::fs::read_to_string(&path).unwrap_or_default();
+                        let lines: Vec<&str> =
+                            text.lines().filter(|l| !l.contains(" figures ")).collect();
+                        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+                        logs.push_str(&format!("\n--- {} (last 60 lines)\n{tail}", path.display()));
+                    }
+                }
+                panic!("not done after {timeout:?}: committed {committed} of {end}{logs}");
+            }
             std::thread::sleep(Duration::from_millis(250));
         }
     }

@@ -165,6 +165,12 @@ impl ConsumerContext for WorkerContext {
             return;
         };
         let mut core = lock(&self.core);
+        tracing::info!(
+            worker = core.worker,
+            revoked = ?partitions_of(tpl),
+            lost = consumer.assignment_lost(),
+            "partitions revoked"
+        );
         core.in_callback = true;
         if core.in_txn {
             let result = if consumer.assignment_lost() {
@@ -200,25 +206,49 @@ impl ConsumerContext for WorkerContext {
     /// Partitions arrived: open their stores and pause them until restored
     /// (restoring waits for stable offsets, which needs the poll loop).
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Rebalance::Assign(tpl) = rebalance else {
-            return;
+        let tpl = match rebalance {
+            Rebalance::Assign(tpl) => tpl,
+            Rebalance::Revoke(_) => return,
+            Rebalance::Error(e) => {
+                tracing::warn!("rebalance error: {e}");
+                return;
+            }
         };
         let mut core = lock(&self.core);
-        for p in partitions_of(tpl) {
+        let assigned = partitions_of(tpl);
+        tracing::info!(worker = core.worker, ?assigned, "partitions assigned");
+        let mut pause = TopicPartitionList::new();
+        for p in assigned {
             if core.tasks.contains_key(&p) {
+                // Assigned again without a revoke in between: the open
+                // transaction may hold this partition's records while the
+                // consumer reads them again from the committed offset. Only
+                // a clean rejoin is safe.
+                tracing::warn!(
+                    partition = p,
+                    "partition assigned while its task is open; rejoining"
+                );
+                core.failure.get_or_insert(StreamError::Restart(format!(
+                    "partition {p} assigned twice"
+                )));
                 continue;
             }
             match core.open_task(p) {
                 Ok(task) => {
                     core.tasks.insert(p, task);
                     core.restoring.insert(p);
+                    for e in tpl.elements().iter().filter(|e| e.partition() == p) {
+                        pause.add_partition(e.topic(), p);
+                    }
                 }
                 Err(e) => {
                     core.failure.get_or_insert(e);
                 }
             }
         }
-        if let Err(e) = consumer.pause(tpl) {
+        if pause.count() > 0
+            && let Err(e) = consumer.pause(&pause)
+        {
             core.failure
                 .get_or_insert(StreamError::kafka("pausing partitions to restore", e));
         }
@@ -539,7 +569,7 @@ impl Core {
 
         // 2. Flush: every record of the transaction acknowledged, so the
         //    delivery reports hold the changelog positions.
-        if let Err(e) = self.producer.flush(TXN_CALL_TIMEOUT) {
+        if let Err(e) = kafka::drain(&self.producer, TXN_CALL_TIMEOUT) {
             return self.on_txn_error(consumer, "flushing", e);
         }
         let failed = {
