@@ -317,25 +317,25 @@ impl Manifest {
                 format!("{target:?} is not supported: use wasm32-unknown-unknown or wasm32-wasip2"),
             ));
         }
+        let in_range = |key: &str, value: u64, max: u64| {
+            if (1..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(invalid(key, format!("{value} is out of range 1..={max}")))
+            }
+        };
         let p = &raw.processing;
-        if !(1..=600_000).contains(&p.commit_interval_ms) {
-            return Err(invalid(
-                "processing.commit-interval-ms",
-                format!("{} is out of range 1..=600000", p.commit_interval_ms),
-            ));
-        }
-        if !(1..=64).contains(&p.worker_threads) {
-            return Err(invalid(
-                "processing.worker-threads",
-                format!("{} is out of range 1..=64", p.worker_threads),
-            ));
-        }
-        if !(1..=100_000).contains(&p.max_batch_records) {
-            return Err(invalid(
-                "processing.max-batch-records",
-                format!("{} is out of range 1..=100000", p.max_batch_records),
-            ));
-        }
+        in_range(
+            "processing.commit-interval-ms",
+            p.commit_interval_ms,
+            600_000,
+        )?;
+        in_range("processing.worker-threads", p.worker_threads.into(), 64)?;
+        in_range(
+            "processing.max-batch-records",
+            p.max_batch_records.into(),
+            100_000,
+        )?;
         match (raw.errors.policy, &raw.errors.dead_letter_topic) {
             (ErrorPolicy::DeadLetter, None) => {
                 return Err(invalid(
@@ -362,18 +362,8 @@ impl Manifest {
             (_, None) => {}
         }
         let l = &raw.limits;
-        if !(1..=4096).contains(&l.memory_mb) {
-            return Err(invalid(
-                "limits.memory-mb",
-                format!("{} is out of range 1..=4096", l.memory_mb),
-            ));
-        }
-        if !(1..=600_000).contains(&l.timeout_ms) {
-            return Err(invalid(
-                "limits.timeout-ms",
-                format!("{} is out of range 1..=600000", l.timeout_ms),
-            ));
-        }
+        in_range("limits.memory-mb", l.memory_mb, 4096)?;
+        in_range("limits.timeout-ms", l.timeout_ms, 600_000)?;
         let mut config = Vec::with_capacity(raw.config.len());
         for (key, value) in raw.config {
             let value = match value {

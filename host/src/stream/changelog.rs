@@ -48,6 +48,9 @@ pub(crate) fn restore_consumer(d: &Deployment) -> Result<BaseConsumer, StreamErr
     .set("enable.auto.offset.store", "false")
     .set("isolation.level", "read_committed")
     .set("enable.partition.eof", "true")
+    // The end of a changelog is usually near: do not let the broker hold an
+    // empty fetch for the default 500 ms before reporting it.
+    .set("fetch.wait.max.ms", "10")
     .set("auto.offset.reset", "earliest");
     c.create()
         .map_err(|e| StreamError::kafka("creating the restore consumer", e))
@@ -61,6 +64,7 @@ pub(crate) fn restore(
 ) -> Result<RestoreStats, StreamError> {
     let started = Instant::now();
     let partition = task.partition();
+    let errors = kafka::ErrorLog::default();
     let mut total = 0u64;
     for (store, topic) in &d.changelogs {
         let position = task
@@ -116,7 +120,10 @@ pub(crate) fn restore(
                 // The fetcher reached the partition's (stable) end: every
                 // committed record before it has been delivered.
                 Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => tracing::warn!(%topic, partition, "restore consumer: {e}"),
+                Some(Err(e)) => {
+                    errors.report("restore consumer", &e, topic);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 None => {
                     if Instant::now() > deadline {
                         return Err(StreamError::Restart(format!(

@@ -312,6 +312,29 @@ pub fn drain<C: ProducerContext<DeliveryOpaque = ()>>(
     }
 }
 
+/// Client-level errors (brokers down, transport failures) arrive on every
+/// poll while a broker is away; this logs them at most every 5 s, with a
+/// count, instead of thousands of lines a second.
+#[derive(Default)]
+pub struct ErrorLog {
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl ErrorLog {
+    /// Records an error from librdkafka's error callback.
+    pub fn report(&self, client: &str, error: &KafkaError, reason: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.1 += 1;
+        if s.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+            tracing::warn!(
+                "{client}: {error}: {reason} ({} similar errors since the last report)",
+                s.1
+            );
+            *s = (Some(std::time::Instant::now()), 0);
+        }
+    }
+}
+
 /// What to do about a failed transactional call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxnFailure {

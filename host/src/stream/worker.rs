@@ -88,15 +88,26 @@ struct Deliveries {
 struct ProducerCtx {
     changelog_topics: Vec<String>,
     deliveries: Mutex<Deliveries>,
+    errors: kafka::ErrorLog,
 }
 
-impl ClientContext for ProducerCtx {}
+impl ProducerCtx {
+    fn deliveries(&self) -> MutexGuard<'_, Deliveries> {
+        self.deliveries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ClientContext for ProducerCtx {
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.errors.report("producer", &error, reason);
+    }
+}
 
 impl ProducerContext for ProducerCtx {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        let mut d = self.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = self.deliveries();
         match result {
             Ok(m) => {
                 if self.changelog_topics.iter().any(|t| t == m.topic()) {
@@ -153,9 +164,14 @@ struct Core {
 
 struct WorkerContext {
     core: Arc<Mutex<Core>>,
+    errors: kafka::ErrorLog,
 }
 
-impl ClientContext for WorkerContext {}
+impl ClientContext for WorkerContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.errors.report("consumer", &error, reason);
+    }
+}
 
 impl ConsumerContext for WorkerContext {
     /// Partitions are leaving: finish the open transaction first (commit, or
@@ -268,6 +284,8 @@ struct Session {
     d: Arc<Deployment>,
     consumer: BaseConsumer<WorkerContext>,
     core: Arc<Mutex<Core>>,
+    consumer_errors: u64,
+    last_error_log: Option<Instant>,
 }
 
 impl Session {
@@ -280,6 +298,7 @@ impl Session {
                 .create_with_context(ProducerCtx {
                     changelog_topics: d.changelogs.iter().map(|(_, t)| t.clone()).collect(),
                     deliveries: Mutex::default(),
+                    errors: kafka::ErrorLog::default(),
                 })
                 .map_err(|e| StreamError::kafka("creating the producer", e))?;
         if d.exactly_once() {
@@ -307,7 +326,10 @@ impl Session {
         }));
         let consumer: BaseConsumer<WorkerContext> =
             kafka::consumer_config(&d.options, &app, &client_id)
-                .create_with_context(WorkerContext { core: core.clone() })
+                .create_with_context(WorkerContext {
+                    core: core.clone(),
+                    errors: kafka::ErrorLog::default(),
+                })
                 .map_err(|e| StreamError::kafka("creating the consumer", e))?;
         let inputs: Vec<&str> = d.manifest.inputs.iter().map(String::as_str).collect();
         consumer
@@ -318,6 +340,8 @@ impl Session {
             d: d.clone(),
             consumer,
             core,
+            consumer_errors: 0,
+            last_error_log: None,
         })
     }
 
@@ -369,7 +393,7 @@ impl Session {
 
     /// Polls up to `max` records: waits up to `wait` for the first, then
     /// takes what is already fetched.
-    fn poll_batch(&self, wait: Duration, max: usize) -> Result<Vec<InputRecord>, StreamError> {
+    fn poll_batch(&mut self, wait: Duration, max: usize) -> Result<Vec<InputRecord>, StreamError> {
         let mut batch = Vec::new();
         let mut timeout = wait;
         while batch.len() < max {
@@ -377,14 +401,29 @@ impl Session {
                 None => break,
                 Some(Ok(m)) => batch.push(kafka::to_input(&m)),
                 Some(Err(KafkaError::PartitionEOF(_))) => {}
+                // A fatal consumer error (for example a static member fenced
+                // by its own new incarnation after a broker restart): this
+                // consumer is finished; rejoin with a new one.
+                Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                    return Err(StreamError::Restart(format!("consumer: fatal: {code}")));
+                }
                 Some(Err(e)) => {
-                    if matches!(
-                        e.rdkafka_error_code(),
-                        Some(rdkafka::types::RDKafkaErrorCode::Fatal)
-                    ) {
-                        return Err(StreamError::Restart(format!("consumer: {e}")));
+                    // Transient (brokers down, a transport failure): librdkafka
+                    // reconnects by itself. Say so now and then, not on every
+                    // poll, and do not spin.
+                    self.consumer_errors += 1;
+                    if self
+                        .last_error_log
+                        .is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
+                    {
+                        tracing::warn!(
+                            "consumer: {e} ({} errors since the last report)",
+                            self.consumer_errors
+                        );
+                        self.consumer_errors = 0;
+                        self.last_error_log = Some(Instant::now());
                     }
-                    tracing::warn!("consumer: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
                     break;
                 }
             }
@@ -573,12 +612,7 @@ impl Core {
             return self.on_txn_error(consumer, "flushing", e);
         }
         let failed = {
-            let mut d = self
-                .producer
-                .context()
-                .deliveries
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut d = self.producer.context().deliveries();
             let failed = d.first_failure.take().map(|f| (d.failures, f));
             d.failures = 0;
             failed
@@ -621,15 +655,7 @@ impl Core {
 
         // 5. Committed: now, and only now, the overlays go to RocksDB, with
         //    the changelog positions in the same write batch.
-        let delivered = std::mem::take(
-            &mut self
-                .producer
-                .context()
-                .deliveries
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .changelog_offsets,
-        );
+        let delivered = std::mem::take(&mut self.producer.context().deliveries().changelog_offsets);
         for task in self.tasks.values_mut() {
             let positions: Vec<(String, i64)> = self
                 .d
@@ -695,17 +721,7 @@ impl Core {
         self.in_txn = false;
         self.next_offsets.clear();
         self.pending = Pending::default();
-        {
-            let mut d = self
-                .producer
-                .context()
-                .deliveries
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            d.changelog_offsets.clear();
-            d.failures = 0;
-            d.first_failure = None;
-        }
+        *self.producer.context().deliveries() = Deliveries::default();
         let Some(consumer) = consumer else {
             return Ok(());
         };
