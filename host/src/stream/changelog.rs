@@ -36,9 +36,12 @@ pub struct RestoreStats {
     pub elapsed: Duration,
 }
 
+/// The restore consumer's type.
+pub(crate) type RestoreConsumer = BaseConsumer<kafka::QuietContext>;
+
 /// A consumer for restoring: assigned partitions only, never in a group,
 /// never committing; reads committed data and reports partition ends.
-pub(crate) fn restore_consumer(d: &Deployment) -> Result<BaseConsumer, StreamError> {
+pub(crate) fn restore_consumer(d: &Deployment) -> Result<RestoreConsumer, StreamError> {
     let mut c = kafka::base_config(&d.options);
     c.set(
         "group.id",
@@ -52,14 +55,14 @@ pub(crate) fn restore_consumer(d: &Deployment) -> Result<BaseConsumer, StreamErr
     // empty fetch for the default 500 ms before reporting it.
     .set("fetch.wait.max.ms", "10")
     .set("auto.offset.reset", "earliest");
-    c.create()
+    c.create_with_context(kafka::QuietContext::default())
         .map_err(|e| StreamError::kafka("creating the restore consumer", e))
 }
 
 /// Replays each store's changelog tail into the task's committed stores.
 pub(crate) fn restore(
     d: &Deployment,
-    consumer: &BaseConsumer,
+    consumer: &RestoreConsumer,
     task: &mut Task,
 ) -> Result<RestoreStats, StreamError> {
     let started = Instant::now();

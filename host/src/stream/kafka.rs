@@ -335,6 +335,24 @@ impl ErrorLog {
     }
 }
 
+/// The context of the helper consumers that read to a partition's end
+/// (restore, verify): the end-of-partition events they ask for are not
+/// errors, and other client errors are rate-limited.
+#[derive(Default)]
+pub struct QuietContext {
+    errors: ErrorLog,
+}
+
+impl rdkafka::client::ClientContext for QuietContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            self.errors.report("consumer", &error, reason);
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
 /// What to do about a failed transactional call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxnFailure {

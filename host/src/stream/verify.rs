@@ -329,7 +329,9 @@ fn parse_input(value: Option<&[u8]>, o: &VerifyOptions) -> Option<(String, Strin
     Some((id, key, amount))
 }
 
-fn client(o: &VerifyOptions, isolation: &str) -> Result<BaseConsumer, StreamError> {
+type Client = BaseConsumer<super::kafka::QuietContext>;
+
+fn client(o: &VerifyOptions, isolation: &str) -> Result<Client, StreamError> {
     ClientConfig::new()
         .set("bootstrap.servers", &o.bootstrap_servers)
         .set("group.id", "onceflow-verify")
@@ -338,11 +340,11 @@ fn client(o: &VerifyOptions, isolation: &str) -> Result<BaseConsumer, StreamErro
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", isolation)
-        .create()
+        .create_with_context(super::kafka::QuietContext::default())
         .map_err(|e| StreamError::kafka("creating the verify consumer", e))
 }
 
-fn partitions(consumer: &BaseConsumer, topic: &str) -> Result<Vec<i32>, StreamError> {
+fn partitions(consumer: &Client, topic: &str) -> Result<Vec<i32>, StreamError> {
     let md = consumer
         .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
         .map_err(|e| StreamError::kafka(format!("metadata of {topic}"), e))?;

@@ -159,7 +159,7 @@ struct Core {
     /// batch from them are not ours any more (even if reassigned since, the
     /// consumer reads them again from the committed offset).
     revoked_during_poll: BTreeSet<i32>,
-    restore_consumer: Option<BaseConsumer>,
+    restore_consumer: Option<changelog::RestoreConsumer>,
 }
 
 struct WorkerContext {
