@@ -101,6 +101,14 @@ fn hostile_records_are_stopped_and_dead_lettered_and_the_rest_proceeds() {
             })
             .collect();
         assert_eq!(summary, expected, "batch size {batch_size}");
+        // Outputs and dead letters carry their input record's timestamp.
+        for o in &outputs {
+            let input = records
+                .iter()
+                .find(|r| r.value == o.value)
+                .expect("every output echoes an input");
+            assert_eq!(o.timestamp, Some(input.timestamp), "{:?}", o.value);
+        }
 
         let reasons: Vec<String> = outputs.iter().filter_map(error_of).collect();
         let want = [

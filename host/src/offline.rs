@@ -493,6 +493,7 @@ mod tests {
             key: Some(b"k".to_vec()),
             value: Some(vec![0xff, 0x00]),
             headers: vec![],
+            timestamp: None,
         };
         write_output(&mut buf, &rec, None).unwrap();
         let none = OutputRecord {
@@ -503,6 +504,7 @@ mod tests {
                 key: dead_letter_headers::ERROR.into(),
                 value: b"bad".to_vec(),
             }],
+            timestamp: None,
         };
         write_output(&mut buf, &none, Some("dlq")).unwrap();
         assert_eq!(

@@ -148,6 +148,7 @@ impl Effects for TaskEffects {
         key: Option<Vec<u8>>,
         value: Option<Vec<u8>>,
         headers: Vec<Header>,
+        timestamp: i64,
     ) -> Result<(), EmitError> {
         let topic = self
             .outputs
@@ -169,6 +170,7 @@ impl Effects for TaskEffects {
             key,
             value,
             headers,
+            timestamp: Some(timestamp),
         });
         Ok(())
     }
@@ -411,5 +413,6 @@ pub fn dead_letter(
         key: record.key.clone(),
         value: record.value.clone(),
         headers,
+        timestamp: Some(record.timestamp),
     }
 }

@@ -44,6 +44,9 @@ pub struct OutputRecord {
     pub value: Option<Vec<u8>>,
     /// Headers.
     pub headers: Vec<Header>,
+    /// Timestamp (ms since the epoch): the input record's, as in Kafka
+    /// Streams, so downstream windows and retention see event time.
+    pub timestamp: Option<i64>,
 }
 
 /// A state operation the processor asked for that the host refused. The
@@ -161,13 +164,15 @@ pub trait Effects: std::any::Any + Send {
         end: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<Entry>, AccessError>;
-    /// Emits a record to an output alias.
+    /// Emits a record to an output alias, stamped with `timestamp` (the
+    /// input record's).
     fn emit(
         &mut self,
         alias: &str,
         key: Option<Vec<u8>>,
         value: Option<Vec<u8>>,
         headers: Vec<Header>,
+        timestamp: i64,
     ) -> Result<(), EmitError>;
 }
 
@@ -210,6 +215,7 @@ impl Effects for NoEffects {
         _: Option<Vec<u8>>,
         _: Option<Vec<u8>>,
         _: Vec<Header>,
+        _: i64,
     ) -> Result<(), EmitError> {
         Err(EmitError::UnknownAlias(alias.to_owned()))
     }

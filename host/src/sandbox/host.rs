@@ -203,11 +203,19 @@ impl output::Host for HostState {
                 value: h.value,
             })
             .collect();
-        Ok(match self.effects.emit(&alias, key, value, headers) {
-            Ok(()) => Ok(()),
-            Err(EmitError::UnknownAlias(a)) => Err(wit::OutputError::UnknownAlias(a)),
-            Err(EmitError::TooLarge(n)) => Err(wit::OutputError::TooLarge(n)),
-        })
+        // The record the processor said it works on, else the batch's first.
+        let timestamp = self
+            .cursor
+            .and_then(|i| self.batch.get(i as usize))
+            .or(self.batch.first())
+            .map_or(0, |c| c.timestamp_ms);
+        Ok(
+            match self.effects.emit(&alias, key, value, headers, timestamp) {
+                Ok(()) => Ok(()),
+                Err(EmitError::UnknownAlias(a)) => Err(wit::OutputError::UnknownAlias(a)),
+                Err(EmitError::TooLarge(n)) => Err(wit::OutputError::TooLarge(n)),
+            },
+        )
     }
 }
 

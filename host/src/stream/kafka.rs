@@ -234,15 +234,35 @@ pub fn to_input(m: &BorrowedMessage<'_>) -> InputRecord {
     }
 }
 
+/// A record to send.
+pub struct Outgoing<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition (`None`: from the key, Java's murmur2).
+    pub partition: Option<i32>,
+    /// Key.
+    pub key: Option<&'a [u8]>,
+    /// Value (`None`: tombstone).
+    pub value: Option<&'a [u8]>,
+    /// Headers.
+    pub headers: &'a [Header],
+    /// Timestamp, ms (`None`: the producer's clock).
+    pub timestamp: Option<i64>,
+}
+
 /// Sends one record, waiting for room in the producer's queue.
 pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
     producer: &BaseProducer<C>,
-    topic: &str,
-    partition: Option<i32>,
-    key: Option<&[u8]>,
-    value: Option<&[u8]>,
-    headers: &[Header],
+    out: Outgoing<'_>,
 ) -> Result<(), KafkaError> {
+    let Outgoing {
+        topic,
+        partition,
+        key,
+        value,
+        headers,
+        timestamp,
+    } = out;
     let owned = (!headers.is_empty()).then(|| {
         headers
             .iter()
@@ -264,6 +284,9 @@ pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
         if let Some(p) = partition {
             record = record.partition(p);
         }
+        if let Some(t) = timestamp.filter(|t| *t > 0) {
+            record = record.timestamp(t);
+        }
         if let Some(h) = &owned {
             record = record.headers(h.clone());
         }
@@ -284,11 +307,14 @@ pub fn send_output<C: ProducerContext<DeliveryOpaque = ()>>(
 ) -> Result<(), KafkaError> {
     send(
         producer,
-        &o.topic,
-        None,
-        o.key.as_deref(),
-        o.value.as_deref(),
-        &o.headers,
+        Outgoing {
+            topic: &o.topic,
+            partition: None,
+            key: o.key.as_deref(),
+            value: o.value.as_deref(),
+            headers: &o.headers,
+            timestamp: o.timestamp,
+        },
     )
 }
 

@@ -592,14 +592,15 @@ impl Core {
             for changes in task.pending_changes() {
                 let topic = self.changelog_of(&changes.store);
                 for (key, value) in &changes.changes {
-                    if let Err(e) = kafka::send(
-                        &self.producer,
-                        &topic,
-                        Some(task.partition()),
-                        Some(key),
-                        value.as_deref(),
-                        &[],
-                    ) {
+                    let record = kafka::Outgoing {
+                        topic: &topic,
+                        partition: Some(task.partition()),
+                        key: Some(key),
+                        value: value.as_deref(),
+                        headers: &[],
+                        timestamp: None,
+                    };
+                    if let Err(e) = kafka::send(&self.producer, record) {
                         return self.on_txn_error(consumer, "producing a changelog record", e);
                     }
                 }
