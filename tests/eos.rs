@@ -90,9 +90,11 @@ fn a_wallet_end_to_end_exactly_once() {
     }
 }
 
-/// SIGKILLs the host at random moments while input keeps arriving,
-/// restarting it each time. Returns what was produced and the recovery
-/// times (SIGKILL to the next committed progress).
+/// SIGKILLs the host `kills` times at random moments while it works
+/// through a backlog (a fresh chunk of input before each kill, so a
+/// transaction is open when the kill lands), restarting it each time.
+/// Returns what was produced and the recovery times (SIGKILL to the next
+/// committed progress).
 fn crash_loop(
     w: &Wallet,
     n: u64,
@@ -101,43 +103,54 @@ fn crash_loop(
 ) -> (common::kafka::Produced, Vec<Duration>) {
     let mut rng = Rng(seed);
     let mut recoveries = Vec::new();
-    let produced = std::thread::scope(|scope| {
-        let producer =
-            scope.spawn(|| w.produce_paced(0, n, 1_000, Duration::from_secs(8 * kills as u64)));
-        let mut host = w.start("a", &[]);
-        for _ in 0..kills {
-            // Kill at a random moment while the host is busy.
-            let before = w.committed();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while w.committed() <= before {
-                assert!(
-                    Instant::now() < deadline,
-                    "no progress; log:\n{}",
-                    host.log_text()
-                );
-                std::thread::sleep(Duration::from_millis(100));
+    let chunk = n / (kills as u64 + 1);
+    let mut produced = common::kafka::Produced::default();
+    let probe = common::kafka::TxnProbe::new(w.cluster, &w.audit);
+    let transactional = w.guarantee == "exactly_once_v2";
+    let mut host = w.start("a", &[]);
+    for k in 0..kills as u64 {
+        let outputs_before = probe.end();
+        produced.absorb(w.produce(k * chunk, chunk, 1_000, None));
+        // Busy now: kill mid-backlog, at a random moment once a transaction
+        // holding outputs is open (exactly-once), or once outputs of the
+        // backlog appear, before their offsets can have been committed
+        // (at-least-once).
+        std::thread::sleep(Duration::from_millis(rng.below(100)));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "no progress; log:\n{}",
+                host.log_text()
+            );
+            let busy = if transactional {
+                probe.open()
+            } else {
+                probe.end() > outputs_before
+            };
+            if busy {
+                break;
             }
-            std::thread::sleep(Duration::from_millis(200 + rng.below(2000)));
-            host.kill();
-            let killed_at = Instant::now();
-            let at_kill = w.committed();
-            host = w.start("a", &[]);
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while w.committed() <= at_kill {
-                assert!(
-                    Instant::now() < deadline,
-                    "no progress after a restart; log:\n{}",
-                    host.log_text()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            recoveries.push(killed_at.elapsed());
+            std::thread::sleep(Duration::from_millis(2));
         }
-        let produced = producer.join().expect("producer thread");
-        w.wait_done(Duration::from_secs(300));
-        assert!(host.stop().success());
-        produced
-    });
+        host.kill();
+        let killed_at = Instant::now();
+        let at_kill = w.committed();
+        host = w.start("a", &[]);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while w.committed() <= at_kill {
+            assert!(
+                Instant::now() < deadline,
+                "no progress after a restart; log:\n{}",
+                host.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        recoveries.push(killed_at.elapsed());
+    }
+    produced.absorb(w.produce(kills as u64 * chunk, n - kills as u64 * chunk, 1_000, None));
+    w.wait_done(Duration::from_secs(300));
+    assert!(host.stop().success());
     (produced, recoveries)
 }
 
@@ -148,7 +161,7 @@ fn b_crash_and_f_non_vacuity() {
 
     // b: exactly-once under five SIGKILLs.
     let w = Wallet::new(cluster, "crash", "exactly_once_v2", 6);
-    let (produced, recoveries) = crash_loop(&w, 100_000, 5, 7);
+    let (produced, recoveries) = crash_loop(&w, 200_000, 5, 7);
     let mut ms: Vec<u128> = recoveries.iter().map(Duration::as_millis).collect();
     ms.sort();
     figure("sigkill_to_processing_again_ms_median", ms[ms.len() / 2]);
@@ -171,7 +184,7 @@ fn b_crash_and_f_non_vacuity() {
 
     // f: at_least_once under the same crashes duplicates effects.
     let w = Wallet::new(cluster, "crash-alo", "at_least_once", 6);
-    crash_loop(&w, 100_000, 5, 7);
+    crash_loop(&w, 200_000, 5, 7);
     let alo = w.verify(false);
     figure("at_least_once_duplicates_after_crashes", alo.duplicates);
     assert!(

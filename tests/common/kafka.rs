@@ -167,6 +167,7 @@ impl Cluster {
 /// A wallet deployment on its own topics.
 pub struct Wallet {
     pub cluster: &'static Cluster,
+    pub guarantee: String,
     pub name: String,
     pub app: String,
     pub payments: String,
@@ -202,6 +203,7 @@ impl Wallet {
         let name = format!("wallet-{suffix}");
         let w = Wallet {
             cluster,
+            guarantee: guarantee.to_owned(),
             app: format!("test.{name}"),
             payments: format!("payments-{suffix}"),
             balances: format!("balances-{suffix}"),
@@ -307,29 +309,6 @@ dead-letter-topic = "{dlq}"
         produced
     }
 
-    /// Produces like [`Wallet::produce`], in chunks spread over `over`, so
-    /// that a host has work the whole time.
-    pub fn produce_paced(&self, first: u64, n: u64, accounts: u64, over: Duration) -> Produced {
-        let chunks = 50u64;
-        let per = n.div_ceil(chunks);
-        let started = Instant::now();
-        let mut total = Produced::default();
-        let mut next = first;
-        for c in 0..chunks {
-            let count = per.min(first + n - next);
-            if count == 0 {
-                break;
-            }
-            total.absorb(self.produce(next, count, accounts, None));
-            next += count;
-            let due = over.mul_f64((c + 1) as f64 / chunks as f64);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                std::thread::sleep(wait);
-            }
-        }
-        total
-    }
-
     /// Starts `onceflow run` for instance `instance` (its own state dir).
     pub fn start(&self, instance: &str, extra: &[&str]) -> Host {
         Host::start(self, instance, extra)
@@ -396,6 +375,63 @@ fn unique() -> u64 {
         .unwrap()
         .as_micros() as u64;
     (t % 1_000_000) * 100 + N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Sees whether a topic has an open transaction holding data: its last
+/// stable offset (read_committed) behind its high watermark.
+pub struct TxnProbe {
+    committed: BaseConsumer,
+    uncommitted: BaseConsumer,
+    topic: String,
+    partitions: Vec<i32>,
+}
+
+impl TxnProbe {
+    pub fn new(cluster: &Cluster, topic: &str) -> TxnProbe {
+        let client = |isolation: &str| -> BaseConsumer {
+            ClientConfig::new()
+                .set("bootstrap.servers", &cluster.bootstrap)
+                .set("group.id", "txn-probe")
+                .set("isolation.level", isolation)
+                .create()
+                .expect("probe consumer")
+        };
+        let committed = client("read_committed");
+        let md = committed
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let partitions = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
+        TxnProbe {
+            committed,
+            uncommitted: client("read_uncommitted"),
+            topic: topic.to_owned(),
+            partitions,
+        }
+    }
+
+    /// Records in the topic, committed or not.
+    pub fn end(&self) -> i64 {
+        self.partitions
+            .iter()
+            .map(|&p| {
+                self.uncommitted
+                    .fetch_watermarks(&self.topic, p, Duration::from_secs(5))
+                    .map_or(0, |(_, h)| h)
+            })
+            .sum()
+    }
+
+    pub fn open(&self) -> bool {
+        self.partitions.iter().any(|&p| {
+            let lso = self
+                .committed
+                .fetch_watermarks(&self.topic, p, Duration::from_secs(5));
+            let hw = self
+                .uncommitted
+                .fetch_watermarks(&self.topic, p, Duration::from_secs(5));
+            matches!((lso, hw), (Ok((_, l)), Ok((_, h))) if l < h)
+        })
+    }
 }
 
 /// A running `onceflow run`, killed on drop.
