@@ -39,7 +39,7 @@ EDGE_AMOUNTS = [
 BAD_AMOUNTS = [
     "1e400", "2e308", "1e99999999999", "-1e400", "1" + "0" * 330, "01", "+1",
     ".5", "5.", "1e", "1e+", "-", "--1", "0x10", "NaN", "Infinity", "-Infinity",
-    "1_000", "１", "٣",
+    "1_000", "１", "٣", "1٣", "1.٣", "1e٣", "٣1", "1\u00a0",
 ]
 
 
@@ -114,6 +114,15 @@ def malformed(pid, account):
         f'{{"payment_id":1,"payment_id":{p},"account":{acc},"amount":"x","amount":3}}',
         f'{{"payment_id":{p},"account":{acc},"amount":3,"amount":"x"}}',
         f'{{"payment_id":{p},"account":{acc},"account":null,"amount":3}}',
+        # field names: escaped, nested, special
+        f'{{"payment_id":{p},"account":{acc},"\\u0061mount":5}}',
+        f'{{"\\u0070ayment_id":{p},"acc\\u006funt":{acc},"amount":6}}',
+        f'{{"__proto__":{{"amount":1}},"payment_id":{p},"account":{acc}}}',
+        f'{{"payment_id":{p},"account":{acc},"constructor":1,"toString":2,"amount":7}}',
+        f'{{"n":{{"amount":2}},"payment_id":{p},"account":{acc}}}',
+        f'{{"payment_id":{p},"account":{acc},"amount":1,"n":{{"amount":1e400}}}}',
+        f'{{"payment_id":{p},"account":{acc},"amount":1,"n":{{"amount":1.5}}}}',
+        '"\\ud800"', '"ok"', "1e400", "-0", "-", "1.5", '"\\u00e9"',
         # escapes and surrogates
         f'{{"payment_id":{p},"account":"\\ud800","amount":1}}',
         f'{{"payment_id":{p},"account":"\\udc00","amount":1}}',

@@ -73,6 +73,12 @@ pub fn producer_config(
         // producers put them.
         .set("partitioner", "murmur2_random")
         .set("linger.ms", "5")
+        // After a commit the coordinator is still writing markers; the next
+        // transaction's AddPartitionsToTxn gets CONCURRENT_TRANSACTIONS and
+        // is retried. librdkafka's default 100 ms backoff would hold every
+        // new transaction's records back by 100 ms.
+        .set("retry.backoff.ms", "5")
+        .set("retry.backoff.max.ms", "100")
         .set("batch.num.messages", "10000")
         .set("queue.buffering.max.messages", "200000");
     if let Some(id) = transactional_id {
