@@ -4,7 +4,7 @@
 so that a wallet written in another language can be diffed against the Rust
 one. Deterministic: the same seed gives the same file.
 
-    python3 gen_input.py [--lines 2000] [--seed 1] > input.jsonl
+    python3 gen_input.py [--lines 2000] [--seed 1] [--fuzz N] [--big] > input.jsonl
 """
 
 import argparse
@@ -183,6 +183,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--fuzz", type=int, default=0, metavar="N",
+                        help="add N randomly mutated payments")
     parser.add_argument("--big", action="store_true",
                         help="add records over the host's 1 MiB state/output limits")
     args = parser.parse_args()
@@ -226,6 +228,31 @@ def main():
         add("big", payment(f"p{n}", "y" * 600_000, "1"))  # output record too large
         n += 1
         add("big", payment("q" * 600_000, "z", "1"))  # audit record too large
+
+    if args.fuzz:
+        tokens = ["1e400", "-0", "1.5", "\\ud800", "\\udc00", "\\ud83d\\ude00", "[", "]", "{",
+                  "}", ",", ":", '"', "\\", "\\u00", " ", "\n", "\x01", "9223372036854775808",
+                  "null", "true", "é", "💰", "\x7f", "1" * 25, "e", ".", "-", "amount", "account",
+                  "payment_id", '"amount":', '"account":"', "\ufeff", "\u2028"]
+        seeds = [payment(f"f{k}", rng.choice(ACCOUNTS), rng.choice(GOOD_AMOUNTS + EDGE_AMOUNTS),
+                         style=k) for k in range(50)]
+        for k in range(args.fuzz):
+            text = rng.choice(seeds)
+            for _ in range(rng.randrange(1, 4)):
+                at = rng.randrange(len(text) + 1)
+                op = rng.random()
+                if op < 0.4:
+                    text = text[:at] + rng.choice(tokens) + text[at:]
+                elif op < 0.7:
+                    text = text[:at] + text[at + rng.randrange(1, 4):]
+                else:
+                    text = text[:at] + chr(rng.randrange(0x20, 0x7f)) + text[at + 1:]
+            if rng.random() < 0.1:
+                data = bytearray(text.encode())
+                data[rng.randrange(len(data))] = rng.randrange(256)
+                add("fuzz", bytes(data))
+            else:
+                add("fuzz", text)
 
     all_cases = malformed("mix", "mal") + BINARY
     amounts = GOOD_AMOUNTS * 6 + EDGE_AMOUNTS + BAD_AMOUNTS
