@@ -16,6 +16,7 @@
 import { get, put } from 'onceflow:processor/state@0.1.0';
 import { emit } from 'onceflow:processor/output@0.1.0';
 import { beginRecord } from 'onceflow:processor/context@0.1.0';
+import { write as writeLog } from 'onceflow:processor/log@0.1.0';
 
 const STORE = 'balances';
 const I64_MIN = -(2n ** 63n);
@@ -40,7 +41,12 @@ export function process(batch) {
       if (error instanceof Failure) {
         throw { recordIndex: index, message: error.message };
       }
-      throw error; // a bug, not bad data: let the instance trap
+      // A bug, not bad data. (A Rust processor would trap on a panic; an
+      // uncaught JS exception would reach the host as an error without a
+      // record index.) Log it and pin it on the record.
+      const message = `processor error: ${String(error)}`;
+      writeLog('error', error instanceof Error ? `${message}\n${error.stack}` : message);
+      throw { recordIndex: index, message };
     }
   }
 }

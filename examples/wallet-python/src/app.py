@@ -19,7 +19,7 @@ import re
 
 import wit_world
 from componentize_py_types import Err
-from wit_world.imports import context, output, state
+from wit_world.imports import context, log, output, state
 from wit_world.imports.types import (
     OutputError_TooLarge,
     OutputError_UnknownAlias,
@@ -44,12 +44,30 @@ class WitWorld(wit_world.WitWorld):
             try:
                 process_record(record)
             except Failure as failure:
-                raise Err(ProcessError(record_index=index, message=failure.message))
-            # Anything else is a bug, not bad data: it traps the instance.
+                raise Err(ProcessError(record_index=index, message=failure.message)) from None
+            except Exception as error:
+                # A bug, not bad data. (A Rust processor would trap on a
+                # panic, as an uncaught exception here would.) Log it and pin
+                # it on the record.
+                message = f"processor error: {type(error).__name__}: {error}"
+                log.write(log.Level.ERROR, f"{message}\n{stack(error)}")
+                raise Err(ProcessError(record_index=index, message=message)) from None
 
     def punctuate(self, stream_time):
         # Not called by the host yet.
         pass
+
+
+def stack(error):
+    """Where `error` was raised, innermost last (the traceback module would
+    add ~1 MB to the component)."""
+    lines = ["Traceback (most recent call last):"]
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+        tb = tb.tb_next
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ processing
