@@ -82,37 +82,7 @@ pub enum Command {
     /// Run a processor on Kafka until SIGTERM/SIGINT, exactly once (or at
     /// least once, per its manifest). Instances with the same manifest share
     /// the work through the consumer group.
-    Run {
-        /// The manifest, or the directory holding onceflow.toml.
-        manifest: PathBuf,
-        /// Kafka bootstrap servers (host:port,...).
-        #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
-        bootstrap_servers: String,
-        /// Local state directory (RocksDB per task); one per instance.
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Instance id, part of the transactional ids: keep it stable across
-        /// restarts of one instance and unique among instances. Default: a
-        /// hash of the state directory.
-        #[arg(long)]
-        instance_id: Option<String>,
-        /// Use this component instead of the manifest's.
-        #[arg(long)]
-        component: Option<PathBuf>,
-        /// Consumer group session timeout (ms).
-        #[arg(long, default_value_t = 10_000)]
-        session_timeout_ms: u64,
-        /// Transaction timeout (ms).
-        #[arg(long, default_value_t = 10_000)]
-        transaction_timeout_ms: u64,
-        /// Extra librdkafka property for every client, `key=value`
-        /// (repeatable).
-        #[arg(short = 'X', long = "kafka-config")]
-        kafka_config: Vec<String>,
-        /// How often to log throughput, commit latency and failures (ms).
-        #[arg(long, default_value_t = 5_000)]
-        report_interval_ms: u64,
-    },
+    Run(RunArgs),
     /// Check a pipeline's committed outputs against its input: gaps,
     /// duplicates, running totals, dead letters, open transactions. Exits 1
     /// on any finding.
@@ -174,6 +144,40 @@ pub enum Command {
     },
 }
 
+/// `onceflow run` arguments.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The manifest, or the directory holding onceflow.toml.
+    pub manifest: PathBuf,
+    /// Kafka bootstrap servers (host:port,...).
+    #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
+    pub bootstrap_servers: String,
+    /// Local state directory (RocksDB per task); one per instance.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Instance id, part of the transactional ids: keep it stable across
+    /// restarts of one instance and unique among instances. Default: a
+    /// hash of the state directory.
+    #[arg(long)]
+    pub instance_id: Option<String>,
+    /// Use this component instead of the manifest's.
+    #[arg(long)]
+    pub component: Option<PathBuf>,
+    /// Consumer group session timeout (ms).
+    #[arg(long, default_value_t = 10_000)]
+    pub session_timeout_ms: u64,
+    /// Transaction timeout (ms).
+    #[arg(long, default_value_t = 10_000)]
+    pub transaction_timeout_ms: u64,
+    /// Extra librdkafka property for every client, `key=value`
+    /// (repeatable).
+    #[arg(short = 'X', long = "kafka-config")]
+    pub kafka_config: Vec<String>,
+    /// How often to log throughput, commit latency and failures (ms).
+    #[arg(long, default_value_t = 5_000)]
+    pub report_interval_ms: u64,
+}
+
 /// An error that maps to a specific exit code.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
@@ -212,27 +216,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             partitions,
             component.as_deref(),
         ),
-        Command::Run {
-            manifest,
-            bootstrap_servers,
-            state_dir,
-            instance_id,
-            component,
-            session_timeout_ms,
-            transaction_timeout_ms,
-            kafka_config,
-            report_interval_ms,
-        } => cmd_run(RunArgs {
-            manifest,
-            bootstrap_servers,
-            state_dir,
-            instance_id,
-            component,
-            session_timeout_ms,
-            transaction_timeout_ms,
-            kafka_config,
-            report_interval_ms,
-        }),
+        Command::Run(args) => cmd_run(args),
         Command::Verify {
             bootstrap_servers,
             input,
@@ -510,18 +494,6 @@ fn cmd_bench_guest(
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-struct RunArgs {
-    manifest: PathBuf,
-    bootstrap_servers: String,
-    state_dir: Option<PathBuf>,
-    instance_id: Option<String>,
-    component: Option<PathBuf>,
-    session_timeout_ms: u64,
-    transaction_timeout_ms: u64,
-    kafka_config: Vec<String>,
-    report_interval_ms: u64,
 }
 
 /// `$XDG_DATA_HOME/onceflow/state`, else `~/.local/share/onceflow/state`.
