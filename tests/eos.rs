@@ -344,42 +344,45 @@ fn g_restart_replays_only_the_changelog_tail() {
     assert_exact(&w.verify(false), &produced, "restored on a new instance");
 }
 
+/// Runs the wallet on `cluster` and calls `fail` while the host works and
+/// more input arrives; the output must still be exact.
+fn wallet_through_broker_failure(cluster: &'static Cluster, label: &str, fail: impl FnOnce()) {
+    let w = Wallet::new(cluster, label, "exactly_once_v2", 6);
+    let mut produced = w.produce(0, 30_000, 1_000, None);
+    let host = w.start("a", &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.committed() < 10_000 {
+        assert!(
+            Instant::now() < deadline,
+            "no progress; log:\n{}",
+            host.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::scope(|scope| {
+        let more = scope.spawn(|| w.produce(30_000, 30_000, 1_000, None));
+        fail();
+        produced.absorb(more.join().expect("producer thread"));
+    });
+    w.wait_done(Duration::from_secs(300));
+    assert!(host.stop().success());
+    assert_exact(&w.verify(false), &produced, label);
+}
+
 #[test]
 fn h_broker_restarts() {
     let _g = serial();
     // Single node: stop and start the broker mid-run.
     let single: &'static Cluster = Box::leak(Box::new(Cluster::start("single", 19192, 1)));
-    let w = Wallet::new(single, "broker", "exactly_once_v2", 6);
-    let produced = w.produce(0, 50_000, 1_000, None);
-    let host = w.start("a", &[]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while w.committed() < 10_000 {
-        assert!(Instant::now() < deadline, "no progress");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    single.stop_broker(1, "TERM");
-    std::thread::sleep(Duration::from_secs(3));
-    single.start_broker(1);
-    w.wait_done(Duration::from_secs(300));
-    assert!(host.stop().success());
-    let report = w.verify(false);
-    assert_exact(&report, &produced, "single broker restart");
+    wallet_through_broker_failure(single, "broker", || {
+        single.stop_broker(1, "TERM");
+        std::thread::sleep(Duration::from_secs(3));
+        single.start_broker(1);
+    });
     single.down();
 
     // Three nodes: kill one mid-run.
     let three: &'static Cluster = Box::leak(Box::new(Cluster::start("three", 19292, 3)));
-    let w = Wallet::new(three, "broker3", "exactly_once_v2", 6);
-    let produced = w.produce(0, 50_000, 1_000, None);
-    let host = w.start("a", &[]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while w.committed() < 10_000 {
-        assert!(Instant::now() < deadline, "no progress");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    three.stop_broker(2, "KILL");
-    w.wait_done(Duration::from_secs(300));
-    assert!(host.stop().success());
-    let report = w.verify(false);
-    assert_exact(&report, &produced, "one of three brokers killed");
+    wallet_through_broker_failure(three, "broker3", || three.stop_broker(2, "KILL"));
     three.down();
 }
