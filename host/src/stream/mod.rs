@@ -173,18 +173,12 @@ pub fn run(
         }
     }
     for h in handles {
-        match h.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                if result.is_ok() {
-                    result = Err(e);
-                }
-            }
-            Err(_) => {
-                if result.is_ok() {
-                    result = Err(StreamError::Restart("a worker thread panicked".to_owned()));
-                }
-            }
+        let worker = h
+            .join()
+            .unwrap_or_else(|_| Err(StreamError::Restart("a worker thread panicked".to_owned())));
+        // The first failure is the one to report.
+        if let (Ok(()), Err(e)) = (&result, worker) {
+            result = Err(e);
         }
     }
     report(&metrics, last, last_report.elapsed());

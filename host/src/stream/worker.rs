@@ -567,9 +567,19 @@ impl Core {
                 }
             }
             self.producer.poll(Duration::ZERO);
-            for r in &records {
-                self.next_offsets
-                    .insert((r.topic.clone(), r.partition), r.offset + 1);
+            // Only each input topic's last record moves its offset (records
+            // are in offset order): no per-record work here.
+            let inputs = self.d.manifest.inputs.len();
+            let mut seen: Vec<&str> = Vec::with_capacity(inputs);
+            for r in records.iter().rev() {
+                if !seen.contains(&r.topic.as_str()) {
+                    seen.push(&r.topic);
+                    self.next_offsets
+                        .insert((r.topic.clone(), r.partition), r.offset + 1);
+                    if seen.len() == inputs {
+                        break;
+                    }
+                }
             }
             self.pending.records += records.len() as u64;
             self.pending.outputs += outcome.outputs.len() as u64;
