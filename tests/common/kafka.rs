@@ -56,13 +56,26 @@ impl Cluster {
     }
 
     /// Starts (or finds running) a cluster of `brokers` nodes from `port`.
+    ///
+    /// `ONCEFLOW_TEST_PORT_OFFSET` shifts every port and `ONCEFLOW_TEST_KAFKA_TAG`
+    /// renames the run directories, so two checkouts can run their broker
+    /// tests side by side on one machine.
     pub fn start(name: &str, port: u16, brokers: u32) -> Cluster {
+        let offset: u16 = std::env::var("ONCEFLOW_TEST_PORT_OFFSET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let port = port + offset;
+        let dir = match std::env::var("ONCEFLOW_TEST_KAFKA_TAG") {
+            Ok(tag) if !tag.is_empty() => format!("kafka-tag-{tag}-{name}"),
+            _ => format!("kafka-test-{name}"),
+        };
         let c = Cluster {
             bootstrap: (0..brokers)
                 .map(|i| format!("127.0.0.1:{}", port + i as u16))
                 .collect::<Vec<_>>()
                 .join(","),
-            dir: cache().join(format!("kafka-test-{name}")),
+            dir: cache().join(dir),
             port,
             brokers,
         };
