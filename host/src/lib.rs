@@ -17,6 +17,10 @@
 //!   failing record, applies the error policy (fail, skip, dead-letter).
 //! - [`stream`]: `onceflow run`, the exactly-once loop on Kafka (the commit
 //!   protocol is in `stream/worker.rs`, top to bottom), and `onceflow verify`.
+//! - [`fleet`]: `onceflow host`, reconciling the deployment registry (kept
+//!   in Kafka by `stream::control`) into running deployments.
+//! - [`admin`]: the host's HTTP admin API and Prometheus endpoint.
+//! - [`tenancy`]: tenants, their tokens, namespaces and quotas.
 //! - [`metrics`]: a deployment's counters and commit latencies.
 //! - [`offline`]: `onceflow test`, the TopologyTestDriver for components.
 //! - [`guestbench`]: `onceflow bench-guest`.
@@ -47,8 +51,10 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod cli;
 pub mod deploy;
+pub mod fleet;
 pub mod guestbench;
 pub mod metrics;
 pub mod offline;
@@ -56,4 +62,5 @@ pub mod sandbox;
 pub mod state;
 pub mod stream;
 pub mod task;
+pub mod tenancy;
 pub mod types;

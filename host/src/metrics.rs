@@ -1,13 +1,22 @@
 //! Counters and latency samples of a running deployment, shared by its
 //! worker threads. Cheap to update (atomics; one short lock per commit) and
-//! read by the periodic log line and the final report.
+//! read by the periodic log line, the final report, the host's status
+//! records and the Prometheus endpoint ([`Exposition`]).
 
-use std::sync::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
 /// A deployment's figures.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// Input records processed (counted when their transaction commits).
     pub records: AtomicU64,
@@ -29,8 +38,48 @@ pub struct Metrics {
     pub restored: AtomicU64,
     /// Store partitions restored.
     pub restores: AtomicU64,
+    /// Store partitions being restored right now.
+    pub restoring: AtomicU64,
+    /// Fuel the guests burned (0 with metering off).
+    pub fuel: AtomicU64,
+    /// Per worker: its input partitions and their lag.
+    workers: Mutex<BTreeMap<u32, WorkerLoad>>,
     commit_latency_us: Mutex<Vec<u64>>,
     all_commit_latency_us: Mutex<Vec<u64>>,
+    commit_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            records: AtomicU64::default(),
+            outputs: AtomicU64::default(),
+            commits: AtomicU64::default(),
+            aborts: AtomicU64::default(),
+            fenced: AtomicU64::default(),
+            restarts: AtomicU64::default(),
+            dead_lettered: AtomicU64::default(),
+            skipped: AtomicU64::default(),
+            restored: AtomicU64::default(),
+            restores: AtomicU64::default(),
+            restoring: AtomicU64::default(),
+            fuel: AtomicU64::default(),
+            workers: Mutex::default(),
+            commit_latency_us: Mutex::default(),
+            all_commit_latency_us: Mutex::default(),
+            // 1 ms .. ~16 s.
+            commit_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+        }
+    }
+}
+
+/// One worker's share of the input.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WorkerLoad {
+    /// Input partitions it owns.
+    pub partitions: BTreeSet<i32>,
+    /// Records between its positions and the partitions' last stable offsets.
+    pub lag: i64,
 }
 
 /// Most commit latencies kept between two reports.
@@ -80,8 +129,28 @@ impl Metrics {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Records what worker `n` owns and how far behind it is.
+    pub fn worker_load(&self, n: u32, load: WorkerLoad) {
+        self.workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(n, load);
+    }
+
+    /// The partitions of every worker together, and their summed lag.
+    pub fn load(&self) -> WorkerLoad {
+        let workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = WorkerLoad::default();
+        for w in workers.values() {
+            all.partitions.extend(&w.partitions);
+            all.lag += w.lag;
+        }
+        all
+    }
+
     /// Records one commit's latency.
     pub fn commit_latency(&self, d: Duration) {
+        self.commit_seconds.observe(d.as_secs_f64());
         let mut v = self
             .commit_latency_us
             .lock()
@@ -138,6 +207,120 @@ impl Metrics {
     }
 }
 
+/// The Prometheus view of a set of deployments (one scrape): counters,
+/// gauges and the commit latency histogram, labelled by tenant, deployment
+/// and version.
+#[derive(Debug, Default)]
+pub struct Exposition {
+    /// (tenant, deployment, version, metrics).
+    pub deployments: Vec<(String, String, u64, Arc<Metrics>)>,
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        type Get = fn(&Metrics) -> u64;
+        let counters: [(&str, &str, Get); 10] = [
+            (
+                "onceflow_records",
+                "Input records processed (committed)",
+                |m| m.records.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_outputs",
+                "Output records produced (committed)",
+                |m| m.outputs.load(Ordering::Relaxed),
+            ),
+            ("onceflow_commits", "Transactions committed", |m| {
+                m.commits.load(Ordering::Relaxed)
+            }),
+            ("onceflow_aborts", "Transactions aborted", |m| {
+                m.aborts.load(Ordering::Relaxed)
+            }),
+            (
+                "onceflow_fenced",
+                "Producers fenced by a newer incarnation",
+                |m| m.fenced.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_worker_restarts",
+                "Worker sessions restarted after an error",
+                |m| m.restarts.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_dead_lettered",
+                "Records sent to the dead-letter topic",
+                |m| m.dead_lettered.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_skipped",
+                "Records skipped by the error policy",
+                |m| m.skipped.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_restored_records",
+                "Changelog records replayed into stores",
+                |m| m.restored.load(Ordering::Relaxed),
+            ),
+            ("onceflow_fuel", "Fuel burned by the guests", |m| {
+                m.fuel.load(Ordering::Relaxed)
+            }),
+        ];
+        let labels = |(t, d, v, _): &(String, String, u64, Arc<Metrics>)| {
+            vec![
+                ("tenant", t.clone()),
+                ("deployment", d.clone()),
+                ("version", v.to_string()),
+            ]
+        };
+        for (name, help, get) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for d in &self.deployments {
+                ConstCounter::new(get(&d.3)).encode(family.encode_family(&labels(d))?)?;
+            }
+        }
+        let mut lag = encoder.encode_descriptor(
+            "onceflow_lag_records",
+            "Records between the workers' positions and the last stable offsets",
+            None,
+            MetricType::Gauge,
+        )?;
+        for d in &self.deployments {
+            ConstGauge::new(d.3.load().lag).encode(lag.encode_family(&labels(d))?)?;
+        }
+        let mut owned = encoder.encode_descriptor(
+            "onceflow_partitions",
+            "Input partitions owned by this host",
+            None,
+            MetricType::Gauge,
+        )?;
+        for d in &self.deployments {
+            ConstGauge::new(d.3.load().partitions.len() as i64)
+                .encode(owned.encode_family(&labels(d))?)?;
+        }
+        let mut restoring = encoder.encode_descriptor(
+            "onceflow_restoring_partitions",
+            "Store partitions being restored from their changelogs",
+            None,
+            MetricType::Gauge,
+        )?;
+        for d in &self.deployments {
+            ConstGauge::new(d.3.restoring.load(Ordering::Relaxed) as i64)
+                .encode(restoring.encode_family(&labels(d))?)?;
+        }
+        let mut latency = encoder.encode_descriptor(
+            "onceflow_commit_latency_seconds",
+            "Time to commit a transaction",
+            None,
+            MetricType::Histogram,
+        )?;
+        for d in &self.deployments {
+            d.3.commit_seconds
+                .encode(latency.encode_family(&labels(d))?)?;
+        }
+        Ok(())
+    }
+}
+
 /// Percentiles of microsecond samples (sorts them).
 pub fn latency_of(samples: &mut [u64]) -> Latency {
     if samples.is_empty() {
@@ -169,5 +352,34 @@ mod tests {
         assert_eq!(l.p99, Duration::from_micros(99));
         assert_eq!(l.max, Duration::from_micros(100));
         assert_eq!(latency_of(&mut []), Latency::default());
+    }
+
+    #[test]
+    fn exposition_labels_every_series() {
+        let m = Arc::new(Metrics::default());
+        Metrics::add(&m.records, 42);
+        m.commit_latency(Duration::from_millis(3));
+        m.worker_load(
+            0,
+            WorkerLoad {
+                partitions: [1, 2].into(),
+                lag: 7,
+            },
+        );
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(Exposition {
+            deployments: vec![("acme".into(), "wallet".into(), 2, m)],
+        }));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        let want = "onceflow_records_total{tenant=\"acme\",deployment=\"wallet\",version=\"2\"} 42";
+        assert!(text.contains(want), "{text}");
+        assert!(
+            text.contains(
+                "onceflow_lag_records{tenant=\"acme\",deployment=\"wallet\",version=\"2\"} 7"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("onceflow_commit_latency_seconds_count{tenant=\"acme\",deployment=\"wallet\",version=\"2\"} 1"), "{text}");
     }
 }

@@ -183,6 +183,7 @@ pub struct Task {
     config: TaskConfig,
     guest: Option<Guest>,
     effects: Box<dyn Effects>,
+    fuel_used: u64,
 }
 
 impl Task {
@@ -201,6 +202,7 @@ impl Task {
             processor,
             config,
             guest: None,
+            fuel_used: 0,
             effects: Box::new(TaskEffects {
                 state,
                 outputs,
@@ -295,7 +297,15 @@ impl Task {
             self.guest = Some(self.processor.instantiate(self.partition)?);
         }
         let guest = self.guest.as_mut().expect("instantiated above");
-        Ok(guest.process(records, &mut self.effects))
+        let result = guest.process(records, &mut self.effects);
+        self.fuel_used += guest.take_fuel_used();
+        Ok(result)
+    }
+
+    /// Fuel the guest burned since the last call of this (0 with metering
+    /// off), including calls that failed.
+    pub fn take_fuel_used(&mut self) -> u64 {
+        std::mem::take(&mut self.fuel_used)
     }
 
     fn poison(

@@ -20,6 +20,9 @@ use crate::offline::{self, OfflineRunner, RunError, RunOptions};
 use crate::sandbox::{self, ProcessorPolicy, Sandbox, SandboxConfig, SandboxError};
 use crate::stream::verify::VerifyOptions;
 
+mod host;
+pub mod remote;
+
 /// Run WebAssembly stream processors over Kafka, exactly once.
 #[derive(Debug, Parser)]
 #[command(name = "onceflow", version, about, long_about = None)]
@@ -128,6 +131,92 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "text")]
         output: OutputFormat,
     },
+    /// Run a fleet host: the admin API and /metrics, and every deployment
+    /// of the registry (in Kafka), until SIGTERM/SIGINT.
+    Host(host::HostArgs),
+    /// Upload a processor (its built component and manifest) to the fleet;
+    /// deploying an existing name upgrades it in place.
+    Deploy {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+        /// Use this component instead of the manifest's.
+        #[arg(long)]
+        component: Option<PathBuf>,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// List your deployments.
+    List {
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// Show a deployment: status, version, partitions per host, lag,
+    /// commit rate, last errors.
+    Describe {
+        /// Processor name.
+        name: String,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// Print a deployment's guest log lines.
+    Logs {
+        /// Processor name.
+        name: String,
+        /// Keep printing new lines.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Look this many log records back (all deployments' lines count).
+        #[arg(long, default_value_t = 10_000)]
+        tail: i64,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// Stop a deployment's workers at a commit boundary, keeping its state
+    /// and offsets.
+    Pause {
+        /// Processor name.
+        name: String,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// Start a paused (or failed) deployment again.
+    Resume {
+        /// Processor name.
+        name: String,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// Remove a deployment.
+    Delete {
+        /// Processor name.
+        name: String,
+        /// Also drop its stores, changelog topics and consumer group.
+        #[arg(long)]
+        purge_state: bool,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// Read the committed value of a key in a deployment's store.
+    Query {
+        /// Processor name.
+        name: String,
+        /// Store name.
+        store: String,
+        /// Key (text).
+        key: String,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: remote::RemoteArgs,
+    },
+    /// Print the sha256 of a token read from stdin, for tenants.toml.
+    HashToken,
     /// Measure records/s through a processor's `process` (no Kafka).
     BenchGuest {
         /// The manifest, or the directory holding onceflow.toml.
@@ -149,20 +238,28 @@ pub enum Command {
 pub struct RunArgs {
     /// The manifest, or the directory holding onceflow.toml.
     pub manifest: PathBuf,
+    /// Use this component instead of the manifest's.
+    #[arg(long)]
+    pub component: Option<PathBuf>,
+    /// Kafka and state settings.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// How `run` and `host` reach Kafka and where they keep state.
+#[derive(Debug, clap::Args)]
+pub struct KafkaArgs {
     /// Kafka bootstrap servers (host:port,...).
     #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
     pub bootstrap_servers: String,
     /// Local state directory (RocksDB per task); one per instance.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
-    /// Instance id, part of the transactional ids: keep it stable across
-    /// restarts of one instance and unique among instances. Default: a
-    /// hash of the state directory.
-    #[arg(long)]
+    /// Instance (host) id, part of the transactional ids: keep it stable
+    /// across restarts of one instance and unique among instances. Default:
+    /// a hash of the state directory.
+    #[arg(long, visible_alias = "host-id")]
     pub instance_id: Option<String>,
-    /// Use this component instead of the manifest's.
-    #[arg(long)]
-    pub component: Option<PathBuf>,
     /// Consumer group session timeout (ms).
     #[arg(long, default_value_t = 10_000)]
     pub session_timeout_ms: u64,
@@ -176,6 +273,56 @@ pub struct RunArgs {
     /// How often to log throughput, commit latency and failures (ms).
     #[arg(long, default_value_t = 5_000)]
     pub report_interval_ms: u64,
+}
+
+impl KafkaArgs {
+    /// Checks the arguments and creates the state directory.
+    pub fn run_options(&self) -> anyhow::Result<crate::stream::RunOptions> {
+        let mut extra_config = Vec::new();
+        for kv in &self.kafka_config {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| usage(format!("-X {kv:?}: expected key=value")))?;
+            extra_config.push((k.trim().to_owned(), v.trim().to_owned()));
+        }
+        let state_dir = self.state_dir.clone().unwrap_or_else(default_state_dir);
+        std::fs::create_dir_all(&state_dir).map_err(|e| {
+            usage(format!(
+                "cannot create --state-dir {}: {e}",
+                state_dir.display()
+            ))
+        })?;
+        let state_dir = state_dir.canonicalize().unwrap_or(state_dir);
+        let instance_id = match &self.instance_id {
+            Some(id)
+                if !id.is_empty()
+                    && id
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+            {
+                id.clone()
+            }
+            Some(id) => {
+                return Err(usage(format!(
+                    "--instance-id {id:?}: use letters, digits, '-', '_' or '.'"
+                )));
+            }
+            None => {
+                use sha2::Digest;
+                let digest = sha2::Sha256::digest(state_dir.to_string_lossy().as_bytes());
+                format!("i{}", hex::encode(&digest[..6]))
+            }
+        };
+        Ok(crate::stream::RunOptions {
+            bootstrap_servers: self.bootstrap_servers.clone(),
+            state_dir,
+            instance_id,
+            session_timeout: Duration::from_millis(self.session_timeout_ms),
+            transaction_timeout: Duration::from_millis(self.transaction_timeout_ms),
+            extra_config,
+            report_interval: Duration::from_millis(self.report_interval_ms.max(100)),
+        })
+    }
 }
 
 /// An error that maps to a specific exit code.
@@ -217,6 +364,46 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             component.as_deref(),
         ),
         Command::Run(args) => cmd_run(args),
+        Command::Host(args) => host::run(args),
+        Command::Deploy {
+            manifest,
+            component,
+            remote,
+        } => remote::deploy(&manifest, component, &remote),
+        Command::List { remote } => remote::list(&remote),
+        Command::Describe { name, remote } => remote::describe(&name, &remote),
+        Command::Logs {
+            name,
+            follow,
+            tail,
+            remote,
+        } => remote::logs(&name, follow, tail, &remote),
+        Command::Pause { name, remote } => remote::set_running(&name, false, &remote),
+        Command::Resume { name, remote } => remote::set_running(&name, true, &remote),
+        Command::Delete {
+            name,
+            purge_state,
+            remote,
+        } => remote::delete(&name, purge_state, &remote),
+        Command::Query {
+            name,
+            store,
+            key,
+            remote,
+        } => remote::query(&name, &store, &key, &remote),
+        Command::HashToken => {
+            let mut token = String::new();
+            std::io::stdin()
+                .read_line(&mut token)
+                .context("reading the token from stdin")?;
+            if token.trim().is_empty() {
+                return Err(usage(
+                    "no token on stdin: echo -n \"$TOKEN\" | onceflow hash-token",
+                ));
+            }
+            println!("{}", crate::tenancy::hash_token(&token));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Verify {
             bootstrap_servers,
             input,
@@ -512,50 +699,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| manifest.component_path());
     let bytes = read_component(&component_path, Some(&manifest))?;
-    let mut extra_config = Vec::new();
-    for kv in &a.kafka_config {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| usage(format!("-X {kv:?}: expected key=value")))?;
-        extra_config.push((k.trim().to_owned(), v.trim().to_owned()));
-    }
-    let state_dir = a.state_dir.unwrap_or_else(default_state_dir);
-    std::fs::create_dir_all(&state_dir).map_err(|e| {
-        usage(format!(
-            "cannot create --state-dir {}: {e}",
-            state_dir.display()
-        ))
-    })?;
-    let state_dir = state_dir.canonicalize().unwrap_or(state_dir);
-    let instance_id = match a.instance_id {
-        Some(id)
-            if !id.is_empty()
-                && id
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
-        {
-            id
-        }
-        Some(id) => {
-            return Err(usage(format!(
-                "--instance-id {id:?}: use letters, digits, '-', '_' or '.'"
-            )));
-        }
-        None => {
-            use sha2::Digest;
-            let digest = sha2::Sha256::digest(state_dir.to_string_lossy().as_bytes());
-            format!("i{}", hex::encode(&digest[..6]))
-        }
-    };
-    let options = crate::stream::RunOptions {
-        bootstrap_servers: a.bootstrap_servers,
-        state_dir,
-        instance_id,
-        session_timeout: Duration::from_millis(a.session_timeout_ms),
-        transaction_timeout: Duration::from_millis(a.transaction_timeout_ms),
-        extra_config,
-        report_interval: Duration::from_millis(a.report_interval_ms.max(100)),
-    };
+    let options = a.kafka.run_options()?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let processor = sandbox
         .load(&bytes, ProcessorPolicy::from_manifest(&manifest))

@@ -431,7 +431,7 @@ impl Manifest {
 
 /// Names of processors and tenants: they end up in consumer group ids,
 /// transactional ids and topic names.
-fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name

@@ -3,5 +3,6 @@
 
 pub mod build;
 pub mod manifest;
+pub mod registry;
 
 pub use manifest::{Manifest, ManifestError};

@@ -456,6 +456,7 @@ impl Processor {
             fuel,
             poisoned: false,
             scratch: Vec::new(),
+            fuel_used: 0,
         })
     }
 }
@@ -547,9 +548,16 @@ pub struct Guest {
     fuel: bool,
     poisoned: bool,
     scratch: Vec<WitRecord>,
+    fuel_used: u64,
 }
 
 impl Guest {
+    /// Fuel burned by calls since the last time this was asked (0 with
+    /// metering off).
+    pub fn take_fuel_used(&mut self) -> u64 {
+        std::mem::take(&mut self.fuel_used)
+    }
+
     /// Whether the instance trapped and must be replaced.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
@@ -584,12 +592,8 @@ impl Guest {
             std::mem::swap(&mut data.effects, effects);
         }
         let p = &self.processor.policy;
-        set_budget(
-            &mut self.store,
-            self.fuel,
-            p.fuel_per_record.saturating_mul(batch.len() as u64),
-            p.timeout,
-        );
+        let budget = p.fuel_per_record.saturating_mul(batch.len() as u64);
+        set_budget(&mut self.store, self.fuel, budget, p.timeout);
 
         self.scratch.clear();
         self.scratch.extend(batch.iter().map(to_wit));
@@ -599,6 +603,10 @@ impl Guest {
             .and_then(|f| f.call(&mut self.store, (&self.scratch,)));
 
         std::mem::swap(&mut self.store.data_mut().effects, effects);
+        if self.fuel && budget > 0 {
+            let left = self.store.get_fuel().unwrap_or(0);
+            self.fuel_used += budget.saturating_sub(left);
+        }
         match result {
             Ok((Ok(()),)) => Ok(()),
             Ok((Err(e),)) => Err(CallFailure::Rejected {

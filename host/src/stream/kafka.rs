@@ -174,10 +174,33 @@ fn create_compacted(
     topics: &[String],
     partitions: i32,
 ) -> Result<(), StreamError> {
+    let specs: Vec<TopicSpec<'_>> = topics
+        .iter()
+        .map(|t| TopicSpec {
+            name: t,
+            partitions,
+            config: &[("cleanup.policy", "compact")],
+        })
+        .collect();
+    create_topics(options, &specs)
+}
+
+/// A topic the host creates for itself.
+pub(crate) struct TopicSpec<'a> {
+    pub name: &'a str,
+    pub partitions: i32,
+    pub config: &'a [(&'a str, &'a str)],
+}
+
+/// Creates topics that do not exist yet, replicated up to 3 times (as many
+/// as there are brokers).
+pub(crate) fn create_topics(
+    options: &RunOptions,
+    specs: &[TopicSpec<'_>],
+) -> Result<(), StreamError> {
     let admin: AdminClient<DefaultClientContext> = base_config(options)
         .create()
         .map_err(|e| StreamError::kafka("creating an admin client", e))?;
-    // Replication: up to 3, as many as there are brokers.
     let probe: BaseConsumer = base_config(options)
         .create()
         .map_err(|e| StreamError::kafka("creating a metadata client", e))?;
@@ -186,29 +209,32 @@ fn create_compacted(
         .map(|m| m.brokers().len())
         .unwrap_or(1)
         .clamp(1, 3) as i32;
-    let new: Vec<NewTopic<'_>> = topics
+    let new: Vec<NewTopic<'_>> = specs
         .iter()
-        .map(|t| {
-            NewTopic::new(t, partitions, TopicReplication::Fixed(brokers))
-                .set("cleanup.policy", "compact")
-                .set("min.insync.replicas", if brokers >= 3 { "2" } else { "1" })
+        .map(|spec| {
+            let mut t = NewTopic::new(spec.name, spec.partitions, TopicReplication::Fixed(brokers))
+                .set("min.insync.replicas", if brokers >= 3 { "2" } else { "1" });
+            for (k, v) in spec.config {
+                t = t.set(k, v);
+            }
+            t
         })
         .collect();
     let results = futures::executor::block_on(admin.create_topics(
         &new,
         &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)),
     ))
-    .map_err(|e| StreamError::kafka("creating changelog topics", e))?;
+    .map_err(|e| StreamError::kafka("creating topics", e))?;
     for r in results {
         match r {
-            Ok(topic) => tracing::info!(%topic, partitions, "created changelog topic"),
+            Ok(topic) => tracing::info!(%topic, "created topic"),
             Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => {
-                tracing::debug!(%topic, "changelog topic already exists")
+                tracing::debug!(%topic, "topic already exists")
             }
             Err((topic, code)) => {
                 return Err(StreamError::Topic {
                     topic,
-                    message: format!("cannot create the changelog topic: {code}"),
+                    message: format!("cannot create the topic: {code}"),
                 });
             }
         }

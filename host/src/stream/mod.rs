@@ -9,6 +9,7 @@
 //! This module owns rdkafka; `sandbox` and `state` know nothing of Kafka.
 
 pub mod changelog;
+pub mod control;
 pub mod kafka;
 pub mod verify;
 mod worker;
@@ -123,6 +124,23 @@ pub fn run(
     options: RunOptions,
     shutdown: Arc<AtomicBool>,
 ) -> Result<Arc<Metrics>, StreamError> {
+    run_with_metrics(
+        manifest,
+        processor,
+        options,
+        shutdown,
+        Arc::new(Metrics::default()),
+    )
+}
+
+/// [`run`], updating `metrics` as it goes (the host reads them live).
+pub fn run_with_metrics(
+    manifest: Manifest,
+    processor: Processor,
+    options: RunOptions,
+    shutdown: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<Metrics>, StreamError> {
     let partitions = kafka::prepare_topics(&manifest, &options)?;
     tracing::info!(
         app = %manifest.application_id(),
@@ -136,7 +154,6 @@ pub fn run(
         .iter()
         .map(|s| (s.clone(), changelog_topic(&manifest, s)))
         .collect();
-    let metrics = Arc::new(Metrics::default());
     let deployment = Arc::new(Deployment {
         task_config: TaskConfig::from_manifest(&manifest),
         manifest,

@@ -31,7 +31,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 use super::kafka::{self, TxnFailure};
 use super::{Deployment, StreamError, changelog};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, WorkerLoad};
 use crate::state::rocks::RocksPartition;
 use crate::task::{BatchOutcome, Task, TaskError};
 use crate::types::InputRecord;
@@ -57,6 +57,7 @@ pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError>
             }
             result
         });
+        d.metrics.worker_load(n, WorkerLoad::default());
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.stops_deployment() => {
@@ -165,11 +166,25 @@ struct Core {
 struct WorkerContext {
     core: Arc<Mutex<Core>>,
     errors: kafka::ErrorLog,
+    /// Records behind the last stable offsets over the assigned partitions,
+    /// from librdkafka's statistics (every second).
+    lag: std::sync::atomic::AtomicI64,
 }
 
 impl ClientContext for WorkerContext {
     fn error(&self, error: KafkaError, reason: &str) {
         self.errors.report("consumer", &error, reason);
+    }
+
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let lag: i64 = statistics
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.iter())
+            .filter(|(p, _)| **p >= 0)
+            .map(|(_, p)| p.consumer_lag.max(0))
+            .sum();
+        self.lag.store(lag, Ordering::Relaxed);
     }
 }
 
@@ -286,6 +301,7 @@ struct Session {
     core: Arc<Mutex<Core>>,
     consumer_errors: u64,
     last_error_log: Option<Instant>,
+    last_load_report: Instant,
 }
 
 impl Session {
@@ -326,9 +342,11 @@ impl Session {
         }));
         let consumer: BaseConsumer<WorkerContext> =
             kafka::consumer_config(&d.options, &app, &client_id)
+                .set("statistics.interval.ms", "1000")
                 .create_with_context(WorkerContext {
                     core: core.clone(),
                     errors: kafka::ErrorLog::default(),
+                    lag: std::sync::atomic::AtomicI64::new(0),
                 })
                 .map_err(|e| StreamError::kafka("creating the consumer", e))?;
         let inputs: Vec<&str> = d.manifest.inputs.iter().map(String::as_str).collect();
@@ -342,6 +360,7 @@ impl Session {
             core,
             consumer_errors: 0,
             last_error_log: None,
+            last_load_report: Instant::now(),
         })
     }
 
@@ -388,7 +407,24 @@ impl Session {
             if due {
                 core.commit(&self.consumer)?;
             }
+            drop(core);
+            if self.last_load_report.elapsed() >= Duration::from_secs(1) {
+                self.report_load();
+            }
         }
+    }
+
+    /// Publishes this worker's partitions and lag to the metrics.
+    fn report_load(&mut self) {
+        self.last_load_report = Instant::now();
+        let (worker, partitions) = {
+            let core = lock(&self.core);
+            (core.worker, core.tasks.keys().copied().collect())
+        };
+        let lag = self.consumer.context().lag.load(Ordering::Relaxed);
+        self.d
+            .metrics
+            .worker_load(worker, WorkerLoad { partitions, lag });
     }
 
     /// Polls up to `max` records: waits up to `wait` for the first, then
@@ -503,9 +539,20 @@ impl Core {
             self.restore_consumer = Some(changelog::restore_consumer(&self.d)?);
         }
         let restorer = self.restore_consumer.as_ref().expect("created above");
+        let restoring = &self.d.metrics.restoring;
+        restoring.fetch_add(partitions.len() as u64, Ordering::Relaxed);
         for p in &partitions {
             let task = self.tasks.get_mut(p).expect("restoring tasks exist");
-            let stats = changelog::restore(&self.d, restorer, task)?;
+            let stats = changelog::restore(&self.d, restorer, task);
+            restoring.fetch_sub(1, Ordering::Relaxed);
+            let stats = match stats {
+                Ok(stats) => stats,
+                Err(e) => {
+                    let left = partitions.iter().filter(|&q| q > p).count() as u64;
+                    restoring.fetch_sub(left, Ordering::Relaxed);
+                    return Err(e);
+                }
+            };
             Metrics::add(&self.d.metrics.restored, stats.records);
             Metrics::add(&self.d.metrics.restores, 1);
             tracing::info!(
@@ -558,7 +605,9 @@ impl Core {
                 continue;
             };
             let mut outcome = BatchOutcome::default();
-            if let Err(e) = task.process_batch(&records, &mut outcome) {
+            let result = task.process_batch(&records, &mut outcome);
+            Metrics::add(&self.d.metrics.fuel, task.take_fuel_used());
+            if let Err(e) = result {
                 return Err(self.fail_batch(e));
             }
             for o in &outcome.outputs {

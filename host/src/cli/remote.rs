@@ -1,0 +1,466 @@
+//! The commands that talk to a host's admin API: `deploy`, `list`,
+//! `describe`, `logs`, `pause`, `resume`, `delete`, `query`.
+//!
+//! The server's error messages are shown verbatim (they name the forbidden
+//! import, the foreign topic, the exceeded quota).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use reqwest::StatusCode;
+use reqwest::blocking::{Client, RequestBuilder, Response};
+use serde_json::Value;
+
+use super::{Exit, OutputFormat, load_manifest, read_component, usage};
+
+/// Where the admin API is and who is calling.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RemoteArgs {
+    /// Admin API of any host (http://host:port).
+    #[arg(long, env = "ONCEFLOW_SERVER", default_value = "http://127.0.0.1:8750")]
+    pub server: String,
+    /// Your tenant token.
+    #[arg(long, env = "ONCEFLOW_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Output format: tables for people, JSON for scripts.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputFormat,
+}
+
+/// A client of one admin API.
+pub struct Remote {
+    client: Client,
+    base: String,
+    token: String,
+    /// Output format.
+    pub output: OutputFormat,
+}
+
+impl Remote {
+    /// Checks the arguments and builds the client.
+    pub fn new(args: &RemoteArgs) -> anyhow::Result<Self> {
+        let token = args
+            .token
+            .clone()
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| usage("no token: pass --token or set ONCEFLOW_TOKEN"))?;
+        let base = args.server.trim_end_matches('/').to_owned();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(usage(format!(
+                "--server {base:?}: expected http://host:port"
+            )));
+        }
+        let client = Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .context("creating the HTTP client")?;
+        Ok(Self {
+            client,
+            base,
+            token,
+            output: args.output,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn send(&self, request: RequestBuilder) -> anyhow::Result<Value> {
+        let response = request
+            .bearer_auth(&self.token)
+            .send()
+            .with_context(|| format!("cannot reach the admin API at {}", self.base))?;
+        answer(response)
+    }
+
+    fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(self.client.get(self.url(path)))
+    }
+
+    fn post(&self, path: &str) -> anyhow::Result<Value> {
+        self.send(self.client.post(self.url(path)))
+    }
+}
+
+/// The JSON body of a success, or an error with the server's message and
+/// an exit code (1: refused, 2: bad request or not found, 3: unavailable).
+fn answer(response: Response) -> anyhow::Result<Value> {
+    let status = response.status();
+    let text = response.text().unwrap_or_default();
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if status.is_success() {
+        return Ok(body);
+    }
+    let message = body["error"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| body.to_string());
+    let code = match status {
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::UNPROCESSABLE_ENTITY => 1,
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::INTERNAL_SERVER_ERROR => 3,
+        _ => 2,
+    };
+    Err(Exit {
+        code,
+        message: format!("{message} (HTTP {})", status.as_u16()),
+    }
+    .into())
+}
+
+fn encode(part: &str) -> String {
+    // Path and query parts: percent-encode everything but unreserved bytes.
+    let mut out = String::with_capacity(part.len());
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn print_json(v: &Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// Prints rows as an aligned table.
+fn table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_uppercase()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// `onceflow deploy`: uploads the component (with a progress bar), then
+/// deploys the manifest.
+pub fn deploy(
+    manifest_path: &std::path::Path,
+    component: Option<PathBuf>,
+    args: &RemoteArgs,
+) -> anyhow::Result<ExitCode> {
+    let remote = Remote::new(args)?;
+    let manifest = load_manifest(manifest_path)?;
+    let manifest_text = std::fs::read_to_string(&manifest.path)
+        .with_context(|| format!("cannot read {}", manifest.path.display()))?;
+    let component_path = component.unwrap_or_else(|| manifest.component_path());
+    let bytes = read_component(&component_path, Some(&manifest))?;
+
+    let progress = indicatif::ProgressBar::new(bytes.len() as u64);
+    if remote.output == OutputFormat::Text {
+        progress.set_style(
+            indicatif::ProgressStyle::with_template(
+                "uploading {msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        progress.set_message(component_path.display().to_string());
+    } else {
+        progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let len = bytes.len() as u64;
+    let reader = progress.wrap_read(std::io::Cursor::new(bytes));
+    let uploaded = remote.send(
+        remote
+            .client
+            .post(remote.url("/v1/artifacts"))
+            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+            .body(reqwest::blocking::Body::sized(reader, len)),
+    );
+    progress.finish_and_clear();
+    let uploaded = uploaded?;
+    let artifact = s(&uploaded["artifact"]);
+    let deployed = remote.send(
+        remote
+            .client
+            .put(remote.url(&format!("/v1/deployments/{}", encode(&manifest.name))))
+            .json(&serde_json::json!({ "manifest": manifest_text, "artifact": artifact })),
+    )?;
+    match remote.output {
+        OutputFormat::Json => print_json(&deployed)?,
+        OutputFormat::Text => println!(
+            "deployed {}.{} version {} (component sha256 {}, {} bytes)",
+            s(&deployed["tenant"]),
+            s(&deployed["name"]),
+            s(&deployed["version"]),
+            &artifact[..artifact.len().min(12)],
+            len
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `onceflow list`.
+pub fn list(args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+    let remote = Remote::new(args)?;
+    let v = remote.get("/v1/deployments")?;
+    match remote.output {
+        OutputFormat::Json => print_json(&v)?,
+        OutputFormat::Text => {
+            let empty = Vec::new();
+            let items = v["deployments"].as_array().unwrap_or(&empty);
+            if items.is_empty() {
+                println!("no deployments (deploy one with `onceflow deploy <manifest>`)");
+            } else {
+                let rows: Vec<Vec<String>> = items
+                    .iter()
+                    .map(|d| {
+                        vec![
+                            s(&d["name"]),
+                            s(&d["version"]),
+                            s(&d["status"]),
+                            d["hosts"].as_array().map_or(0, Vec::len).to_string(),
+                            s(&d["partitions"]),
+                            s(&d["lag"]),
+                            s(&d["records_per_s"]),
+                        ]
+                    })
+                    .collect();
+                table(
+                    &[
+                        "name",
+                        "version",
+                        "status",
+                        "hosts",
+                        "partitions",
+                        "lag",
+                        "records/s",
+                    ],
+                    &rows,
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `onceflow describe`.
+pub fn describe(name: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+    let remote = Remote::new(args)?;
+    let v = remote.get(&format!("/v1/deployments/{}", encode(name)))?;
+    if remote.output == OutputFormat::Json {
+        print_json(&v)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("name:        {}.{}", s(&v["tenant"]), s(&v["name"]));
+    println!(
+        "version:     {} (running: {})",
+        s(&v["version"]),
+        s(&v["running_versions"])
+    );
+    println!("status:      {}", s(&v["status"]));
+    println!(
+        "component:   sha256 {} ({} bytes)",
+        s(&v["artifact"]),
+        s(&v["artifact_size"])
+    );
+    println!("lag:         {} records", s(&v["lag"]));
+    println!(
+        "throughput:  {} records/s, {} commits/s",
+        s(&v["records_per_s"]),
+        s(&v["commits_per_s"])
+    );
+    let empty = Vec::new();
+    let hosts = v["hosts"].as_array().unwrap_or(&empty);
+    println!();
+    let rows: Vec<Vec<String>> = hosts
+        .iter()
+        .map(|h| {
+            let parts: Vec<String> = h["partitions"]
+                .as_array()
+                .unwrap_or(&empty)
+                .iter()
+                .map(s)
+                .collect();
+            vec![
+                s(&h["host"]),
+                s(&h["version"]),
+                if h["stale"].as_bool() == Some(true) {
+                    format!("{} (stale)", s(&h["state"]))
+                } else {
+                    s(&h["state"])
+                },
+                if parts.is_empty() {
+                    "-".to_owned()
+                } else {
+                    parts.join(",")
+                },
+                s(&h["lag"]),
+                s(&h["records_per_s"]),
+                s(&h["commit_p99_ms"]),
+                s(&h["aborts"]),
+                s(&h["dead_lettered"]),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "host",
+            "version",
+            "state",
+            "partitions",
+            "lag",
+            "records/s",
+            "commit p99 ms",
+            "aborts",
+            "dead letters",
+        ],
+        &rows,
+    );
+    let errors: Vec<String> = hosts
+        .iter()
+        .flat_map(|h| {
+            let host = s(&h["host"]);
+            h["last_errors"]
+                .as_array()
+                .unwrap_or(&empty)
+                .iter()
+                .map(move |e| format!("{host}: {}", s(e)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if !errors.is_empty() {
+        println!("\nlast errors:");
+        for e in errors {
+            println!("  {e}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `onceflow logs [--follow]`.
+pub fn logs(name: &str, follow: bool, tail: i64, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+    let remote = Remote::new(args)?;
+    let path = format!("/v1/deployments/{}/logs", encode(name));
+    let mut from: Option<i64> = None;
+    loop {
+        let query = match from {
+            Some(f) => format!("{path}?from={f}&wait_ms={}", if follow { 5000 } else { 0 }),
+            None => format!("{path}?tail={tail}"),
+        };
+        let v = remote.get(&query)?;
+        let empty = Vec::new();
+        let lines = v["lines"].as_array().unwrap_or(&empty);
+        for l in lines {
+            match remote.output {
+                OutputFormat::Json => println!("{l}"),
+                OutputFormat::Text => println!(
+                    "{} {:<5} {} p{} {}",
+                    s(&l["ts_ms"]),
+                    s(&l["level"]).to_uppercase(),
+                    s(&l["host"]),
+                    s(&l["partition"]),
+                    s(&l["message"])
+                ),
+            }
+        }
+        let next = v["next"].as_i64();
+        if !follow {
+            // Without --follow: everything up to the end, then stop.
+            if lines.is_empty() || next.is_none() || next == from {
+                break;
+            }
+        }
+        from = next.or(from);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `onceflow pause` / `resume`.
+pub fn set_running(name: &str, running: bool, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+    let remote = Remote::new(args)?;
+    let verb = if running { "resume" } else { "pause" };
+    let v = remote.post(&format!("/v1/deployments/{}/{verb}", encode(name)))?;
+    match remote.output {
+        OutputFormat::Json => print_json(&v)?,
+        OutputFormat::Text => println!(
+            "{} {}: hosts {} at their next commit boundary",
+            if running { "resumed" } else { "paused" },
+            name,
+            if running { "start it" } else { "stop it" }
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `onceflow delete [--purge-state]`.
+pub fn delete(name: &str, purge_state: bool, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+    let remote = Remote::new(args)?;
+    let v = remote.send(remote.client.delete(remote.url(&format!(
+        "/v1/deployments/{}?purge_state={purge_state}",
+        encode(name)
+    ))))?;
+    match remote.output {
+        OutputFormat::Json => print_json(&v)?,
+        OutputFormat::Text if purge_state => {
+            println!("deleted {name}; its state (stores, changelogs, consumer group) is gone")
+        }
+        OutputFormat::Text => println!(
+            "deleted {name}; its state and offsets are kept (deploy it again to carry on, or delete --purge-state)"
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `onceflow query`: the committed value of a key.
+pub fn query(name: &str, store: &str, key: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+    let remote = Remote::new(args)?;
+    let v = remote.get(&format!(
+        "/v1/deployments/{}/state/{}?key={}",
+        encode(name),
+        encode(store),
+        encode(key)
+    ))?;
+    match remote.output {
+        OutputFormat::Json => print_json(&v)?,
+        OutputFormat::Text => {
+            let empty = Vec::new();
+            for item in v["values"].as_array().unwrap_or(&empty) {
+                match item.get("value") {
+                    Some(value) => println!("{}", s(value)),
+                    None => println!("base64:{}", s(&item["value_base64"])),
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_path_parts() {
+        assert_eq!(encode("acct-1"), "acct-1");
+        assert_eq!(encode("a b/c?d"), "a%20b%2Fc%3Fd");
+        assert_eq!(encode("é"), "%C3%A9");
+    }
+}

@@ -1,0 +1,182 @@
+//! The deployment registry's records: what every host reads from the
+//! compacted internal topics and reconciles into running workers.
+//!
+//! | topic | key | value |
+//! |---|---|---|
+//! | `_onceflow.deployments` | `<tenant>/<name>` | [`DeploymentRecord`] (JSON) |
+//! | `_onceflow.artifacts` | `<sha256>/<index>` | chunk `index` of the component ([`ARTIFACT_CHUNK`] bytes at most) |
+//! | `_onceflow.status` | `<tenant>/<name>/<host>` | [`HostStatus`] (JSON), refreshed by each host |
+//! | `_onceflow.logs` | `<tenant>/<name>` | [`LogEntry`] (JSON); not compacted, not transactional |
+//!
+//! Components are content-addressed (sha256), so a redeploy of the same
+//! bytes uploads nothing new, and chunked, so a 20 MB Python component fits
+//! Kafka's default 1 MiB record limit.
+
+use serde::{Deserialize, Serialize};
+
+/// The deployments topic.
+pub const DEPLOYMENTS_TOPIC: &str = "_onceflow.deployments";
+/// The artifacts topic.
+pub const ARTIFACTS_TOPIC: &str = "_onceflow.artifacts";
+/// The hosts' status topic.
+pub const STATUS_TOPIC: &str = "_onceflow.status";
+/// The guest log topic.
+pub const LOGS_TOPIC: &str = "_onceflow.logs";
+/// Largest artifact chunk: well under Kafka's default 1 MiB record limit.
+pub const ARTIFACT_CHUNK: usize = 512 * 1024;
+/// Largest component accepted.
+pub const MAX_ARTIFACT_BYTES: usize = 128 * 1024 * 1024;
+
+/// What the tenant wants of a deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Desired {
+    /// Run it.
+    Running,
+    /// Keep it (state, offsets) but run no worker.
+    Paused,
+    /// Gone; hosts stop it (and drop local state if `purge_state`).
+    Deleted,
+}
+
+/// One deployment, as stored under `<tenant>/<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeploymentRecord {
+    /// Owning tenant.
+    pub tenant: String,
+    /// Processor name.
+    pub name: String,
+    /// Increases by one per deploy of this name.
+    pub version: u64,
+    /// The manifest's text, exactly as deployed.
+    pub manifest: String,
+    /// sha256 of the component, hex.
+    pub artifact: String,
+    /// Component size in bytes.
+    pub artifact_size: u64,
+    /// What hosts should do.
+    pub desired: Desired,
+    /// With `Deleted`: drop local state, changelogs and the consumer group.
+    #[serde(default)]
+    pub purge_state: bool,
+    /// When this record was written (ms since the epoch).
+    pub updated_ms: i64,
+}
+
+impl DeploymentRecord {
+    /// The registry key.
+    pub fn key(&self) -> String {
+        deployment_key(&self.tenant, &self.name)
+    }
+}
+
+/// The registry key of a deployment.
+pub fn deployment_key(tenant: &str, name: &str) -> String {
+    format!("{tenant}/{name}")
+}
+
+/// The key of an artifact chunk.
+pub fn chunk_key(sha256: &str, index: usize) -> String {
+    format!("{sha256}/{index}")
+}
+
+/// Splits a chunk key into (sha256, index).
+pub fn parse_chunk_key(key: &str) -> Option<(&str, usize)> {
+    let (sha, index) = key.split_once('/')?;
+    Some((sha, index.parse().ok()?))
+}
+
+/// A host's view of one deployment, published every few seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostStatus {
+    /// The host.
+    pub host: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Processor name.
+    pub name: String,
+    /// The version this host runs (or last ran).
+    pub version: u64,
+    /// `starting`, `running`, `paused`, `failed`, `stopped`.
+    pub state: String,
+    /// Input partitions this host's workers own.
+    pub partitions: Vec<i32>,
+    /// Records behind the last stable offset, summed over its partitions.
+    pub lag: i64,
+    /// Records processed (committed) per second, lately.
+    pub records_per_s: f64,
+    /// Commits per second, lately.
+    pub commits_per_s: f64,
+    /// Commit latency p99 lately, in ms.
+    pub commit_p99_ms: f64,
+    /// Totals since the deployment started on this host.
+    pub records: u64,
+    /// Aborted transactions.
+    pub aborts: u64,
+    /// Producer fencings.
+    pub fenced: u64,
+    /// Records dead-lettered.
+    pub dead_lettered: u64,
+    /// The most recent errors (newest last).
+    pub last_errors: Vec<String>,
+    /// When published (ms since the epoch).
+    pub updated_ms: i64,
+}
+
+/// One guest log line in the log topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// When the host received it (ms since the epoch).
+    pub ts_ms: i64,
+    /// Host that ran the instance.
+    pub host: String,
+    /// Input partition of the instance.
+    pub partition: i32,
+    /// `error`, `warn`, `info`, `debug`, `trace`.
+    pub level: String,
+    /// The text.
+    pub message: String,
+}
+
+/// Milliseconds since the epoch, for record stamps.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_keys_round_trip() {
+        let k = chunk_key("ab12", 7);
+        assert_eq!(parse_chunk_key(&k), Some(("ab12", 7)));
+        assert_eq!(parse_chunk_key("nochunk"), None);
+        assert_eq!(parse_chunk_key("ab/x"), None);
+    }
+
+    #[test]
+    fn records_round_trip_as_json() {
+        let r = DeploymentRecord {
+            tenant: "acme".into(),
+            name: "wallet".into(),
+            version: 3,
+            manifest: "name = \"wallet\"".into(),
+            artifact: "00".repeat(32),
+            artifact_size: 10,
+            desired: Desired::Paused,
+            purge_state: false,
+            updated_ms: 1,
+        };
+        let json = serde_json::to_string(&r).expect("serialize");
+        assert!(json.contains("\"desired\":\"paused\""), "{json}");
+        assert_eq!(
+            serde_json::from_str::<DeploymentRecord>(&json).expect("parse"),
+            r
+        );
+        assert_eq!(r.key(), "acme/wallet");
+    }
+}

@@ -1,0 +1,395 @@
+//! `onceflow host`: one member of the fleet. It reconciles the deployment
+//! registry (read from Kafka by [`ControlPlane`]) into running deployments:
+//! starts, stops, pauses and upgrades them, and publishes what it runs.
+//!
+//! Hosts never talk to each other. Every host runs every deployment that
+//! should run, with its own host id as the instance id; Kafka's consumer
+//! groups spread the partitions over the hosts, so adding a host adds
+//! capacity, and a host that dies loses its partitions to the others when its
+//! session expires.
+//!
+//! An upgrade stops the running version (its workers commit their open
+//! transactions: a commit boundary), then starts the new one on the same
+//! application id, state directory and transactional ids, so state and
+//! offsets carry over with no gap and no duplicate.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::deploy::Manifest;
+use crate::deploy::registry::{DeploymentRecord, Desired, HostStatus, now_ms};
+use crate::metrics::{Exposition, Metrics, Snapshot};
+use crate::sandbox::{Processor, ProcessorPolicy, Sandbox};
+use crate::stream::control::{ControlPlane, DeploymentLogSink, remember_error};
+use crate::stream::{self, RunOptions, StreamError, changelog_topic};
+use crate::tenancy::Tenants;
+
+/// How often a host publishes its status per deployment.
+const STATUS_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Where a deployment stands on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunState {
+    /// Fetching and compiling the component, creating topics.
+    Starting,
+    /// Workers are in the group.
+    Running,
+    /// Asked to stop (pause, delete or upgrade); workers are committing.
+    Stopping,
+    /// Stopped by an error (e.g. the `fail` policy); waits for a new
+    /// version or `resume`.
+    Failed(String),
+}
+
+impl RunState {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Stopping => "stopping",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+struct Running {
+    record: DeploymentRecord,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), StreamError>>>,
+    state: RunState,
+    recent_errors: Arc<Mutex<VecDeque<String>>>,
+    last: (Instant, Snapshot),
+    rates: (f64, f64),
+    last_status: Instant,
+}
+
+/// The manifest a record carries. Its `[build]` paths mean nothing on a
+/// host; the name is for messages.
+pub fn manifest_of(record: &DeploymentRecord) -> Result<Manifest, String> {
+    Manifest::parse(
+        &record.manifest,
+        PathBuf::from(format!("{}/{}/onceflow.toml", record.tenant, record.name)),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// One host.
+pub struct Fleet {
+    /// This host's id: the instance id of every deployment it runs.
+    pub host_id: String,
+    /// The registry and internal topics.
+    pub control: Arc<ControlPlane>,
+    /// Who may do what.
+    pub tenants: Tenants,
+    /// Compiles and checks components.
+    pub sandbox: Sandbox,
+    options: RunOptions,
+    running: Mutex<BTreeMap<String, Running>>,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl Fleet {
+    /// A host over `control`, running deployments with `options` (its
+    /// `instance_id` is the host id).
+    pub fn new(
+        control: Arc<ControlPlane>,
+        tenants: Tenants,
+        sandbox: Sandbox,
+        options: RunOptions,
+        shutdown: Arc<AtomicBool>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            host_id: options.instance_id.clone(),
+            control,
+            tenants,
+            sandbox,
+            options,
+            running: Mutex::default(),
+            shutdown,
+        })
+    }
+
+    fn running(&self) -> MutexGuard<'_, BTreeMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reconciles until shutdown, then stops every deployment cleanly.
+    pub fn run(self: &Arc<Self>) {
+        let mut seen = -1;
+        while !self.shutdown.load(Ordering::Relaxed) {
+            self.reconcile();
+            self.publish_statuses(false);
+            seen = self
+                .control
+                .deployments
+                .wait_change(seen, Duration::from_millis(250));
+        }
+        tracing::info!("host stopping: committing and stopping every deployment");
+        let keys: Vec<String> = self.running().keys().cloned().collect();
+        for key in &keys {
+            if let Some(r) = self.running().get_mut(key) {
+                r.shutdown.store(true, Ordering::Relaxed);
+            }
+        }
+        for key in keys {
+            let handle = self.running().get_mut(&key).and_then(|r| r.thread.take());
+            if let Some(h) = handle {
+                let _ = h.join();
+            }
+            self.control.clear_status_of(&key, &self.host_id);
+        }
+        self.control.flush();
+    }
+
+    /// One pass: make what runs here match the registry.
+    pub fn reconcile(self: &Arc<Self>) {
+        let desired: BTreeMap<String, DeploymentRecord> = self
+            .control
+            .deployments
+            .all()
+            .into_iter()
+            .map(|r| (r.key(), r))
+            .collect();
+        let mut running = self.running();
+
+        // Collect finished threads.
+        for (key, r) in running.iter_mut() {
+            if r.thread.as_ref().is_some_and(JoinHandle::is_finished) {
+                let result = r
+                    .thread
+                    .take()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(StreamError::Restart(
+                                "the deployment thread panicked".into(),
+                            ))
+                        })
+                    })
+                    .unwrap_or(Ok(()));
+                match result {
+                    // Asked to stop and did: removed below.
+                    Ok(()) if r.state == RunState::Stopping => {}
+                    Err(e) if r.state == RunState::Stopping => {
+                        tracing::warn!(deployment = %key, "deployment stopped with an error: {e}");
+                    }
+                    Ok(()) => r.state = RunState::Failed("stopped on its own".into()),
+                    Err(e) => {
+                        tracing::error!(deployment = %key, version = r.record.version, "deployment failed: {e}");
+                        remember_error(&r.recent_errors, e.to_string());
+                        r.state = RunState::Failed(e.to_string());
+                    }
+                }
+            }
+        }
+
+        // Stop what should not run (any more, or not in this version).
+        let mut finished_stopping = Vec::new();
+        for (key, r) in running.iter_mut() {
+            let keep = desired.get(key).is_some_and(|d| {
+                d.desired == Desired::Running
+                    && d.version == r.record.version
+                    && d.updated_ms == r.record.updated_ms
+            });
+            let retry_failed = matches!(r.state, RunState::Failed(_)) && !keep;
+            if !keep && r.thread.is_some() {
+                if r.state != RunState::Stopping {
+                    tracing::info!(deployment = %key, version = r.record.version, "stopping at the next commit boundary");
+                    r.state = RunState::Stopping;
+                    r.shutdown.store(true, Ordering::Relaxed);
+                }
+            } else if r.thread.is_none() && (r.state == RunState::Stopping || retry_failed) {
+                finished_stopping.push(key.clone());
+            }
+        }
+        for key in finished_stopping {
+            if let Some(r) = running.remove(&key) {
+                tracing::info!(deployment = %key, version = r.record.version, "stopped");
+                self.control.clear_status_of(&key, &self.host_id);
+                if let Some(d) = desired.get(&key)
+                    && d.desired == Desired::Deleted
+                    && d.purge_state
+                {
+                    self.purge_local_state(d);
+                }
+            }
+        }
+
+        // Start what should run and does not.
+        for (key, d) in &desired {
+            if d.desired != Desired::Running || running.contains_key(key) {
+                continue;
+            }
+            let r = self.start(d.clone());
+            running.insert(key.clone(), r);
+        }
+    }
+
+    fn purge_local_state(&self, d: &DeploymentRecord) {
+        let app = format!("{}.{}", d.tenant, d.name);
+        let dir = self.options.state_dir.join(&app);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => tracing::info!(deployment = %d.key(), "local state purged"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(deployment = %d.key(), "cannot purge {}: {e}", dir.display()),
+        }
+    }
+
+    fn start(self: &Arc<Self>, record: DeploymentRecord) -> Running {
+        let metrics = Arc::new(Metrics::default());
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let recent_errors = Arc::new(Mutex::new(VecDeque::new()));
+        tracing::info!(deployment = %record.key(), version = record.version, "starting");
+        let thread = {
+            let me = self.clone();
+            let record = record.clone();
+            let (metrics, shutdown, recent) =
+                (metrics.clone(), shutdown.clone(), recent_errors.clone());
+            std::thread::Builder::new()
+                .name(format!("deployment-{}", record.name))
+                .spawn(move || {
+                    let manifest = manifest_of(&record).map_err(StreamError::ProcessorFailed)?;
+                    let processor = me.load(&record, &manifest, recent)?;
+                    if let Some(r) = me.running().get_mut(&record.key())
+                        && r.state == RunState::Starting
+                    {
+                        r.state = RunState::Running;
+                    }
+                    stream::run_with_metrics(
+                        manifest,
+                        processor,
+                        me.options.clone(),
+                        shutdown,
+                        metrics,
+                    )
+                    .map(|_| ())
+                })
+        };
+        let (thread, state) = match thread {
+            Ok(t) => (Some(t), RunState::Starting),
+            Err(e) => (
+                None,
+                RunState::Failed(format!("cannot start a thread: {e}")),
+            ),
+        };
+        Running {
+            record,
+            metrics,
+            shutdown,
+            thread,
+            state,
+            recent_errors,
+            last: (Instant::now(), Snapshot::default()),
+            rates: (0.0, 0.0),
+            last_status: Instant::now() - STATUS_INTERVAL,
+        }
+    }
+
+    /// Fetches and compiles a deployment's component (cached on disk).
+    fn load(
+        &self,
+        record: &DeploymentRecord,
+        manifest: &Manifest,
+        recent: Arc<Mutex<VecDeque<String>>>,
+    ) -> Result<Processor, StreamError> {
+        let bytes = self.control.artifact(&record.artifact)?;
+        let processor = self
+            .sandbox
+            .load(&bytes, ProcessorPolicy::from_manifest(manifest))
+            .map_err(|e| StreamError::ProcessorFailed(e.to_string()))?;
+        let sink = DeploymentLogSink::new(
+            self.control.clone(),
+            record.key(),
+            self.host_id.clone(),
+            recent,
+        );
+        Ok(processor.with_log_sink(Arc::new(sink)))
+    }
+
+    /// Publishes this host's status of each deployment it runs (every
+    /// [`STATUS_INTERVAL`], or now with `force`).
+    pub fn publish_statuses(&self, force: bool) {
+        let mut running = self.running();
+        for r in running.values_mut() {
+            if !force && r.last_status.elapsed() < STATUS_INTERVAL {
+                continue;
+            }
+            let now = r.metrics.snapshot();
+            let secs = r.last.0.elapsed().as_secs_f64().max(1e-3);
+            r.rates = (
+                (now.records - r.last.1.records) as f64 / secs,
+                (now.commits - r.last.1.commits) as f64 / secs,
+            );
+            r.last = (Instant::now(), now);
+            r.last_status = Instant::now();
+            let p99 = r.metrics.take_latency().p99.as_secs_f64() * 1e3;
+            let load = r.metrics.load();
+            let status = HostStatus {
+                host: self.host_id.clone(),
+                tenant: r.record.tenant.clone(),
+                name: r.record.name.clone(),
+                version: r.record.version,
+                state: r.state.label().to_owned(),
+                partitions: load.partitions.into_iter().collect(),
+                lag: load.lag,
+                records_per_s: r.rates.0,
+                commits_per_s: r.rates.1,
+                commit_p99_ms: p99,
+                records: now.records,
+                aborts: now.aborts,
+                fenced: now.fenced,
+                dead_lettered: now.dead_lettered,
+                last_errors: r
+                    .recent_errors
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect(),
+                updated_ms: now_ms(),
+            };
+            self.control.put_status(&status);
+        }
+    }
+
+    /// The Prometheus view of the deployments this host runs, for one
+    /// tenant or (`None`) all of them.
+    pub fn exposition(&self, tenant: Option<&str>) -> Exposition {
+        Exposition {
+            deployments: self
+                .running()
+                .values()
+                .filter(|r| tenant.is_none_or(|t| t == r.record.tenant))
+                .map(|r| {
+                    (
+                        r.record.tenant.clone(),
+                        r.record.name.clone(),
+                        r.record.version,
+                        r.metrics.clone(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether this host still runs (or is stopping) a deployment.
+    pub fn is_running(&self, key: &str) -> bool {
+        self.running().get(key).is_some_and(|r| r.thread.is_some())
+    }
+
+    /// The changelog topics of a deployment.
+    pub fn changelogs_of(record: &DeploymentRecord) -> Vec<String> {
+        manifest_of(record)
+            .map(|m| m.stores.iter().map(|s| changelog_topic(&m, s)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The run options deployments get (for the admin API's messages).
+    pub fn options(&self) -> &RunOptions {
+        &self.options
+    }
+}

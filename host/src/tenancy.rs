@@ -1,0 +1,461 @@
+//! Tenants: who may call the admin API, which names they own, and how much
+//! they may use.
+//!
+//! `tenants.toml` (read by `onceflow host --tenants`):
+//!
+//! ```toml
+//! [operator]                       # optional: may read every tenant's metrics
+//! token-sha256 = "9f86d0…"         # sha256 of the token, hex (`onceflow hash-token`)
+//!
+//! [[tenant]]
+//! name = "acme"
+//! token-sha256 = "…"
+//! topic-prefix = "acme."           # default: "<name>."; must start with "<name>."
+//! [tenant.quotas]
+//! deployments = 10                 # deployments at once
+//! worker-threads = 8               # summed over its deployments
+//! memory-mb = 256                  # per instance (limits.memory-mb)
+//! fuel-per-record = 100000000      # limits.fuel-per-record
+//! ```
+//!
+//! A tenant's consumer groups, transactional ids and changelog topics are
+//! named `<tenant>.<processor>…` and its topics start with its topic prefix,
+//! which itself starts with `<tenant>.`: one prefixed Kafka ACL on
+//! `<tenant>.` (topics, groups, transactional ids) backs the host's checks.
+//! Tokens are only ever compared as sha256 digests and never logged.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::deploy::Manifest;
+
+/// Why `tenants.toml` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TenancyError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+/// Limits on what one tenant may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Quotas {
+    /// Deployments at once (paused ones count; deleted ones do not).
+    pub deployments: u32,
+    /// Worker threads summed over the tenant's deployments.
+    pub worker_threads: u32,
+    /// Largest `limits.memory-mb` of an instance.
+    pub memory_mb: u64,
+    /// Largest `limits.fuel-per-record`.
+    pub fuel_per_record: u64,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            deployments: 10,
+            worker_threads: 8,
+            memory_mb: 256,
+            fuel_per_record: 100_000_000,
+        }
+    }
+}
+
+/// One tenant.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// Name (also the first part of every Kafka name it owns).
+    pub name: String,
+    /// Topics the tenant may name start with this.
+    pub topic_prefix: String,
+    /// Its limits.
+    pub quotas: Quotas,
+    token_sha256: [u8; 32],
+}
+
+/// Who made a request.
+#[derive(Debug, Clone, Copy)]
+pub enum Principal<'a> {
+    /// A tenant, by its token.
+    Tenant(&'a Tenant),
+    /// The operator token: reads every tenant's metrics, deploys nothing.
+    Operator,
+}
+
+/// A deployment the tenant already has, for quota checks.
+#[derive(Debug, Clone)]
+pub struct Existing {
+    /// Processor name.
+    pub name: String,
+    /// Its `processing.worker-threads`.
+    pub worker_threads: u32,
+}
+
+/// All tenants of a host.
+#[derive(Debug, Clone, Default)]
+pub struct Tenants {
+    tenants: BTreeMap<String, Tenant>,
+    operator_sha256: Option<[u8; 32]>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawFile {
+    operator: Option<RawOperator>,
+    #[serde(default)]
+    tenant: Vec<RawTenant>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawOperator {
+    token_sha256: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawTenant {
+    name: String,
+    token_sha256: String,
+    topic_prefix: Option<String>,
+    #[serde(default)]
+    quotas: Quotas,
+}
+
+/// The hex sha256 of a token, as `tenants.toml` stores it.
+pub fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.trim().as_bytes()))
+}
+
+fn parse_digest(hex_digest: &str) -> Result<[u8; 32], String> {
+    let bytes = hex::decode(hex_digest.trim())
+        .map_err(|_| "token-sha256 must be 64 hex digits (see `onceflow hash-token`)".to_owned())?;
+    bytes
+        .try_into()
+        .map_err(|_| "token-sha256 must be 64 hex digits (see `onceflow hash-token`)".to_owned())
+}
+
+/// Compares digests in constant time (the digest of a guessed token must
+/// not leak how many leading bytes matched).
+fn digest_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Tenants {
+    /// Reads `tenants.toml`.
+    pub fn load(path: &Path) -> Result<Self, TenancyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TenancyError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|message| TenancyError::Invalid {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses the text of `tenants.toml`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
+        let mut tenants = BTreeMap::new();
+        let mut digests: Vec<[u8; 32]> = Vec::new();
+        for t in raw.tenant {
+            crate::deploy::manifest::check_name(&t.name)
+                .map_err(|m| format!("tenant name: {m}"))?;
+            let topic_prefix = t.topic_prefix.unwrap_or_else(|| format!("{}.", t.name));
+            if !topic_prefix.starts_with(&format!("{}.", t.name)) {
+                return Err(format!(
+                    "tenant {:?}: topic-prefix {topic_prefix:?} must start with \"{}.\" so one prefixed ACL covers its topics, groups and transactional ids",
+                    t.name, t.name
+                ));
+            }
+            let digest =
+                parse_digest(&t.token_sha256).map_err(|m| format!("tenant {:?}: {m}", t.name))?;
+            if digests.iter().any(|d| digest_eq(d, &digest)) {
+                return Err(format!(
+                    "tenant {:?}: its token is also another tenant's: give every tenant its own token",
+                    t.name
+                ));
+            }
+            digests.push(digest);
+            let tenant = Tenant {
+                name: t.name.clone(),
+                topic_prefix,
+                quotas: t.quotas,
+                token_sha256: digest,
+            };
+            if tenants.insert(t.name.clone(), tenant).is_some() {
+                return Err(format!("tenant {:?} is listed twice", t.name));
+            }
+        }
+        let operator_sha256 = match raw.operator {
+            Some(o) => Some(parse_digest(&o.token_sha256).map_err(|m| format!("operator: {m}"))?),
+            None => None,
+        };
+        Ok(Self {
+            tenants,
+            operator_sha256,
+        })
+    }
+
+    /// The principal a bearer token stands for, if any.
+    pub fn authenticate(&self, token: &str) -> Option<Principal<'_>> {
+        let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+        // Compare against every tenant (no early exit): the time taken does
+        // not depend on which one matched.
+        let mut found = None;
+        for t in self.tenants.values() {
+            if digest_eq(&t.token_sha256, &digest) {
+                found = Some(Principal::Tenant(t));
+            }
+        }
+        if let Some(op) = &self.operator_sha256
+            && digest_eq(op, &digest)
+        {
+            found = Some(Principal::Operator);
+        }
+        found
+    }
+
+    /// A tenant by name.
+    pub fn get(&self, name: &str) -> Option<&Tenant> {
+        self.tenants.get(name)
+    }
+
+    /// Every tenant.
+    pub fn iter(&self) -> impl Iterator<Item = &Tenant> {
+        self.tenants.values()
+    }
+}
+
+impl Tenant {
+    /// Checks a manifest against the tenant's namespace and quotas, given
+    /// the tenant's other deployments. The message names the offending key.
+    pub fn admit(&self, m: &Manifest, others: &[Existing]) -> Result<(), String> {
+        if m.tenant != self.name {
+            return Err(format!(
+                "the manifest says tenant = {:?} but your token is tenant {:?}'s: set tenant = {:?}",
+                m.tenant, self.name, self.name
+            ));
+        }
+        let named = m
+            .inputs
+            .iter()
+            .map(|t| ("inputs", t))
+            .chain(m.outputs.iter().map(|(_, t)| ("outputs", t)))
+            .chain(
+                m.errors
+                    .dead_letter_topic
+                    .iter()
+                    .map(|t| ("errors.dead-letter-topic", t)),
+            );
+        for (key, topic) in named {
+            if !topic.starts_with(&self.topic_prefix) {
+                return Err(format!(
+                    "{key}: topic {topic:?} is outside your namespace: tenant {:?} may only use topics starting with {:?}",
+                    self.name, self.topic_prefix
+                ));
+            }
+            if topic.ends_with("-changelog") {
+                return Err(format!(
+                    "{key}: topic {topic:?} looks like a state changelog: names ending in \"-changelog\" are reserved for the host"
+                ));
+            }
+        }
+        let q = &self.quotas;
+        if m.limits.memory_mb > q.memory_mb {
+            return Err(format!(
+                "limits.memory-mb = {} exceeds your quota of {} MiB per instance",
+                m.limits.memory_mb, q.memory_mb
+            ));
+        }
+        if m.limits.fuel_per_record == 0 {
+            return Err(format!(
+                "limits.fuel-per-record = 0 turns fuel metering off, which tenants may not do: set it to at most {}",
+                q.fuel_per_record
+            ));
+        }
+        if m.limits.fuel_per_record > q.fuel_per_record {
+            return Err(format!(
+                "limits.fuel-per-record = {} exceeds your quota of {}",
+                m.limits.fuel_per_record, q.fuel_per_record
+            ));
+        }
+        let others: Vec<&Existing> = others.iter().filter(|e| e.name != m.name).collect();
+        if others.len() as u32 + 1 > q.deployments {
+            return Err(format!(
+                "quota exceeded: tenant {:?} may run {} deployments and has {} already: delete one first",
+                self.name,
+                q.deployments,
+                others.len()
+            ));
+        }
+        let threads: u32 =
+            others.iter().map(|e| e.worker_threads).sum::<u32>() + m.processing.worker_threads;
+        if threads > q.worker_threads {
+            return Err(format!(
+                "quota exceeded: processing.worker-threads = {} would make {threads} worker threads for tenant {:?}, whose quota is {}",
+                m.processing.worker_threads, self.name, q.worker_threads
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenants() -> Tenants {
+        Tenants::parse(&format!(
+            r#"
+[operator]
+token-sha256 = "{}"
+
+[[tenant]]
+name = "acme"
+token-sha256 = "{}"
+[tenant.quotas]
+deployments = 2
+worker-threads = 3
+
+[[tenant]]
+name = "globex"
+token-sha256 = "{}"
+topic-prefix = "globex.prod."
+"#,
+            hash_token("op-secret"),
+            hash_token("acme-secret"),
+            hash_token("globex-secret")
+        ))
+        .expect("valid tenants.toml")
+    }
+
+    fn manifest(tenant: &str, input: &str, output: &str, threads: u32) -> Manifest {
+        Manifest::parse(
+            &format!(
+                r#"
+name = "wallet"
+tenant = "{tenant}"
+inputs = ["{input}"]
+stores = ["balances"]
+[build]
+language = "rust"
+[outputs]
+out = "{output}"
+[processing]
+worker-threads = {threads}
+"#
+            ),
+            PathBuf::from("onceflow.toml"),
+        )
+        .expect("valid manifest")
+    }
+
+    #[test]
+    fn tokens_map_to_their_tenant_only() {
+        let t = tenants();
+        assert!(
+            matches!(t.authenticate("acme-secret"), Some(Principal::Tenant(x)) if x.name == "acme")
+        );
+        assert!(
+            matches!(t.authenticate("globex-secret"), Some(Principal::Tenant(x)) if x.name == "globex")
+        );
+        assert!(matches!(
+            t.authenticate("op-secret"),
+            Some(Principal::Operator)
+        ));
+        assert!(t.authenticate("acme-secreT").is_none());
+        assert!(t.authenticate("").is_none());
+    }
+
+    #[test]
+    fn namespace_and_quotas_are_enforced() {
+        let t = tenants();
+        let acme = t.get("acme").expect("acme");
+        acme.admit(&manifest("acme", "acme.in", "acme.out", 1), &[])
+            .expect("own topics");
+        let e = acme
+            .admit(&manifest("acme", "globex.prod.in", "acme.out", 1), &[])
+            .unwrap_err();
+        assert!(
+            e.contains("\"globex.prod.in\" is outside your namespace"),
+            "{e}"
+        );
+        let e = acme
+            .admit(&manifest("globex", "acme.in", "acme.out", 1), &[])
+            .unwrap_err();
+        assert!(e.contains("token is tenant \"acme\"'s"), "{e}");
+        let e = acme
+            .admit(&manifest("acme", "acme.in", "acme.x-changelog", 1), &[])
+            .unwrap_err();
+        assert!(e.contains("reserved"), "{e}");
+        let others = [
+            Existing {
+                name: "a".into(),
+                worker_threads: 1,
+            },
+            Existing {
+                name: "b".into(),
+                worker_threads: 1,
+            },
+        ];
+        let e = acme
+            .admit(&manifest("acme", "acme.in", "acme.out", 1), &others)
+            .unwrap_err();
+        assert!(e.contains("may run 2 deployments"), "{e}");
+        let e = acme
+            .admit(&manifest("acme", "acme.in", "acme.out", 3), &others[..1])
+            .unwrap_err();
+        assert!(e.contains("would make 4 worker threads"), "{e}");
+        // Redeploying an existing name is an upgrade, not one more.
+        let same = [
+            Existing {
+                name: "wallet".into(),
+                worker_threads: 2,
+            },
+            others[0].clone(),
+        ];
+        acme.admit(&manifest("acme", "acme.in", "acme.out", 2), &same)
+            .expect("upgrade within quota");
+        let globex = t.get("globex").expect("globex");
+        let e = globex
+            .admit(&manifest("globex", "globex.in", "globex.prod.out", 1), &[])
+            .unwrap_err();
+        assert!(e.contains("starting with \"globex.prod.\""), "{e}");
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        let e = Tenants::parse("[[tenant]]\nname = \"a\"\ntoken-sha256 = \"xyz\"\n").unwrap_err();
+        assert!(e.contains("64 hex digits"), "{e}");
+        let h = hash_token("t");
+        let e = Tenants::parse(&format!(
+            "[[tenant]]\nname = \"a\"\ntoken-sha256 = \"{h}\"\ntopic-prefix = \"b.\"\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("must start with \"a.\""), "{e}");
+        let e = Tenants::parse(&format!(
+            "[[tenant]]\nname = \"a\"\ntoken-sha256 = \"{h}\"\n[[tenant]]\nname = \"b\"\ntoken-sha256 = \"{h}\"\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("own token"), "{e}");
+    }
+}
