@@ -212,16 +212,28 @@ impl Produced {
 
 impl Wallet {
     pub fn new(cluster: &'static Cluster, label: &str, guarantee: &str, partitions: i32) -> Wallet {
+        Self::in_tenant(cluster, "test", "", label, guarantee, partitions)
+    }
+
+    /// A wallet of `tenant` whose topics start with `topic_prefix`.
+    pub fn in_tenant(
+        cluster: &'static Cluster,
+        tenant: &str,
+        topic_prefix: &str,
+        label: &str,
+        guarantee: &str,
+        partitions: i32,
+    ) -> Wallet {
         let suffix = format!("{label}-{}-{}", std::process::id(), unique());
         let name = format!("wallet-{suffix}");
         let w = Wallet {
             cluster,
             guarantee: guarantee.to_owned(),
-            app: format!("test.{name}"),
-            payments: format!("payments-{suffix}"),
-            balances: format!("balances-{suffix}"),
-            audit: format!("audit-{suffix}"),
-            dlq: format!("payments-{suffix}.dlq"),
+            app: format!("{tenant}.{name}"),
+            payments: format!("{topic_prefix}payments-{suffix}"),
+            balances: format!("{topic_prefix}balances-{suffix}"),
+            audit: format!("{topic_prefix}audit-{suffix}"),
+            dlq: format!("{topic_prefix}payments-{suffix}.dlq"),
             name,
             dir: tempfile::tempdir().expect("temp dir"),
             manifest: PathBuf::new(),
@@ -239,7 +251,7 @@ impl Wallet {
             .join("target/onceflow/wallet.wasm");
         let manifest = format!(
             r#"name = "{name}"
-tenant = "test"
+tenant = "{tenant}"
 inputs = ["{payments}"]
 stores = ["balances"]
 
@@ -434,6 +446,19 @@ impl TxnProbe {
             .sum()
     }
 
+    /// Records a read_committed reader can see (up to the last stable
+    /// offsets).
+    pub fn committed_end(&self) -> i64 {
+        self.partitions
+            .iter()
+            .map(|&p| {
+                self.committed
+                    .fetch_watermarks(&self.topic, p, Duration::from_secs(5))
+                    .map_or(0, |(_, h)| h)
+            })
+            .sum()
+    }
+
     pub fn open(&self) -> bool {
         self.partitions.iter().any(|&p| {
             let lso = self
@@ -572,4 +597,25 @@ pub fn assert_exact(
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
+}
+
+/// A plain idempotent producer on `cluster`.
+pub fn plain_producer(cluster: &Cluster) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .create()
+        .expect("producer")
+}
+
+/// Sends one record and waits for it to be acknowledged.
+pub fn send(producer: &BaseProducer, topic: &str, key: &str, value: &str) {
+    loop {
+        match producer.send(BaseRecord::to(topic).key(key).payload(value)) {
+            Ok(()) => break,
+            Err(_) => producer.poll(Duration::from_millis(10)),
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
 }
