@@ -241,7 +241,10 @@ fn path(p: &Path) -> &str {
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
     while !f() {
-        assert!(started.elapsed() < timeout, "timed out after {timeout:?}: {what}");
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?}: {what}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     started.elapsed()
@@ -287,11 +290,16 @@ fn a_two_hosts_one_killed_and_a_late_host() {
     let started = Instant::now();
     let deployed = h1.json(ACME, &["deploy", path(&w.manifest)]);
     assert_eq!(deployed["version"], 1, "{deployed}");
-    wait_for("the first committed output", Duration::from_secs(120), || {
-        committed_records(&w.audit) > 0
-    });
+    wait_for(
+        "the first committed output",
+        Duration::from_secs(120),
+        || committed_records(&w.audit) > 0,
+    );
     let first_output = started.elapsed();
-    figure("cp_deploy_to_first_output_s_2_hosts", format!("{:.2}", first_output.as_secs_f64()));
+    figure(
+        "cp_deploy_to_first_output_s_2_hosts",
+        format!("{:.2}", first_output.as_secs_f64()),
+    );
 
     // Both hosts run it and share the 6 partitions.
     wait_for("both hosts own partitions", Duration::from_secs(60), || {
@@ -314,32 +322,52 @@ fn a_two_hosts_one_killed_and_a_late_host() {
 
     // A host started after the deployment picks it up and takes a share.
     let h3 = fleet.start_host("h3");
-    wait_for("the late host owns partitions", Duration::from_secs(90), || {
-        let d = h3.json(ACME, &["describe", &w.name]);
-        d["hosts"].as_array().is_some_and(|hosts| {
-            hosts.iter().any(|h| {
-                h["host"] == "h3"
-                    && h["state"] == "running"
-                    && h["partitions"].as_array().is_some_and(|p| !p.is_empty())
+    wait_for(
+        "the late host owns partitions",
+        Duration::from_secs(90),
+        || {
+            let d = h3.json(ACME, &["describe", &w.name]);
+            d["hosts"].as_array().is_some_and(|hosts| {
+                hosts.iter().any(|h| {
+                    h["host"] == "h3"
+                        && h["state"] == "running"
+                        && h["partitions"].as_array().is_some_and(|p| !p.is_empty())
+                })
             })
-        })
-    });
+        },
+    );
     produced.absorb(w.produce(20_001, 5_000, 500, Some(97)));
     w.wait_done(Duration::from_secs(120));
-    assert_exact(&w.verify(false), &produced, "2 hosts, one SIGKILLed, one late");
+    assert_exact(
+        &w.verify(false),
+        &produced,
+        "2 hosts, one SIGKILLed, one late",
+    );
 
     // The list and metrics show it; the query returns a committed balance.
     let list = h3.json(ACME, &["list"]);
-    assert!(list["deployments"].as_array().is_some_and(|d| d.iter().any(|x| x["name"] == w.name.as_str())), "{list}");
+    assert!(
+        list["deployments"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|x| x["name"] == w.name.as_str())),
+        "{list}"
+    );
     let (account, balance) = produced.totals.iter().next().expect("an account");
     let q = h3.json(ACME, &["query", &w.name, "balances", account]);
-    let value = q["values"][0]["value"].as_str().unwrap_or_default().to_owned();
+    let value = q["values"][0]["value"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert_eq!(value.trim(), balance.to_string(), "query {account}: {q}");
     let metrics = h2.metrics(ACME);
     assert!(
-        metrics.contains(&format!("onceflow_records_total{{tenant=\"acme\",deployment=\"{}\"", w.name)),
+        metrics.contains(&format!(
+            "onceflow_records_total{{tenant=\"acme\",deployment=\"{}\"",
+            w.name
+        )),
         "{metrics}"
     );
+    h3.json(ACME, &["delete", &w.name, "--purge-state"]);
     h2.stop();
     h3.stop();
 }
@@ -379,7 +407,10 @@ fn b_upgrade_under_load_and_a_refused_version() {
     // A version that fails validation leaves version 2 running.
     let bad = w.dir.path().join("http.wasm");
     std::fs::write(&bad, http_component()).expect("write bad component");
-    let err = h1.refused(ACME, &["deploy", path(&w.manifest), "--component", path(&bad)]);
+    let err = h1.refused(
+        ACME,
+        &["deploy", path(&w.manifest), "--component", path(&bad)],
+    );
     assert!(err.contains("wasi:http/outgoing-handler@0.2.0"), "{err}");
     let d = h1.json(ACME, &["describe", &w.name]);
     assert_eq!(d["version"], 2, "{d}");
@@ -398,7 +429,10 @@ fn b_upgrade_under_load_and_a_refused_version() {
     });
     let paused_input = w.produce(22_000, 500, 500, None);
     std::thread::sleep(Duration::from_secs(2));
-    assert!(w.committed() < 22_500, "a paused deployment processed input");
+    assert!(
+        w.committed() < 22_500,
+        "a paused deployment processed input"
+    );
     h1.json(ACME, &["resume", &w.name]);
     produced.absorb(paused_input);
     w.wait_done(Duration::from_secs(60));
@@ -431,7 +465,10 @@ struct Hostile {
 
 fn hostile(dir: &Path, tenant: &str, label: &str) -> Hostile {
     let built = build_guest("tests/guests/hostile/onceflow.toml");
-    let component = built.parent().expect("dir").join("target/onceflow/hostile.wasm");
+    let component = built
+        .parent()
+        .expect("dir")
+        .join("target/onceflow/hostile.wasm");
     let suffix = format!("{label}-{}", std::process::id());
     let h = Hostile {
         name: format!("hostile-{suffix}"),
@@ -493,14 +530,26 @@ fn c_tenant_isolation_and_refusals() {
     let err = h.refused("not-a-token", &["list"]);
     assert!(err.contains("HTTP 401"), "{err}");
     // Each tenant sees only its own deployments.
-    let acme_list = h.json(ACME, &["list"]);
-    let names: Vec<&str> = acme_list["deployments"]
-        .as_array()
-        .map(|d| d.iter().filter_map(|x| x["name"].as_str()).collect())
-        .unwrap_or_default();
-    assert_eq!(names, vec![w.name.as_str()], "{acme_list}");
-    let globex_list = h.json(GLOBEX, &["list"]);
-    assert!(!globex_list.to_string().contains(&w.name), "{globex_list}");
+    let names = |list: &Value| -> Vec<String> {
+        list["deployments"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter_map(|x| x["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let acme_names = names(&h.json(ACME, &["list"]));
+    assert!(
+        acme_names.contains(&w.name) && !acme_names.contains(&evil.name),
+        "{acme_names:?}"
+    );
+    let globex_names = names(&h.json(GLOBEX, &["list"]));
+    assert!(
+        globex_names.contains(&evil.name) && !globex_names.contains(&w.name),
+        "{globex_names:?}"
+    );
     // Another tenant's deployment is a 404 for describe, logs, query, pause.
     for args in [
         vec!["describe", w.name.as_str()],
@@ -510,7 +559,10 @@ fn c_tenant_isolation_and_refusals() {
         vec!["delete", w.name.as_str()],
     ] {
         let err = h.refused(GLOBEX, &args);
-        assert!(err.contains("HTTP 404") && err.contains("no deployment named"), "{args:?}: {err}");
+        assert!(
+            err.contains("HTTP 404") && err.contains("no deployment named"),
+            "{args:?}: {err}"
+        );
     }
     // The hostile guest's panics are in its own logs, not in acme's.
     wait_for("globex's guest logs", Duration::from_secs(60), || {
@@ -524,7 +576,10 @@ fn c_tenant_isolation_and_refusals() {
     assert!(err.contains("HTTP 404"), "{err}");
     // Metrics: each tenant's own series only; the operator sees both.
     let acme_metrics = h.metrics(ACME);
-    assert!(acme_metrics.contains(&w.name) && !acme_metrics.contains(&evil.name), "{acme_metrics}");
+    assert!(
+        acme_metrics.contains(&w.name) && !acme_metrics.contains(&evil.name),
+        "{acme_metrics}"
+    );
     let globex_metrics = h.metrics(GLOBEX);
     assert!(globex_metrics.contains(&evil.name) && !globex_metrics.contains(&w.name));
     let all = h.metrics(OPERATOR);
@@ -538,7 +593,13 @@ fn c_tenant_isolation_and_refusals() {
         .replace("name = \"wallet-", "name = \"thief-");
     std::fs::write(&steal, &text).expect("write");
     let err = h.refused(GLOBEX, &["deploy", path(&steal)]);
-    assert!(err.contains(&format!("topic \"{}\" is outside your namespace", w.payments)), "{err}");
+    assert!(
+        err.contains(&format!(
+            "topic \"{}\" is outside your namespace",
+            w.payments
+        )),
+        "{err}"
+    );
     let err = h.refused(ACME, &["deploy", path(&steal)]);
     assert!(err.contains("token is tenant \"acme\"'s"), "{err}");
     // Quotas: memory per instance.
@@ -551,21 +612,32 @@ fn c_tenant_isolation_and_refusals() {
     )
     .expect("write");
     let err = h.refused(GLOBEX, &["deploy", path(&big)]);
-    assert!(err.contains("limits.memory-mb = 512 exceeds your quota of 64 MiB"), "{err}");
+    assert!(
+        err.contains("limits.memory-mb = 512 exceeds your quota of 64 MiB"),
+        "{err}"
+    );
     // Bad manifests and components, with the named reason.
     let typo = fleet.dir.path().join("typo.toml");
-    std::fs::write(&typo, text.replace("[processing]", "[processing]\ncommit-intervall-ms = 5"))
-        .expect("write");
+    std::fs::write(
+        &typo,
+        text.replace("[processing]", "[processing]\ncommit-intervall-ms = 5"),
+    )
+    .expect("write");
     let err = h.refused(GLOBEX, &["deploy", path(&typo)]);
     assert!(err.contains("commit-intervall-ms"), "{err}");
     let junk = fleet.dir.path().join("junk.wasm");
     std::fs::write(&junk, b"not a component").expect("write");
-    let err = h.refused(GLOBEX, &["deploy", path(&evil.manifest), "--component", path(&junk)]);
+    let err = h.refused(
+        GLOBEX,
+        &["deploy", path(&evil.manifest), "--component", path(&junk)],
+    );
     assert!(err.contains("component refused"), "{err}");
     let log = h.log_text();
     for token in [ACME, GLOBEX, OPERATOR, "not-a-token"] {
         assert!(!log.contains(token), "a token leaked into the host log");
     }
+    h.json(ACME, &["delete", &w.name, "--purge-state"]);
+    h.json(GLOBEX, &["delete", &evil.name, "--purge-state"]);
     h.stop();
 }
 
@@ -580,7 +652,11 @@ fn p99_between(before: &str, after: &str, deployment: &str) -> Option<f64> {
             .filter_map(|l| {
                 let i = l.find("le=\"")? + 4;
                 let le = &l[i..i + l[i..].find('"')?];
-                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
                 let count = l.rsplit(' ').next()?.parse().ok()?;
                 Some((le, count))
             })
@@ -589,7 +665,12 @@ fn p99_between(before: &str, after: &str, deployment: &str) -> Option<f64> {
     let (b, a) = (buckets(before), buckets(after));
     let delta: Vec<(f64, f64)> = a
         .iter()
-        .map(|(le, n)| (*le, n - b.iter().find(|(l, _)| l == le).map_or(0.0, |x| x.1)))
+        .map(|(le, n)| {
+            (
+                *le,
+                n - b.iter().find(|(l, _)| l == le).map_or(0.0, |x| x.1),
+            )
+        })
         .collect();
     let total = delta.last()?.1;
     if total < 10.0 {
@@ -602,7 +683,11 @@ fn p99_between(before: &str, after: &str, deployment: &str) -> Option<f64> {
             if le.is_infinite() {
                 return Some(prev.0);
             }
-            let frac = if n > prev.1 { (target - prev.1) / (n - prev.1) } else { 1.0 };
+            let frac = if n > prev.1 {
+                (target - prev.1) / (n - prev.1)
+            } else {
+                1.0
+            };
             return Some(prev.0 + (le - prev.0) * frac);
         }
         prev = (le, n);
@@ -637,7 +722,10 @@ fn d_hostile_neighbour_latency() {
         w.wait_done(Duration::from_secs(120));
         let after = h.metrics(OPERATOR);
         let p99 = p99_between(&before, &after, &w.name).expect("commits in the phase") * 1e3;
-        figure(&format!("cp_victim_commit_p99_ms_{label}"), format!("{p99:.1}"));
+        figure(
+            &format!("cp_victim_commit_p99_ms_{label}"),
+            format!("{p99:.1}"),
+        );
         p99
     };
     let solo = run_phase("solo", &|| {});
@@ -660,9 +748,16 @@ fn d_hostile_neighbour_latency() {
         );
         h.json(GLOBEX, &["delete", &evil.name]);
     }
-    assert_exact(&w.verify(false), &produced, "victim beside hostile neighbours");
+    assert_exact(
+        &w.verify(false),
+        &produced,
+        "victim beside hostile neighbours",
+    );
     for (kind, p99) in beside {
-        figure(&format!("cp_victim_p99_ratio_{kind}"), format!("{:.2}", p99 / solo));
+        figure(
+            &format!("cp_victim_p99_ratio_{kind}"),
+            format!("{:.2}", p99 / solo),
+        );
         // Not stalled: the target (2x) is reported as a figure, the check
         // only guards against a neighbour blocking the victim's commits.
         assert!(
@@ -670,6 +765,7 @@ fn d_hostile_neighbour_latency() {
             "victim's commit p99 beside {kind}: {p99:.1} ms vs {solo:.1} ms solo"
         );
     }
+    h.json(ACME, &["delete", &w.name, "--purge-state"]);
     h.stop();
     let _ = repo();
 }

@@ -41,6 +41,8 @@ use crate::tenancy::{Existing, Principal, Tenant};
 
 /// A status older than this is reported as stale (its host is likely gone).
 const STALE_AFTER_MS: i64 = 10_000;
+/// A status older than this is not shown at all (its host is gone).
+const FORGET_AFTER_MS: i64 = 60_000;
 
 /// An error answer: a status and a message the CLI shows verbatim.
 #[derive(Debug)]
@@ -308,10 +310,14 @@ async fn deploy(
 }
 
 fn statuses_of(fleet: &Fleet, r: &DeploymentRecord) -> Vec<HostStatus> {
+    let now = now_ms();
     fleet
         .control
         .statuses
         .with_prefix(&format!("{}/{}/", r.tenant, r.name))
+        .into_iter()
+        .filter(|s| now - s.updated_ms <= FORGET_AFTER_MS)
+        .collect()
 }
 
 /// What `list` and `describe` show of a deployment.
