@@ -384,8 +384,9 @@ fn b_upgrade_under_load_and_a_refused_version() {
     std::thread::scope(|scope| {
         let load = scope.spawn(|| produce_paced(&w, 0, 20_000, Duration::from_secs(10)));
         std::thread::sleep(Duration::from_secs(4));
-        // Version 2: another manifest (a new description and config), same
-        // state and topics.
+        // Version 2: another manifest and another component, 20 MiB like a
+        // Python one (the wallet with a 20 MiB custom section), deployed
+        // through the other host: every host fetches it from Kafka's chunks.
         let text = std::fs::read_to_string(&w.manifest).expect("manifest");
         let v2 = text.replacen(
             "tenant = \"acme\"",
@@ -393,7 +394,17 @@ fn b_upgrade_under_load_and_a_refused_version() {
             1,
         );
         std::fs::write(&w.manifest, v2).expect("write v2");
-        let upgraded = h2.json(ACME, &["deploy", path(&w.manifest)]);
+        let big = w.dir.path().join("wallet-20mib.wasm");
+        std::fs::write(&big, padded(&wallet_component(), 20 << 20)).expect("write padded");
+        let started = Instant::now();
+        let upgraded = h2.json(
+            ACME,
+            &["deploy", path(&w.manifest), "--component", path(&big)],
+        );
+        figure(
+            "cp_deploy_20mib_component_s",
+            format!("{:.2}", started.elapsed().as_secs_f64()),
+        );
         assert_eq!(upgraded["version"], 2, "{upgraded}");
         produced.absorb(load.join().expect("producer"));
     });
@@ -443,6 +454,49 @@ fn b_upgrade_under_load_and_a_refused_version() {
     assert!(err.contains("no deployment named"), "{err}");
     h1.stop();
     h2.stop();
+}
+
+fn wallet_component() -> Vec<u8> {
+    let manifest = build_guest("examples/wallet/onceflow.toml");
+    std::fs::read(
+        manifest
+            .parent()
+            .expect("dir")
+            .join("target/onceflow/wallet.wasm"),
+    )
+    .expect("the built wallet")
+}
+
+/// `component` with a custom section of `size` bytes appended (a valid
+/// component: custom sections may appear anywhere and are ignored).
+fn padded(component: &[u8], size: usize) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"onceflow-test-padding";
+    let mut payload = Vec::with_capacity(size + 32);
+    leb(name.len(), &mut payload);
+    payload.extend_from_slice(name);
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    payload.extend((0..size).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u8
+    }));
+    let mut out = component.to_vec();
+    out.push(0); // custom section id
+    leb(payload.len(), &mut out);
+    out.extend_from_slice(&payload);
+    out
 }
 
 /// A component importing `wasi:http/outgoing-handler` (never linked).
