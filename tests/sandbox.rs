@@ -320,3 +320,37 @@ fn validate_accepts_the_wallet_and_lists_its_imports() {
             .any(|e| e == "process")
     );
 }
+
+#[test]
+fn a_looping_record_burns_one_records_fuel_not_the_batchs() {
+    use onceflow::state::MemoryPartition;
+    use onceflow::task::{BatchOutcome, Task, TaskConfig};
+    let (m, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    let per_record = m.limits.fuel_per_record;
+    let k = 20;
+    let batch: Vec<InputRecord> = (0..k)
+        .map(|i| record("hostile-in", i, "k", "loop"))
+        .collect();
+    let mut task = Task::new(
+        0,
+        processor,
+        TaskConfig::from_manifest(&m),
+        Box::new(MemoryPartition::default()),
+    );
+    let mut outcome = BatchOutcome::default();
+    task.process_batch(&batch, &mut outcome)
+        .expect("every looping record is dead-lettered");
+    assert_eq!(outcome.dead_lettered, k as u64);
+    let burned = task.take_fuel_used();
+    // Each looping record runs out twice (in its batch, then alone to be
+    // named poison): ~2 x its own budget. Charged per batch it would be
+    // ~k^2/2 budgets (the first record would burn all k).
+    assert!(
+        burned <= 2 * k as u64 * per_record + per_record,
+        "burned {burned} fuel for {k} looping records of {per_record} each"
+    );
+    assert!(
+        burned >= k as u64 * per_record,
+        "burned {burned}: fuel is not being counted"
+    );
+}

@@ -99,6 +99,23 @@ pub struct HostState {
     pub(crate) batch: Vec<RecordCoords>,
     /// The record the processor said it is working on.
     pub(crate) cursor: Option<u32>,
+    /// Per-record fuel, when metered: `begin-record` asks the call hook to
+    /// refill the fuel to this, so one looping record burns one record's
+    /// budget, not the whole batch's.
+    pub(crate) fuel: FuelMeter,
+}
+
+/// Fuel accounting across the per-record refills of one call.
+#[derive(Debug, Default)]
+pub(crate) struct FuelMeter {
+    /// Fuel per record (`None`: unmetered, no refills).
+    pub per_record: Option<u64>,
+    /// Set by `begin-record`; the call hook refills on the way back.
+    pub refill_due: bool,
+    /// The fuel level at the last (re)fill.
+    pub mark: u64,
+    /// Fuel burned before the refills of this call.
+    pub burned: u64,
 }
 
 impl WasiView for HostState {
@@ -240,6 +257,7 @@ impl context::Host for HostState {
         if let Some(c) = self.batch.get(index as usize) {
             self.cursor = Some(index);
             self.determinism.set_record(c.seed, c.timestamp_ms);
+            self.fuel.refill_due = self.fuel.per_record.is_some();
         }
         Ok(())
     }

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Func, InstancePre, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store, Trap};
+use wasmtime::{CallHook, Config, Engine, Store, Trap};
 
 pub use self::host::HostFailure;
 use self::host::{HostState, MemoryLimiter, RecordCoords, WitHeader, WitProcessError, WitRecord};
@@ -399,10 +399,28 @@ impl Processor {
             log,
             batch: Vec::new(),
             cursor: None,
+            fuel: host::FuelMeter::default(),
         };
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         let fuel = self.inner.sandbox.inner.config.fuel;
+        if fuel && p.fuel_per_record > 0 {
+            store.data_mut().fuel.per_record = Some(p.fuel_per_record);
+            // `begin-record` refills the fuel to one record's budget when it
+            // returns (host functions cannot reach the store; the hook can).
+            store.call_hook(|mut ctx, hook| {
+                if matches!(hook, CallHook::ReturningFromHost) && ctx.data().fuel.refill_due {
+                    let left = ctx.get_fuel()?;
+                    let meter = &mut ctx.data_mut().fuel;
+                    meter.refill_due = false;
+                    meter.burned += meter.mark.saturating_sub(left);
+                    let refill = meter.per_record.unwrap_or(u64::MAX);
+                    meter.mark = refill;
+                    ctx.set_fuel(refill)?;
+                }
+                Ok(())
+            });
+        }
         // Instantiation and init get the budget of a 1000-record batch:
         // language runtimes do real work here.
         set_budget(
@@ -594,6 +612,12 @@ impl Guest {
         let p = &self.processor.policy;
         let budget = p.fuel_per_record.saturating_mul(batch.len() as u64);
         set_budget(&mut self.store, self.fuel, budget, p.timeout);
+        {
+            let meter = &mut self.store.data_mut().fuel;
+            meter.mark = budget;
+            meter.burned = 0;
+            meter.refill_due = false;
+        }
 
         self.scratch.clear();
         self.scratch.extend(batch.iter().map(to_wit));
@@ -605,7 +629,8 @@ impl Guest {
         std::mem::swap(&mut self.store.data_mut().effects, effects);
         if self.fuel && budget > 0 {
             let left = self.store.get_fuel().unwrap_or(0);
-            self.fuel_used += budget.saturating_sub(left);
+            let meter = &self.store.data().fuel;
+            self.fuel_used += meter.burned + meter.mark.saturating_sub(left);
         }
         match result {
             Ok((Ok(()),)) => Ok(()),
