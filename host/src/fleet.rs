@@ -326,7 +326,7 @@ impl Fleet {
             );
             r.last = (Instant::now(), now);
             r.last_status = Instant::now();
-            let p99 = r.metrics.take_latency().p99.as_secs_f64() * 1e3;
+            let p99 = r.metrics.take_status_latency().p99.as_secs_f64() * 1e3;
             let load = r.metrics.load();
             let status = HostStatus {
                 host: self.host_id.clone(),

@@ -45,6 +45,7 @@ pub struct Metrics {
     /// Per worker: its input partitions and their lag.
     workers: Mutex<BTreeMap<u32, WorkerLoad>>,
     commit_latency_us: Mutex<Vec<u64>>,
+    status_latency_us: Mutex<Vec<u64>>,
     all_commit_latency_us: Mutex<Vec<u64>>,
     commit_seconds: Histogram,
 }
@@ -66,6 +67,7 @@ impl Default for Metrics {
             fuel: AtomicU64::default(),
             workers: Mutex::default(),
             commit_latency_us: Mutex::default(),
+            status_latency_us: Mutex::default(),
             all_commit_latency_us: Mutex::default(),
             // 1 ms .. ~18 s in steps of 25%, fine enough for a p99 from
             // two scrapes.
@@ -160,6 +162,14 @@ impl Metrics {
             v.push(d.as_micros() as u64);
         }
         drop(v);
+        let mut v = self
+            .status_latency_us
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if v.len() < MAX_SAMPLES {
+            v.push(d.as_micros() as u64);
+        }
+        drop(v);
         let mut all = self
             .all_commit_latency_us
             .lock()
@@ -184,6 +194,18 @@ impl Metrics {
         let mut v = std::mem::take(
             &mut *self
                 .commit_latency_us
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        latency_of(&mut v)
+    }
+
+    /// Takes the commit latencies recorded since the last call, for the
+    /// host's status records (a window separate from the log line's).
+    pub fn take_status_latency(&self) -> Latency {
+        let mut v = std::mem::take(
+            &mut *self
+                .status_latency_us
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()),
         );

@@ -174,6 +174,7 @@ pub fn run_with_metrics(
         handles.push(handle);
     }
 
+    let app = deployment.manifest.application_id();
     let mut last_report = Instant::now();
     let mut last = metrics.snapshot();
     let mut result = Ok(());
@@ -185,7 +186,7 @@ pub fn run_with_metrics(
             shutdown.store(true, Ordering::Relaxed);
         }
         if last_report.elapsed() >= deployment.options.report_interval {
-            last = report(&metrics, last, last_report.elapsed());
+            last = report(&app, &metrics, last, last_report.elapsed());
             last_report = Instant::now();
         }
     }
@@ -198,7 +199,7 @@ pub fn run_with_metrics(
             result = Err(e);
         }
     }
-    report(&metrics, last, last_report.elapsed());
+    report(&app, &metrics, last, last_report.elapsed());
     let total = metrics.snapshot();
     let latency = metrics.overall_latency();
     tracing::info!(
@@ -218,6 +219,7 @@ pub fn run_with_metrics(
 
 /// Logs the figures since `last`.
 fn report(
+    app: &str,
     metrics: &Metrics,
     last: crate::metrics::Snapshot,
     elapsed: Duration,
@@ -226,6 +228,7 @@ fn report(
     let secs = elapsed.as_secs_f64().max(1e-3);
     let latency = metrics.take_latency();
     tracing::info!(
+        app,
         records_per_s = ((now.records - last.records) as f64 / secs).round(),
         commits_per_s = ((now.commits - last.commits) as f64 / secs * 10.0).round() / 10.0,
         commit_p50_ms = latency.p50.as_secs_f64() * 1e3,
