@@ -1,0 +1,207 @@
+//! JavaScript and TypeScript: ComponentizeJS (SpiderMonkey through
+//! StarlingMonkey, pre-initialized with Wizer) from npm.
+//!
+//! `js`: `[build] source` is the ES module (a file, or a directory holding
+//! `index.js`). `ts`: the same with `index.ts`; it is compiled with `tsc`
+//! first, against declarations of the `onceflow:processor/*` modules
+//! generated from the WIT (see [`super::ts_types`]).
+//!
+//! Every WASI feature of the engine is disabled (`--disable stdio random
+//! clocks http fetch-event`): the component imports `onceflow:processor`
+//! and nothing else.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::toolchain::{find_on_path, toolchains_dir};
+use super::{BuildError, Toolchain, output_of, read, run};
+use crate::deploy::manifest::{Language, Manifest};
+
+/// The ComponentizeJS release `onceflow build` installs.
+pub const COMPONENTIZE_JS_VERSION: &str = "0.23.0";
+/// The TypeScript compiler release for `ts`.
+pub const TYPESCRIPT_VERSION: &str = "5.9.3";
+
+fn prefix() -> PathBuf {
+    toolchains_dir().join("js")
+}
+
+fn installed_version(prefix: &Path, package: &str) -> Option<String> {
+    let manifest = prefix
+        .join("node_modules")
+        .join(package)
+        .join("package.json");
+    let text = std::fs::read_to_string(manifest).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json.get("version")?.as_str().map(str::to_owned)
+}
+
+/// Installs ComponentizeJS (and for `ts` TypeScript) into
+/// `<toolchains>/js` with npm if missing.
+pub(super) fn ensure_toolchain(language: Language) -> Result<Toolchain, BuildError> {
+    let node = find_on_path(&["node"]).ok_or(BuildError::MissingTool {
+        tool: "node",
+        hint: "install Node.js 18 or later (apt-get install nodejs npm)",
+    })?;
+    let prefix = prefix();
+    let mut wanted = vec![("@bytecodealliance/componentize-js", COMPONENTIZE_JS_VERSION)];
+    if language == Language::Ts {
+        wanted.push(("typescript", TYPESCRIPT_VERSION));
+    }
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|(package, version)| {
+            installed_version(&prefix, package).as_deref() != Some(*version)
+        })
+        .map(|(package, version)| format!("{package}@{version}"))
+        .collect();
+    if !missing.is_empty() {
+        let npm = find_on_path(&["npm"]).ok_or(BuildError::MissingTool {
+            tool: "npm",
+            hint: "install npm (apt-get install npm)",
+        })?;
+        eprintln!(
+            "installing {} into {} (npm, once)",
+            missing.join(" "),
+            prefix.display()
+        );
+        std::fs::create_dir_all(&prefix)
+            .map_err(|e| BuildError::step(format!("creating {}", prefix.display()), e))?;
+        let package_json = prefix.join("package.json");
+        if !package_json.exists() {
+            std::fs::write(
+                &package_json,
+                r#"{"name":"onceflow-js-toolchain","private":true}"#,
+            )
+            .map_err(|e| BuildError::step(format!("writing {}", package_json.display()), e))?;
+        }
+        run(
+            "npm install",
+            Command::new(npm)
+                .arg("install")
+                .arg("--prefix")
+                .arg(&prefix)
+                .args(["--no-audit", "--no-fund", "--loglevel=error"])
+                .args(&missing),
+        )?;
+    }
+    let node_version = output_of(Command::new(&node).arg("--version")).unwrap_or_default();
+    let mut version = format!(
+        "componentize-js {COMPONENTIZE_JS_VERSION}, node {}",
+        node_version.trim()
+    );
+    if language == Language::Ts {
+        version.push_str(&format!(", typescript {TYPESCRIPT_VERSION}"));
+    }
+    Ok(Toolchain {
+        version,
+        tools: vec![("node", node), ("prefix", prefix)],
+    })
+}
+
+/// The entry module: `source` itself when it is a file, else `index.<ext>`
+/// in it.
+fn entry(manifest: &Manifest, extension: &str) -> Result<PathBuf, BuildError> {
+    let source = manifest.source_dir();
+    let entry = if source.is_file() {
+        source
+    } else {
+        source.join(format!("index.{extension}"))
+    };
+    if !entry.is_file() {
+        return Err(BuildError::step(
+            "finding the entry module",
+            format!(
+                "{} does not exist: set [build] source in {} to the processor's .{extension} file",
+                entry.display(),
+                manifest.path.display()
+            ),
+        ));
+    }
+    Ok(entry)
+}
+
+pub(super) fn build(
+    manifest: &Manifest,
+    toolchain: &Toolchain,
+    work: &Path,
+) -> Result<Vec<u8>, BuildError> {
+    let node = toolchain.tool("node");
+    let prefix = toolchain.tool("prefix");
+    let module = match manifest.build.language {
+        Language::Ts => compile_typescript(manifest, node, prefix, work)?,
+        _ => entry(manifest, "js")?,
+    };
+    let out = work.join("component.wasm");
+    let cli = prefix.join("node_modules/@bytecodealliance/componentize-js/src/cli.js");
+    run(
+        "componentize-js",
+        Command::new(node)
+            .arg(&cli)
+            .arg(&module)
+            .arg("--wit")
+            .arg(work.join("wit"))
+            .args(["--world-name", "processor"])
+            .args([
+                "--disable",
+                "stdio",
+                "random",
+                "clocks",
+                "http",
+                "fetch-event",
+            ])
+            .arg("--out")
+            .arg(&out),
+    )?;
+    read(&out)
+}
+
+/// `tsc` on the entry `.ts` file (and what it imports), with the WIT's
+/// declarations; returns the compiled entry module.
+fn compile_typescript(
+    manifest: &Manifest,
+    node: &Path,
+    prefix: &Path,
+    work: &Path,
+) -> Result<PathBuf, BuildError> {
+    let entry = entry(manifest, "ts")?;
+    let types = work.join("types");
+    std::fs::create_dir_all(&types)
+        .and_then(|()| {
+            std::fs::write(
+                types.join("onceflow-processor.d.ts"),
+                super::ts_types::declarations(),
+            )
+        })
+        .map_err(|e| BuildError::step("writing the TypeScript declarations", e))?;
+    let out_dir = work.join("js");
+    let tsc = prefix.join("node_modules/typescript/bin/tsc");
+    run(
+        "tsc",
+        Command::new(node)
+            .arg(&tsc)
+            .args([
+                "--strict",
+                "--target",
+                "es2022",
+                "--module",
+                "es2022",
+                "--moduleResolution",
+                "bundler",
+                "--skipLibCheck",
+                "--lib",
+                "es2022",
+                "--outDir",
+            ])
+            .arg(&out_dir)
+            .arg("--rootDir")
+            .arg(entry.parent().unwrap_or_else(|| Path::new(".")))
+            .arg(&entry)
+            .arg(types.join("onceflow-processor.d.ts")),
+    )?;
+    let stem = entry
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "index".to_owned());
+    Ok(out_dir.join(format!("{stem}.js")))
+}
