@@ -305,6 +305,19 @@ func (r *jsonReader) str(keep bool) string {
 			default:
 				r.fail()
 			}
+		case c < 0x80:
+			// A run of plain ASCII, copied at once.
+			start := r.i
+			for r.i < len(r.s) {
+				c := r.s[r.i]
+				if c < 0x20 || c >= 0x80 || c == '"' || c == '\\' {
+					break
+				}
+				r.i++
+			}
+			if keep {
+				out.Write(r.s[start:r.i])
+			}
 		default:
 			cp, size := utf8.DecodeRune(r.s[r.i:])
 			if cp == utf8.RuneError && size <= 1 {

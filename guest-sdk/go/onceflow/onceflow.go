@@ -37,7 +37,9 @@ package onceflow
 
 import (
 	"fmt"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 
 	witTypes "go.bytecodealliance.org/pkg/wit/types"
@@ -94,6 +96,35 @@ var (
 	registered Processor
 	config     = map[string]string{}
 )
+
+// The garbage collector runs only when this layer says so, between records.
+//
+// The host copies a batch (and every state read) into the instance through
+// `cabi_realloc`, which allocates from Go's heap; an allocation there may
+// have to finish a collection, and Go's mark termination reads the wall
+// clock (`time.now` -> WASI `clock_time_get`), an import call that the
+// component model forbids inside `cabi_realloc`: the instance traps ("cannot
+// leave component instance"). The bindings' runtime pauses only the
+// monotonic clock around its allocations. So automatic collection is off
+// (GOGC=off, no memory limit) and collectGarbage runs a full collection
+// before a record once gcEveryBytes were allocated since the last one.
+const gcEveryBytes = 8 << 20
+
+var (
+	heapAllocs        = []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	allocatedAtLastGC uint64
+)
+
+func init() { debug.SetGCPercent(-1) }
+
+func collectGarbage() {
+	metrics.Read(heapAllocs)
+	allocated := heapAllocs[0].Value.Uint64()
+	if allocated-allocatedAtLastGC >= gcEveryBytes {
+		runtime.GC()
+		allocatedAtLastGC = allocated
+	}
+}
 
 // Register makes p the processor; call it from an init function.
 func Register(p Processor) { registered = p }
@@ -305,6 +336,7 @@ func ProcessBatch(batch []onceflow_processor_types.Record) witTypes.Result[witTy
 	}
 	ctx := &Context{}
 	for index := range batch {
+		collectGarbage()
 		onceflow_processor_context.BeginRecord(uint32(index))
 		r := &batch[index]
 		record := Record{
@@ -312,8 +344,8 @@ func ProcessBatch(batch []onceflow_processor_types.Record) witTypes.Result[witTy
 			Partition: r.Partition,
 			Offset:    r.Offset,
 			Timestamp: r.Timestamp,
-			Key:       r.Key.SomeOr(nil),
-			Value:     r.Value.SomeOr(nil),
+			Key:       present(r.Key),
+			Value:     present(r.Value),
 		}
 		for _, h := range r.Headers {
 			record.Headers = append(record.Headers, Header{Key: h.Key, Value: h.Value})
@@ -322,7 +354,22 @@ func ProcessBatch(batch []onceflow_processor_types.Record) witTypes.Result[witTy
 			return failure(uint32(index), message)
 		}
 	}
+	// The batch's own memory is garbage once this call returns: collect
+	// now, while imports are allowed, if it was large.
+	collectGarbage()
 	return witTypes.Ok[witTypes.Unit, onceflow_processor_types.ProcessError](witTypes.Unit{})
+}
+
+// present is the option's bytes, nil for none and non-nil (if empty) for
+// some: the bindings give a nil slice for an empty list.
+func present(o witTypes.Option[[]uint8]) []byte {
+	if o.IsNone() {
+		return nil
+	}
+	if bytes := o.Some(); bytes != nil {
+		return bytes
+	}
+	return []byte{}
 }
 
 // processOne runs Process, turning a panic into a logged failure.

@@ -20,8 +20,8 @@ use crate::deploy::manifest::Manifest;
 /// The wit-bindgen release that generates the C bindings.
 pub const WIT_BINDGEN_VERSION: &str = "0.63.0";
 
-const SDK_HEADER: &str = include_str!("../../../../guest-sdk/c/onceflow.h");
-const SDK_SOURCE: &str = include_str!("../../../../guest-sdk/c/onceflow.c");
+pub(super) const SDK_HEADER: &str = include_str!("../../../../guest-sdk/c/onceflow.h");
+pub(super) const SDK_SOURCE: &str = include_str!("../../../../guest-sdk/c/onceflow.c");
 
 /// `wit-bindgen` from the toolchain cache (or PATH), installed with cargo
 /// if missing. Shared with Go.

