@@ -294,3 +294,61 @@ fn go_runtime_reaches_no_network_and_no_file() {
         "{imports:?}"
     );
 }
+
+#[test]
+fn init_scaffolds_a_processor_that_builds_and_runs_in_every_language() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let expected = [
+        r#"{"topic":"counts","key":"a","value":"1"}"#,
+        r#"{"topic":"counts","key":"b","value":"1"}"#,
+        r#"{"topic":"counts","key":"a","value":"2"}"#,
+        r#"{"topic":"events.dlq","key":null,"value":"no key: dead-lettered","error":"record has no key"}"#,
+    ];
+    for language in ["rust", "js", "ts", "python", "go", "c"] {
+        let project = dir.path().join(format!("{language}-counter"));
+        let out = onceflow()
+            .arg("init")
+            .arg(&project)
+            .args(["--lang", language])
+            .output()
+            .expect("run onceflow init");
+        assert!(
+            out.status.success(),
+            "init {language}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let manifest = std::fs::read_to_string(project.join("onceflow.toml")).expect("manifest");
+        assert!(
+            manifest.contains(&format!("language = \"{language}\"")),
+            "{manifest}"
+        );
+        // A second init into the same directory is refused.
+        let again = onceflow()
+            .arg("init")
+            .arg(&project)
+            .args(["--lang", language])
+            .output()
+            .expect("run onceflow init");
+        assert!(
+            !again.status.success(),
+            "init {language} overwrote a project"
+        );
+
+        let built = build_guest(project.join("onceflow.toml").to_str().expect("utf-8 path"));
+        let out = onceflow()
+            .arg("test")
+            .arg(&built)
+            .arg("--input")
+            .arg(project.join("sample.jsonl"))
+            .output()
+            .expect("run onceflow test");
+        assert!(
+            out.status.success(),
+            "test {language}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines, expected, "{language}");
+    }
+}

@@ -19,8 +19,15 @@ use crate::deploy::manifest::{Language, Manifest};
 
 /// The ComponentizeJS release `onceflow build` installs.
 pub const COMPONENTIZE_JS_VERSION: &str = "0.23.0";
+/// The preview2-shim release componentize-js needs at run time.
+pub const PREVIEW2_SHIM_VERSION: &str = "0.17.9";
 /// The TypeScript compiler release for `ts`.
 pub const TYPESCRIPT_VERSION: &str = "5.9.3";
+
+/// The JavaScript SDK layer, written next to the processor's modules.
+pub(super) const SDK: &str = include_str!("../../../../guest-sdk/js/onceflow.js");
+/// Its TypeScript declarations.
+pub(super) const SDK_TYPES: &str = include_str!("../../../../guest-sdk/js/onceflow.d.ts");
 
 fn prefix() -> PathBuf {
     toolchains_dir().join("js")
@@ -44,18 +51,26 @@ pub(super) fn ensure_toolchain(language: Language) -> Result<Toolchain, BuildErr
         hint: "install Node.js 18 or later (apt-get install nodejs npm)",
     })?;
     let prefix = prefix();
-    let mut wanted = vec![("@bytecodealliance/componentize-js", COMPONENTIZE_JS_VERSION)];
+    let mut wanted = vec![
+        ("@bytecodealliance/componentize-js", COMPONENTIZE_JS_VERSION),
+        // componentize-js 0.23 imports it at run time but lists it only as a
+        // devDependency: without it, any later npm install may prune it
+        // ("Cannot find package '@bytecodealliance/preview2-shim'").
+        ("@bytecodealliance/preview2-shim", PREVIEW2_SHIM_VERSION),
+    ];
     if language == Language::Ts {
         wanted.push(("typescript", TYPESCRIPT_VERSION));
     }
-    let missing: Vec<String> = wanted
+    let all_present = wanted
         .iter()
-        .filter(|(package, version)| {
-            installed_version(&prefix, package).as_deref() != Some(*version)
-        })
-        .map(|(package, version)| format!("{package}@{version}"))
-        .collect();
-    if !missing.is_empty() {
+        .all(|(package, version)| installed_version(&prefix, package).as_deref() == Some(*version));
+    if !all_present {
+        // All of them in one install: npm prunes what the package.json does
+        // not list.
+        let missing: Vec<String> = wanted
+            .iter()
+            .map(|(package, version)| format!("{package}@{version}"))
+            .collect();
         let npm = find_on_path(&["npm"]).ok_or(BuildError::MissingTool {
             tool: "npm",
             hint: "install npm (apt-get install npm)",
@@ -128,9 +143,31 @@ pub(super) fn build(
 ) -> Result<Vec<u8>, BuildError> {
     let node = toolchain.tool("node");
     let prefix = toolchain.tool("prefix");
-    let module = match manifest.build.language {
-        Language::Ts => compile_typescript(manifest, node, prefix, work)?,
-        _ => entry(manifest, "js")?,
+    let typescript = manifest.build.language == Language::Ts;
+    let entry = entry(manifest, if typescript { "ts" } else { "js" })?;
+    // The processor's modules with the SDK layer beside them, in the build
+    // directory (the sources stay untouched).
+    let sources = work.join("src");
+    let root = super::parent_dir(&entry);
+    let extensions: &[&str] = if typescript {
+        &["ts", "mts", "js", "mjs", "json"]
+    } else {
+        &["js", "mjs", "json"]
+    };
+    copy_sources(&root, &sources, extensions)?;
+    write(&sources.join("onceflow.js"), SDK)?;
+    let relative_entry = entry.strip_prefix(&root).unwrap_or(&entry).to_path_buf();
+    let module = if typescript {
+        write(&sources.join("onceflow.d.ts"), SDK_TYPES)?;
+        write(
+            &sources.join("onceflow-processor.d.ts"),
+            &super::ts_types::declarations(),
+        )?;
+        let compiled = compile_typescript(node, prefix, &sources, &relative_entry, work)?;
+        write(&work.join("js").join("onceflow.js"), SDK)?;
+        compiled
+    } else {
+        sources.join(&relative_entry)
     };
     let out = work.join("component.wasm");
     let cli = prefix.join("node_modules/@bytecodealliance/componentize-js/src/cli.js");
@@ -156,24 +193,42 @@ pub(super) fn build(
     read(&out)
 }
 
-/// `tsc` on the entry `.ts` file (and what it imports), with the WIT's
-/// declarations; returns the compiled entry module.
+fn write(path: &Path, text: &str) -> Result<(), BuildError> {
+    std::fs::write(path, text)
+        .map_err(|e| BuildError::step(format!("writing {}", path.display()), e))
+}
+
+/// Copies the files with one of `extensions` under `from` to `to`.
+fn copy_sources(from: &Path, to: &Path, extensions: &[&str]) -> Result<(), BuildError> {
+    std::fs::create_dir_all(to)
+        .map_err(|e| BuildError::step(format!("creating {}", to.display()), e))?;
+    for file in super::source_files(from)? {
+        let wanted = file
+            .extension()
+            .is_some_and(|e| extensions.iter().any(|x| e == *x));
+        if !wanted {
+            continue;
+        }
+        let target = to.join(file.strip_prefix(from).unwrap_or(&file));
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| BuildError::step(format!("creating {}", parent.display()), e))?;
+        }
+        std::fs::copy(&file, &target)
+            .map_err(|e| BuildError::step(format!("copying {}", file.display()), e))?;
+    }
+    Ok(())
+}
+
+/// `tsc` on the entry `.ts` file (and what it imports) in `sources`, with
+/// the WIT's declarations; returns the compiled entry module.
 fn compile_typescript(
-    manifest: &Manifest,
     node: &Path,
     prefix: &Path,
+    sources: &Path,
+    entry: &Path,
     work: &Path,
 ) -> Result<PathBuf, BuildError> {
-    let entry = entry(manifest, "ts")?;
-    let types = work.join("types");
-    std::fs::create_dir_all(&types)
-        .and_then(|()| {
-            std::fs::write(
-                types.join("onceflow-processor.d.ts"),
-                super::ts_types::declarations(),
-            )
-        })
-        .map_err(|e| BuildError::step("writing the TypeScript declarations", e))?;
     let out_dir = work.join("js");
     let tsc = prefix.join("node_modules/typescript/bin/tsc");
     run(
@@ -195,13 +250,9 @@ fn compile_typescript(
             ])
             .arg(&out_dir)
             .arg("--rootDir")
-            .arg(entry.parent().unwrap_or_else(|| Path::new(".")))
-            .arg(&entry)
-            .arg(types.join("onceflow-processor.d.ts")),
+            .arg(sources)
+            .arg(sources.join(entry))
+            .arg(sources.join("onceflow-processor.d.ts")),
     )?;
-    let stem = entry
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "index".to_owned());
-    Ok(out_dir.join(format!("{stem}.js")))
+    Ok(out_dir.join(entry.with_extension("js")))
 }

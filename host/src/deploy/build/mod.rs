@@ -251,7 +251,9 @@ fn source_digest(manifest: &Manifest, toolchain_version: &str) -> Result<String,
 /// The SDK files `onceflow build` writes next to a language's sources.
 fn embedded_sdk(language: Language) -> Vec<&'static str> {
     match language {
-        Language::Rust | Language::Js | Language::Ts => Vec::new(),
+        Language::Rust => Vec::new(),
+        Language::Js => vec![js::SDK],
+        Language::Ts => vec![js::SDK, js::SDK_TYPES],
         Language::Python => vec![python::SDK],
         Language::Go => go::SDK.iter().map(|(_, text)| *text).collect(),
         Language::C => vec![c::SDK_HEADER, c::SDK_SOURCE],

@@ -16,6 +16,46 @@ use wit_parser::{Docs, Function, Resolve, Type, TypeDefKind, TypeId, WorldItem};
 
 use super::PROCESSOR_WIT;
 
+/// Reserved words a WIT function may be named after (in camelCase).
+const RESERVED: &[&str] = &[
+    "break",
+    "case",
+    "catch",
+    "class",
+    "const",
+    "continue",
+    "debugger",
+    "default",
+    "delete",
+    "do",
+    "else",
+    "enum",
+    "export",
+    "extends",
+    "false",
+    "finally",
+    "for",
+    "function",
+    "if",
+    "import",
+    "in",
+    "instanceof",
+    "new",
+    "null",
+    "return",
+    "super",
+    "switch",
+    "this",
+    "throw",
+    "true",
+    "try",
+    "typeof",
+    "var",
+    "void",
+    "while",
+    "with",
+];
+
 /// The declarations, as a `.d.ts` file.
 pub fn declarations() -> String {
     let mut resolve = Resolve::default();
@@ -74,7 +114,17 @@ pub fn declarations() -> String {
         }
         for function in interface.functions.values() {
             docs(&mut out, &function.docs, "  ");
-            let _ = writeln!(out, "  export function {};", signature(&resolve, function));
+            let name = lower_camel(&function.name);
+            if RESERVED.contains(&name.as_str()) {
+                // `export function delete()` is not valid TypeScript.
+                let _ = writeln!(
+                    out,
+                    "  function {name}_{};\n  export {{ {name}_ as {name} }};",
+                    &signature(&resolve, function)[name.len()..]
+                );
+            } else {
+                let _ = writeln!(out, "  export function {};", signature(&resolve, function));
+            }
         }
         let _ = writeln!(out, "}}\n");
         let _ = id;
@@ -263,5 +313,9 @@ mod tests {
         assert!(d.contains("export type Level = 'trace' | 'debug'"), "{d}");
         assert!(d.contains("process(batch: Array<Record>): void;"), "{d}");
         assert!(d.contains("recordIndex: number | undefined,"), "{d}");
+        assert!(
+            d.contains("function delete_(store: string, key: Uint8Array): void;\n  export { delete_ as delete };"),
+            "{d}"
+        );
     }
 }
