@@ -422,6 +422,7 @@ mod tests {
         let component = componentize_core_module(&module, true).unwrap();
         assert!(wasmparser::Parser::is_component(&component));
         let interface = policy::inspect(&component).unwrap();
-        assert!(interface.imports.is_empty(), "{:?}", interface.imports);
+        // Only the types the exports use; no WASI, no adapter.
+        assert_eq!(interface.imports, ["onceflow:processor/types@0.1.0"]);
     }
 }
