@@ -229,6 +229,12 @@ fn source_digest(manifest: &Manifest, toolchain_version: &str) -> Result<String,
     field(PROCESSOR_WIT.as_bytes());
     field(format!("{:?}", manifest.build).as_bytes());
     field(env!("CARGO_PKG_VERSION").as_bytes());
+    // JS ahead-of-time compilation changes the output.
+    field(
+        std::env::var("ONCEFLOW_WEVAL_BIN")
+            .unwrap_or_default()
+            .as_bytes(),
+    );
     for text in embedded_sdk(manifest.build.language) {
         field(text.as_bytes());
     }
