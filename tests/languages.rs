@@ -256,6 +256,7 @@ fn assert_failed(manifest: &str, probe: &str, result: &str) {
                 || r.contains("not permitted")
                 || r.contains("no such file")
                 || r.contains("bad file")
+                || r.contains("capabilities insufficient")
                 || r.contains("refused")
                 || r.contains("reset")
                 || r.contains("non-recoverable")),
@@ -351,4 +352,43 @@ fn init_scaffolds_a_processor_that_builds_and_runs_in_every_language() {
         let lines: Vec<&str> = stdout.lines().collect();
         assert_eq!(lines, expected, "{language}");
     }
+}
+
+#[test]
+fn c_runtime_reaches_no_file() {
+    let manifest = "tests/guests/wasi-probe-c/onceflow.toml";
+    let path = build_guest(manifest);
+    let input: Vec<String> = ["file", "dir", "env", "clock"]
+        .iter()
+        .map(|p| {
+            serde_json::json!({"topic": "probe-in", "key": "0", "value": p, "timestamp": 1_700_000_000_123i64})
+                .to_string()
+        })
+        .collect();
+    let out = common::offline_test(&path, &input.join("\n"), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results: std::collections::HashMap<String, String> = common::json_lines(&out.stdout)
+        .into_iter()
+        .map(|l| {
+            (
+                l["key"].as_str().unwrap_or_default().to_owned(),
+                l["value"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    // wasi-libc through the preview1 adapter: no preopened directory.
+    assert_failed(manifest, "file", &results["file"]);
+    assert_failed(manifest, "dir", &results["dir"]);
+    assert_eq!(results["env"], "env=0 args=0");
+    // The wall clock reads the record's timestamp.
+    assert_eq!(results["clock"], "1700000000123");
+    let imports = imports_of(&path);
+    assert!(
+        !imports.iter().any(|i| i.starts_with("wasi:sockets/")),
+        "{imports:?}"
+    );
 }
