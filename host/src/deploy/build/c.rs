@@ -57,6 +57,8 @@ pub(super) fn ensure_wit_bindgen() -> Result<PathBuf, BuildError> {
             // `cargo test` that runs us).
             .env("CARGO_TARGET_DIR", root.join("build")),
     )?;
+    // The intermediate build (about a gigabyte) is not needed any more.
+    let _ = std::fs::remove_dir_all(root.join("build"));
     Ok(cached)
 }
 
