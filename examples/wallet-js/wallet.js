@@ -11,84 +11,49 @@
 // serde_json's remaining checks and keeps the amount's source text. The
 // fields are then checked in the same order with the same messages.
 //
-// Componentized against wit/processor.wit (world `processor`) by build.sh.
+// Built by `onceflow build` (ComponentizeJS) with the onceflow SDK layer
+// ./onceflow.js (guest-sdk/js: the batch loop, state and output with the
+// Rust SDK's messages).
 
-import { get, put } from 'onceflow:processor/state@0.1.0';
-import { emit } from 'onceflow:processor/output@0.1.0';
-import { beginRecord } from 'onceflow:processor/context@0.1.0';
-import { write as writeLog } from 'onceflow:processor/log@0.1.0';
+import { exportProcessor, RecordError } from './onceflow.js';
 
-const STORE = 'balances';
 const I64_MIN = -(2n ** 63n);
 const I64_MAX = 2n ** 63n - 1n;
 
 const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 const encoder = new TextEncoder();
-const NO_HEADERS = [];
-
-// ---------------------------------------------------------------- exports
-
-export function init(_config) {
-  // The wallet has no configuration.
-}
-
-export function process(batch) {
-  for (let index = 0; index < batch.length; index++) {
-    beginRecord(index);
-    try {
-      processRecord(batch[index]);
-    } catch (error) {
-      if (error instanceof Failure) {
-        throw { recordIndex: index, message: error.message };
-      }
-      // A bug, not bad data. (A Rust processor would trap on a panic; an
-      // uncaught JS exception would reach the host as an error without a
-      // record index.) Log it and pin it on the record.
-      const message = `processor error: ${String(error)}`;
-      writeLog('error', error instanceof Error ? `${message}\n${error.stack}` : message);
-      throw { recordIndex: index, message };
-    }
-  }
-}
-
-export function punctuate(_streamTime) {
-  // Not called by the host yet.
-}
 
 // ---------------------------------------------------------------- processing
 
-/** Why a record was rejected; becomes the process-error message. */
-class Failure {
-  constructor(message) {
-    this.message = message;
-  }
-}
-
 function invalid(reason) {
-  return new Failure(`invalid payment: ${reason}`);
+  return new RecordError(`invalid payment: ${reason}`);
 }
 
 function missing(name) {
   return invalid(`missing field "${name}"`);
 }
 
-function processRecord(record) {
+function processPayment(ctx, record) {
   const raw = record.value;
   const { paymentId, account, amount } = parsePayment(raw);
 
+  // Uint8Arrays, not strings: the import glue copies them without sizing.
   const accountKey = encoder.encode(account);
-  const balance = (getI64(accountKey) ?? 0n) + amount;
+  const balances = ctx.store('balances');
+  const balance = (balances.getI64(accountKey) ?? 0n) + amount;
   if (balance < I64_MIN || balance > I64_MAX) {
     throw invalid(`balance overflow for account "${account}"`);
   }
 
   // Every check has passed: only now change anything.
   const text = balance.toString();
-  stateCall(() => put(STORE, accountKey, encoder.encode(text)));
+  balances.put(accountKey, encoder.encode(text));
   const report = `{"account":${JSON.stringify(account)},"balance":${text},"payment_id":${JSON.stringify(paymentId)}}`;
-  outputCall(() => emit('balances', accountKey, encoder.encode(report), NO_HEADERS));
-  outputCall(() => emit('audit', encoder.encode(paymentId), raw, NO_HEADERS));
+  ctx.emit('balances', accountKey, encoder.encode(report));
+  ctx.emit('audit', encoder.encode(paymentId), raw);
 }
+
+export const { init, process, punctuate } = exportProcessor(processPayment);
 
 /** Checks a payment, in a fixed order, with fixed messages. */
 function parsePayment(raw) {
@@ -134,96 +99,6 @@ function stringField(fields, name) {
     throw invalid(`field "${name}" must be a string`);
   }
   return value;
-}
-
-// ---------------------------------------------------------------- state and output
-
-/** The store's value for `key` as an i64 in decimal text, as the Rust SDK's `get_i64`. */
-function getI64(key) {
-  const bytes = stateCall(() => get(STORE, key));
-  if (bytes === undefined || bytes === null) {
-    return undefined;
-  }
-  let text;
-  try {
-    text = utf8.decode(bytes);
-  } catch {
-    text = null;
-  }
-  // Rust's i64::from_str: an optional sign, then one or more ASCII digits.
-  if (text !== null && /^[+-]?[0-9]+$/.test(text)) {
-    const value = BigInt(text[0] === '+' ? text.slice(1) : text);
-    if (value >= I64_MIN && value <= I64_MAX) {
-      return value;
-    }
-  }
-  throw new Failure(
-    `state store "${STORE}": the value of key "${escapeAscii(key)}" is not a decimal integer`,
-  );
-}
-
-/** Rust's `<[u8]>::escape_ascii`. */
-function escapeAscii(bytes) {
-  let out = '';
-  for (const b of bytes) {
-    if (b === 0x09) out += '\\t';
-    else if (b === 0x0a) out += '\\n';
-    else if (b === 0x0d) out += '\\r';
-    else if (b === 0x22) out += '\\"';
-    else if (b === 0x27) out += "\\'";
-    else if (b === 0x5c) out += '\\\\';
-    else if (b >= 0x20 && b < 0x7f) out += String.fromCharCode(b);
-    else out += '\\x' + b.toString(16).padStart(2, '0');
-  }
-  return out;
-}
-
-/** The error payload of a failed import call returning `result`. */
-function payloadOf(error) {
-  if (error !== null && typeof error === 'object' && 'payload' in error) {
-    return error.payload;
-  }
-  return error;
-}
-
-function stateCall(call) {
-  try {
-    return call();
-  } catch (error) {
-    const e = payloadOf(error);
-    switch (e && e.tag) {
-      case 'unknown-store':
-        throw new Failure(
-          `unknown state store "${e.val}": declare it under stores in onceflow.toml`,
-        );
-      case 'too-large':
-        throw new Failure(
-          `state key or value too large: the host accepts at most ${e.val} bytes`,
-        );
-      default:
-        throw error;
-    }
-  }
-}
-
-function outputCall(call) {
-  try {
-    return call();
-  } catch (error) {
-    const e = payloadOf(error);
-    switch (e && e.tag) {
-      case 'unknown-alias':
-        throw new Failure(
-          `unknown output alias "${e.val}": declare it under [outputs] in onceflow.toml`,
-        );
-      case 'too-large':
-        throw new Failure(
-          `output record too large: the host accepts at most ${e.val} bytes`,
-        );
-      default:
-        throw error;
-    }
-  }
 }
 
 // ---------------------------------------------------------------- JSON, as serde_json reads it

@@ -8,8 +8,8 @@
 #   examples/wallet-js/conformance/check.sh examples/wallet-js examples/wallet-python
 #
 # Needs the onceflow CLI ($ONCEFLOW, default ~/.cache/onceflow/target/debug/onceflow,
-# else `onceflow` on PATH) and the Rust wallet's component
-# (examples/wallet/target/onceflow/wallet.wasm, from `onceflow build`).
+# else `onceflow` on PATH) and every wallet's component, built with `onceflow build <dir>` (tests/languages.rs runs
+# the same comparison in CI).
 #
 # The `--big` input has payments of 0.6-1 MiB (over the host's 1 MiB state
 # and output limits). The Rust wallet itself needs more than its manifest's

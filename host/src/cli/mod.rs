@@ -14,6 +14,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod init;
+
 use crate::deploy::{Manifest, build};
 use crate::guestbench;
 use crate::offline::{self, OfflineRunner, RunError, RunOptions};
@@ -47,6 +49,17 @@ pub enum OutputFormat {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Scaffold a processor (manifest, source, sample input) in a language.
+    Init {
+        /// The project directory (created).
+        dir: PathBuf,
+        /// rust, js, ts, python, go or c.
+        #[arg(long, value_parser = init::parse_language)]
+        lang: crate::deploy::manifest::Language,
+        /// The processor's name (default: the directory's).
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// Build a processor's component from source (per its onceflow.toml).
     Build {
         /// The manifest, or the directory holding onceflow.toml.
@@ -346,6 +359,7 @@ fn usage(message: impl Into<String>) -> anyhow::Error {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Init { dir, lang, name } => init::cmd_init(&dir, lang, name.as_deref()),
         Command::Build { manifest } => cmd_build(&manifest),
         Command::Validate { target, output } => cmd_validate(&target, output),
         Command::Test {

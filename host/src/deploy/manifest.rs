@@ -79,6 +79,40 @@ pub enum ErrorPolicy {
 pub enum Language {
     /// Rust with the `onceflow-sdk` crate.
     Rust,
+    /// JavaScript (an ES module), componentized with ComponentizeJS.
+    Js,
+    /// TypeScript, compiled to JavaScript with `tsc`, then as `js`.
+    Ts,
+    /// Python, componentized with componentize-py.
+    Python,
+    /// Go (1.24+), `GOOS=wasip1 -buildmode=c-shared` with `//go:wasmexport`.
+    Go,
+    /// C, with clang, wasi-libc and bindings from `wit-bindgen c`.
+    C,
+}
+
+impl Language {
+    /// Every language, as written in the manifest.
+    pub const ALL: [Language; 6] = [
+        Language::Rust,
+        Language::Js,
+        Language::Ts,
+        Language::Python,
+        Language::Go,
+        Language::C,
+    ];
+
+    /// The name used in the manifest and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Rust => "rust",
+            Language::Js => "js",
+            Language::Ts => "ts",
+            Language::Python => "python",
+            Language::Go => "go",
+            Language::C => "c",
+        }
+    }
 }
 
 /// `[build]`: how `onceflow build` makes the component.

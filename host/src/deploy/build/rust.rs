@@ -1,6 +1,3 @@
-//! `onceflow build`: from a processor's source to a checked component, as
-//! `rpk transform build` does.
-//!
 //! Rust: `cargo build --release` for `wasm32-unknown-unknown` (installing the
 //! target with rustup if needed), then the core module is wrapped into a
 //! component in-process with `wit-component` (what `wasm-tools component
@@ -10,53 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::manifest::{Language, Manifest};
-use crate::sandbox::policy;
+use super::{BuildError, BuildOutput, write_component};
+use crate::deploy::manifest::Manifest;
 
-/// Why a build failed.
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    /// A tool is missing.
-    #[error("`{tool}` is not installed or not on PATH: {hint}")]
-    MissingTool {
-        /// The tool.
-        tool: &'static str,
-        /// How to get it.
-        hint: &'static str,
-    },
-    /// A build step failed.
-    #[error("{step} failed: {message}")]
-    Step {
-        /// Which step.
-        step: String,
-        /// What it said.
-        message: String,
-    },
-    /// The built component breaks the sandbox policy.
-    #[error("the built component is refused by the sandbox: {0}")]
-    Policy(#[from] policy::PolicyError),
-}
-
-/// What a build produced.
-#[derive(Debug, Clone)]
-pub struct BuildOutput {
-    /// The component file.
-    pub component: PathBuf,
-    /// Its size in bytes.
-    pub bytes: u64,
-    /// Its imports.
-    pub imports: Vec<String>,
-}
-
-/// Builds the component a manifest describes and writes it to the
-/// manifest's component path.
-pub fn build(manifest: &Manifest) -> Result<BuildOutput, BuildError> {
-    match manifest.build.language {
-        Language::Rust => build_rust(manifest),
-    }
-}
-
-fn build_rust(manifest: &Manifest) -> Result<BuildOutput, BuildError> {
+pub(super) fn build(manifest: &Manifest) -> Result<BuildOutput, BuildError> {
     let target = manifest
         .build
         .target
@@ -123,28 +77,6 @@ fn build_rust(manifest: &Manifest) -> Result<BuildOutput, BuildError> {
             })?
     };
     write_component(manifest, component)
-}
-
-/// Checks the component against the sandbox policy and writes it.
-fn write_component(manifest: &Manifest, component: Vec<u8>) -> Result<BuildOutput, BuildError> {
-    let interface = policy::inspect(&component)?;
-    interface.check()?;
-    let path = manifest.component_path();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| BuildError::Step {
-            step: format!("creating {}", dir.display()),
-            message: e.to_string(),
-        })?;
-    }
-    std::fs::write(&path, &component).map_err(|e| BuildError::Step {
-        step: format!("writing {}", path.display()),
-        message: e.to_string(),
-    })?;
-    Ok(BuildOutput {
-        component: path,
-        bytes: component.len() as u64,
-        imports: interface.imports,
-    })
 }
 
 fn cargo() -> String {

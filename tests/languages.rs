@@ -1,0 +1,394 @@
+//! Processors in other languages: the wallet written in JavaScript, Python,
+//! Go and C, built with `onceflow build`, must print byte-for-byte what the
+//! Rust wallet prints under `onceflow test` (outputs and dead letters), and
+//! the language runtimes' WASI imports must give them no network and no
+//! files.
+//!
+//! Needs the toolchains `onceflow build` installs into the toolchain cache
+//! (`scripts/setup` installs them ahead: node/npm, python3-venv, Go 1.24+,
+//! clang + wasi-libc, `wit-bindgen`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{build_guest, onceflow, repo};
+
+const WALLETS: [&str; 4] = [
+    "examples/wallet-js/onceflow.toml",
+    "examples/wallet-python/onceflow.toml",
+    "examples/wallet-go/onceflow.toml",
+    "examples/wallet-c/onceflow.toml",
+];
+
+/// A copy of `manifest` in `dir` with an absolute component path and,
+/// for `big`, the raised limits every wallet (Rust included) needs for
+/// 1 MiB payments.
+fn manifest_copy(manifest: &Path, dir: &Path, big: bool) -> PathBuf {
+    let text = std::fs::read_to_string(manifest).expect("read the manifest");
+    let base = manifest.parent().expect("the manifest has a directory");
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let key = line.split('=').next().unwrap_or("").trim();
+            match key {
+                "component" => {
+                    let relative = line
+                        .split('"')
+                        .nth(1)
+                        .expect("component = \"...\" in the manifest");
+                    format!("component = \"{}\"", base.join(relative).display())
+                }
+                "source" => String::new(),
+                "fuel-per-record" if big => "fuel-per-record = 200000000".to_owned(),
+                "memory-mb" if big => "memory-mb = 128".to_owned(),
+                _ => line.to_owned(),
+            }
+        })
+        .collect();
+    let name = base
+        .file_name()
+        .expect("a directory name")
+        .to_string_lossy();
+    let path = dir.join(format!("{name}{}.toml", if big { "-big" } else { "" }));
+    std::fs::write(&path, lines.join("\n")).expect("write the manifest copy");
+    path
+}
+
+/// Payments with every malformed kind we know of (see gen_input.py).
+fn generated_input(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let script = repo().join("examples/wallet-js/conformance/gen_input.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("run gen_input.py (needs python3)");
+    assert!(
+        out.status.success(),
+        "gen_input.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, &out.stdout).expect("write the input");
+    path
+}
+
+fn run_test(manifest: &Path, input: &Path, batch: &str, partitions: &str) -> Vec<u8> {
+    let out = onceflow()
+        .arg("test")
+        .arg(manifest)
+        .arg("--input")
+        .arg(input)
+        .args(["--batch-size", batch, "--partitions", partitions])
+        .output()
+        .expect("run onceflow test");
+    assert!(
+        out.status.success(),
+        "onceflow test {} failed: {}",
+        manifest.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+#[test]
+fn every_wallet_prints_exactly_what_the_rust_wallet_prints() {
+    let reference = build_guest("examples/wallet/onceflow.toml");
+    let wallets: Vec<PathBuf> = WALLETS.iter().map(|m| build_guest(m)).collect();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sample = repo().join("examples/wallet/sample.jsonl");
+    let mixed = generated_input(
+        dir.path(),
+        "mixed.jsonl",
+        &["--lines", "2000", "--seed", "1"],
+    );
+    let big = generated_input(
+        dir.path(),
+        "big.jsonl",
+        &["--lines", "300", "--seed", "7", "--big"],
+    );
+    let cases: [(&Path, bool, &[(&str, &str)]); 3] = [
+        (&sample, false, &[("100", "1"), ("1", "1")]),
+        (&mixed, false, &[("100", "1"), ("7", "3"), ("1", "1")]),
+        (&big, true, &[("7", "3")]),
+    ];
+    let mut compared = 0;
+    for (input, big, runs) in cases {
+        let expected_manifest = manifest_copy(&reference, dir.path(), big);
+        for (batch, partitions) in runs {
+            let expected = run_test(&expected_manifest, input, batch, partitions);
+            let lines = expected.iter().filter(|b| **b == b'\n').count();
+            assert!(lines > 0, "the reference printed nothing");
+            for wallet in &wallets {
+                let manifest = manifest_copy(wallet, dir.path(), big);
+                let actual = run_test(&manifest, input, batch, partitions);
+                let label = format!(
+                    "{} on {} (batch {batch}, {partitions} partitions)",
+                    wallet.display(),
+                    input.file_name().unwrap_or_default().to_string_lossy()
+                );
+                if actual != expected {
+                    let first_difference = String::from_utf8_lossy(&expected)
+                        .lines()
+                        .zip(String::from_utf8_lossy(&actual).lines())
+                        .enumerate()
+                        .find(|(_, (e, a))| e != a)
+                        .map(|(i, (e, a))| {
+                            format!(
+                                "line {i}:\n  rust: {}\n  this: {}",
+                                e.chars().take(300).collect::<String>(),
+                                a.chars().take(300).collect::<String>()
+                            )
+                        })
+                        .unwrap_or_else(|| "one output is a prefix of the other".to_owned());
+                    panic!("{label}: output differs from the Rust wallet's\n{first_difference}");
+                }
+                eprintln!("identical: {label}, {lines} lines");
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 6 * WALLETS.len());
+}
+
+/// The imports of a built component.
+fn imports_of(manifest: &Path) -> Vec<String> {
+    let m = onceflow::deploy::Manifest::load(manifest).expect("load the manifest");
+    let bytes = std::fs::read(m.component_path()).expect("read the component");
+    onceflow::sandbox::policy::inspect(&bytes)
+        .expect("inspect the component")
+        .imports
+}
+
+#[test]
+fn language_runtimes_import_only_what_the_sandbox_grants() {
+    for manifest in WALLETS {
+        let path = build_guest(manifest);
+        let imports = imports_of(&path);
+        let wasi: Vec<&String> = imports.iter().filter(|i| i.starts_with("wasi:")).collect();
+        eprintln!("{manifest}: {} WASI imports: {wasi:?}", wasi.len());
+        // What each runtime brings (docs/languages.md lists them).
+        match manifest {
+            // ComponentizeJS with every engine feature disabled: no WASI.
+            "examples/wallet-js/onceflow.toml" => assert!(wasi.is_empty(), "{wasi:?}"),
+            // CPython: sockets and files among 25 interfaces.
+            "examples/wallet-python/onceflow.toml" => {
+                assert!(wasi.iter().any(|i| i.starts_with("wasi:sockets/tcp@")));
+                assert!(wasi.iter().any(|i| i.starts_with("wasi:filesystem/")));
+            }
+            // Go and C through the preview1 adapter: no sockets.
+            _ => assert!(
+                !wasi.iter().any(|i| i.starts_with("wasi:sockets/")),
+                "{wasi:?}"
+            ),
+        }
+        assert!(
+            !imports.iter().any(|i| i.starts_with("wasi:http/")),
+            "{imports:?}"
+        );
+        let out = onceflow()
+            .arg("validate")
+            .arg(&path)
+            .output()
+            .expect("run onceflow validate");
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("accepted"),
+            "{manifest}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Runs the probe guest `manifest` (see tests/guests/wasi-probe) and
+/// returns probe name -> result, with a real listener on 127.0.0.1 that no
+/// connection may reach.
+fn probe(manifest: &str) -> std::collections::HashMap<String, String> {
+    let path = build_guest(manifest);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a listener");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let port = listener
+        .local_addr()
+        .expect("local address")
+        .port()
+        .to_string();
+    let probes = ["tcp", "udp", "dns", "file", "dir", "env", "random"];
+    let input: Vec<String> = probes
+        .iter()
+        .map(|p| common::input_line("probe-in", &port, p))
+        .collect();
+    let out = common::offline_test(&path, &input.join("\n"), &[]);
+    assert!(
+        out.status.success(),
+        "{manifest}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        listener.accept().is_err(),
+        "{manifest}: a connection reached the listener"
+    );
+    common::json_lines(&out.stdout)
+        .into_iter()
+        .map(|line| {
+            assert_eq!(line["topic"], "probe-out", "{line}");
+            (
+                line["key"].as_str().unwrap_or_default().to_owned(),
+                line["value"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn assert_failed(manifest: &str, probe: &str, result: &str) {
+    if probe == "dir" {
+        // "/: <result>; .: <result>"
+        for part in result.split("; ") {
+            let listing = part.split_once(": ").map_or(part, |(_, r)| r);
+            assert_failed(manifest, "a listing", listing);
+        }
+        return;
+    }
+    let r = result.to_lowercase();
+    assert!(
+        r.starts_with("error:")
+            && (r.contains("denied")
+                || r.contains("not permitted")
+                || r.contains("no such file")
+                || r.contains("bad file")
+                || r.contains("capabilities insufficient")
+                || r.contains("refused")
+                || r.contains("reset")
+                || r.contains("non-recoverable")),
+        "{manifest}: {probe} must fail: {result}"
+    );
+}
+
+#[test]
+fn python_runtime_reaches_no_network_and_no_file() {
+    let manifest = "tests/guests/wasi-probe-python/onceflow.toml";
+    let results = probe(manifest);
+    // CPython really calls wasi:sockets and wasi:filesystem: refused.
+    for name in ["tcp", "udp", "dns", "file", "dir"] {
+        assert_failed(manifest, name, &results[name]);
+    }
+    assert!(results["tcp"].contains("Permission denied"), "{results:?}");
+    assert_eq!(results["env"], "env=0 args=0");
+}
+
+#[test]
+fn go_runtime_reaches_no_network_and_no_file() {
+    let manifest = "tests/guests/wasi-probe-go/onceflow.toml";
+    let results = probe(manifest);
+    // Go's wasip1 net package is an in-process simulation (preview1 has no
+    // sockets; the component imports none): a connection to the real
+    // listener is refused, a name lookup fails, and the UDP socket it
+    // "binds" exists only inside the instance.
+    for name in ["tcp", "dns", "file", "dir"] {
+        assert_failed(manifest, name, &results[name]);
+    }
+    assert!(!results["file"].contains("root:"), "{results:?}");
+    assert_eq!(results["env"], "env=0 args=0");
+    let imports = imports_of(&build_guest(manifest));
+    assert!(
+        !imports.iter().any(|i| i.starts_with("wasi:sockets/")),
+        "{imports:?}"
+    );
+}
+
+#[test]
+fn init_scaffolds_a_processor_that_builds_and_runs_in_every_language() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let expected = [
+        r#"{"topic":"counts","key":"a","value":"1"}"#,
+        r#"{"topic":"counts","key":"b","value":"1"}"#,
+        r#"{"topic":"counts","key":"a","value":"2"}"#,
+        r#"{"topic":"events.dlq","key":null,"value":"no key: dead-lettered","error":"record has no key"}"#,
+    ];
+    for language in ["rust", "js", "ts", "python", "go", "c"] {
+        let project = dir.path().join(format!("{language}-counter"));
+        let out = onceflow()
+            .arg("init")
+            .arg(&project)
+            .args(["--lang", language])
+            .output()
+            .expect("run onceflow init");
+        assert!(
+            out.status.success(),
+            "init {language}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let manifest = std::fs::read_to_string(project.join("onceflow.toml")).expect("manifest");
+        assert!(
+            manifest.contains(&format!("language = \"{language}\"")),
+            "{manifest}"
+        );
+        // A second init into the same directory is refused.
+        let again = onceflow()
+            .arg("init")
+            .arg(&project)
+            .args(["--lang", language])
+            .output()
+            .expect("run onceflow init");
+        assert!(
+            !again.status.success(),
+            "init {language} overwrote a project"
+        );
+
+        let built = build_guest(project.join("onceflow.toml").to_str().expect("utf-8 path"));
+        let out = onceflow()
+            .arg("test")
+            .arg(&built)
+            .arg("--input")
+            .arg(project.join("sample.jsonl"))
+            .output()
+            .expect("run onceflow test");
+        assert!(
+            out.status.success(),
+            "test {language}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines, expected, "{language}");
+    }
+}
+
+#[test]
+fn c_runtime_reaches_no_file() {
+    let manifest = "tests/guests/wasi-probe-c/onceflow.toml";
+    let path = build_guest(manifest);
+    let input: Vec<String> = ["file", "dir", "env", "clock"]
+        .iter()
+        .map(|p| {
+            serde_json::json!({"topic": "probe-in", "key": "0", "value": p, "timestamp": 1_700_000_000_123i64})
+                .to_string()
+        })
+        .collect();
+    let out = common::offline_test(&path, &input.join("\n"), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results: std::collections::HashMap<String, String> = common::json_lines(&out.stdout)
+        .into_iter()
+        .map(|l| {
+            (
+                l["key"].as_str().unwrap_or_default().to_owned(),
+                l["value"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    // wasi-libc through the preview1 adapter: no preopened directory.
+    assert_failed(manifest, "file", &results["file"]);
+    assert_failed(manifest, "dir", &results["dir"]);
+    assert_eq!(results["env"], "env=0 args=0");
+    // The wall clock reads the record's timestamp.
+    assert_eq!(results["clock"], "1700000000123");
+    let imports = imports_of(&path);
+    assert!(
+        !imports.iter().any(|i| i.starts_with("wasi:sockets/")),
+        "{imports:?}"
+    );
+}

@@ -1,0 +1,99 @@
+//! The JavaScript and Python wallets under exactly_once_v2 on a real Kafka,
+//! with a host killed (SIGKILL) while a transaction holding outputs is open:
+//! the wallet verification must find every valid payment's effects exactly
+//! once and every malformed one dead-lettered exactly once.
+//!
+//! Uses the `Wallet` rig of tests/common/kafka.rs with the ported wallet's
+//! component and limits in place of the Rust one's.
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::build_guest;
+use common::kafka::{Cluster, Produced, TxnProbe, Wallet, assert_exact};
+
+/// One test at a time: they share the broker and two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A wallet deployment on fresh topics running the wallet of `example`
+/// (e.g. `examples/wallet-js`) with that example's limits.
+fn ported_wallet(cluster: &'static Cluster, example: &str, label: &str) -> Wallet {
+    let w = Wallet::new(cluster, label, "exactly_once_v2", 3);
+    let manifest = build_guest(&format!("{example}/onceflow.toml"));
+    let own = onceflow::deploy::Manifest::load(&manifest).expect("load the example's manifest");
+    let text = std::fs::read_to_string(&w.manifest).expect("read the rig's manifest");
+    let mut lines: Vec<String> = text
+        .lines()
+        .map(|line| {
+            if line.starts_with("component = ") {
+                format!("component = \"{}\"", own.component_path().display())
+            } else if line.starts_with("language = ") {
+                format!("language = \"{}\"", own.build.language.name())
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect();
+    // The interpreters need the example's limits (docs/languages.md).
+    lines.push("[limits]".to_owned());
+    lines.push(format!("memory-mb = {}", own.limits.memory_mb));
+    lines.push(format!("fuel-per-record = {}", own.limits.fuel_per_record));
+    lines.push(format!("timeout-ms = {}", own.limits.timeout_ms));
+    std::fs::write(&w.manifest, lines.join("\n") + "\n").expect("write the manifest");
+    w
+}
+
+/// Produces `n` payments (every 25th malformed) in two halves, kills the
+/// host while a transaction of the first half is open, restarts it, and
+/// verifies the outputs.
+fn exactly_once_with_a_crash(example: &str, label: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::shared();
+    let w = ported_wallet(cluster, example, label);
+    let probe = TxnProbe::new(w.cluster, &w.audit);
+    let n = 6_000;
+    let mut produced = Produced::default();
+    let mut host = w.start("a", &[]);
+    produced.absorb(w.produce(0, n / 2, 200, Some(25)));
+    // Kill once some batches are committed and a transaction holding
+    // outputs is open (the first start compiles the component: up to a
+    // minute for a 12-18 MB interpreter).
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while w.committed() < 500 || !probe.open() {
+        assert!(
+            Instant::now() < deadline,
+            "{example}: no open transaction; log:\n{}",
+            host.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    host.kill();
+    let at_kill = w.committed();
+    host = w.start("a", &[]);
+    produced.absorb(w.produce(n / 2, n / 2, 200, Some(25)));
+    w.wait_done(Duration::from_secs(300));
+    let log = host.log_text();
+    assert!(host.stop().success(), "{example}: clean stop; log:\n{log}");
+    assert!(
+        (500..n as i64 / 2).contains(&at_kill),
+        "{example}: killed mid-backlog, not at {at_kill}"
+    );
+    let report = w.verify(false);
+    assert_exact(&report, &produced, example);
+    println!(
+        "FIGURE {label}_eos_valid {} dead_letters {} committed_at_kill {at_kill}",
+        report.valid, report.dead_letters
+    );
+}
+
+#[test]
+fn js_wallet_is_exactly_once_on_the_broker() {
+    exactly_once_with_a_crash("examples/wallet-js", "lang-js");
+}
+
+#[test]
+fn python_wallet_is_exactly_once_on_the_broker() {
+    exactly_once_with_a_crash("examples/wallet-python", "lang-py");
+}
