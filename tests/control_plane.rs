@@ -7,7 +7,8 @@
 //!   one running;
 //! - tenant isolation (topics, list, describe, logs, query, metrics) and
 //!   bad manifests, components and tokens refused with the named reason;
-//! - the hostile-neighbour latency check.
+//! - the hostile-neighbour latency check;
+//! - the Python wallet (an ~18 MiB component) deployed through the fleet.
 //!
 //! Figures are printed as `FIGURE name value` lines (run with --nocapture).
 
@@ -868,4 +869,52 @@ fn d_hostile_neighbour_latency() {
     h.json(ACME, &["delete", &w.name, "--purge-state"]);
     h.stop();
     let _ = repo();
+}
+
+#[test]
+fn e_a_python_processor_through_the_control_plane() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let h = fleet.start_host("py1");
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "py", "exactly_once_v2", 2);
+    // The Python wallet (an ~18 MiB component) in place of the Rust one.
+    let manifest = build_guest("examples/wallet-python/onceflow.toml");
+    let own = onceflow::deploy::Manifest::load(&manifest).expect("the example's manifest");
+    let text = std::fs::read_to_string(&w.manifest).expect("the rig's manifest");
+    let mut lines: Vec<String> = text
+        .lines()
+        .map(|line| {
+            if line.starts_with("component = ") {
+                format!("component = \"{}\"", own.component_path().display())
+            } else if line.starts_with("language = ") {
+                format!("language = \"{}\"", own.build.language.name())
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect();
+    lines.push("[limits]".to_owned());
+    lines.push(format!("memory-mb = {}", own.limits.memory_mb));
+    lines.push("fuel-per-record = 50000000".to_owned()); // acme's quota
+    std::fs::write(&w.manifest, lines.join("\n") + "\n").expect("write the manifest");
+    let size = std::fs::metadata(own.component_path())
+        .expect("component")
+        .len();
+    assert!(size > 10 << 20, "the Python component is {size} bytes");
+
+    let started = Instant::now();
+    h.json(ACME, &["deploy", path(&w.manifest)]);
+    figure(
+        "cp_deploy_python_component_s",
+        format!("{:.2}", started.elapsed().as_secs_f64()),
+    );
+    let produced = w.produce(0, 2_000, 100, Some(40));
+    w.wait_done(Duration::from_secs(180));
+    assert_exact(
+        &w.verify(false),
+        &produced,
+        "the Python wallet deployed through the fleet",
+    );
+    h.json(ACME, &["delete", &w.name, "--purge-state"]);
+    h.stop();
 }
