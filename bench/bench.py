@@ -711,13 +711,14 @@ def draw_chart(raw: dict, path: Path) -> Path | None:
     axes[0].invert_yaxis()
     axes[0].set_xlabel("records/s (all committed)")
     axes[0].set_title("Sustained throughput")
-    p50 = [r["latency"]["latency_p50_ms"] if r["latency"] else 0 for r in main]
-    p99 = [r["latency"]["latency_p99_ms"] if r["latency"] else 0 for r in main]
+    p50 = [max(r["latency"]["latency_p50_ms"] or 0, 1) if r["latency"] else 0 for r in main]
+    p99 = [max(r["latency"]["latency_p99_ms"] or 0, 1) if r["latency"] else 0 for r in main]
     axes[1].barh([y - 0.2 for y in ys], p50, height=0.4, label="p50", color="#8fbce6")
     axes[1].barh([y + 0.2 for y in ys], p99, height=0.4, label="p99", color="#1f4e79")
     axes[1].set_yticks(list(ys), labels, fontsize=8)
     axes[1].invert_yaxis()
-    axes[1].set_xlabel("end-to-end ms at half of Onceflow's maximum")
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("end-to-end ms (log) at a fixed half load")
     axes[1].set_title("Latency")
     axes[1].legend()
     sweep = sorted(
