@@ -459,6 +459,11 @@ def main() -> int:
     parser.add_argument("--skipped", action="append", default=[], help="a contender left out, and why")
     parser.add_argument("--results", default=str(REPO / "bench/results"))
     parser.add_argument("--only", help="comma-separated contender keys (for debugging the harness)")
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        help="offer this many records/s in every latency run instead of half of Onceflow's maximum (diagnosis)",
+    )
     parser.add_argument("--context", default="", help="a line about the machine/build for the report")
     args = parser.parse_args()
     profile = QUICK if args.quick else FULL
@@ -527,7 +532,7 @@ def main() -> int:
     for c in plan:
         if c.sweep and not profile.sweep_latency:
             continue
-        rate = half_of(c.key, c.key) if c.lang else rates[c.workload]
+        rate = args.latency_rate or (half_of(c.key, c.key) if c.lang else rates[c.workload])
         r = results[c.key]
         if rate is None:
             r.errors.append("latency run: no Onceflow maximum to take half of")
