@@ -94,7 +94,8 @@ class Harness:
         self.work = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
         self.logs = self.work / "logs"
         self.logs.mkdir()
-        self.env = dict(os.environ, ONCEFLOW_BOOTSTRAP=self.bootstrap)
+        # Errors without backtraces: the message is what the report needs.
+        self.env = dict(os.environ, ONCEFLOW_BOOTSTRAP=self.bootstrap, RUST_BACKTRACE="0")
 
     # ---- tools -------------------------------------------------------------
 
@@ -107,7 +108,7 @@ class Harness:
             timeout=timeout,
         )
         if out.returncode != 0:
-            raise RuntimeError(f"bench-tool {argv[0]} failed: {out.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"bench-tool {argv[0]} failed: {out.stderr.strip()[:2000]}")
         return json.loads(out.stdout)
 
     def topics(self, prefix: str, workload: str) -> dict[str, str]:
@@ -285,7 +286,7 @@ class Harness:
             try:
                 report = json.loads(proc.stdout)
             except json.JSONDecodeError:
-                raise RuntimeError(f"onceflow verify failed: {proc.stderr.strip()[-2000:]}")
+                raise RuntimeError(f"onceflow verify failed: {proc.stderr.strip()[:2000]}")
             if proc.returncode != 0 or report.get("findings"):
                 raise RuntimeError(f"onceflow verify: {report.get('findings')}")
             what = "echo+totals+dead letters" if c.system != "raw" else "echo+dead letters"
@@ -398,7 +399,7 @@ class Harness:
             produced = self.tool("produce", *paced, "--rate", str(int(rate)), timeout=self.profile.latency_seconds * 4 + 120)
             stdout, stderr = reader.communicate(timeout=self.profile.latency_seconds * 4 + 180)
             if reader.returncode != 0:
-                raise RuntimeError(f"bench-tool await failed: {stderr.strip()[-2000:]}")
+                raise RuntimeError(f"bench-tool await failed: {stderr.strip()[:2000]}")
             measured = json.loads(stdout)
         finally:
             self.stop(proc)
