@@ -154,7 +154,7 @@ fn main() -> anyhow::Result<()> {
                 }
                 next_offsets.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
                 processed += 1;
-                if processed % 1024 == 0 {
+                if processed.is_multiple_of(1024) {
                     producer.poll(Duration::ZERO);
                 }
             }
