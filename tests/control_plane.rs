@@ -868,7 +868,6 @@ fn d_hostile_neighbour_latency() {
     }
     h.json(ACME, &["delete", &w.name, "--purge-state"]);
     h.stop();
-    let _ = repo();
 }
 
 #[test]
@@ -877,26 +876,11 @@ fn e_a_python_processor_through_the_control_plane() {
     let fleet = Fleet::new();
     let h = fleet.start_host("py1");
     let w = Wallet::in_tenant(cluster(), "acme", "acme.", "py", "exactly_once_v2", 2);
-    // The Python wallet (an ~18 MiB component) in place of the Rust one.
-    let manifest = build_guest("examples/wallet-python/onceflow.toml");
-    let own = onceflow::deploy::Manifest::load(&manifest).expect("the example's manifest");
-    let text = std::fs::read_to_string(&w.manifest).expect("the rig's manifest");
-    let mut lines: Vec<String> = text
-        .lines()
-        .map(|line| {
-            if line.starts_with("component = ") {
-                format!("component = \"{}\"", own.component_path().display())
-            } else if line.starts_with("language = ") {
-                format!("language = \"{}\"", own.build.language.name())
-            } else {
-                line.to_owned()
-            }
-        })
-        .collect();
-    lines.push("[limits]".to_owned());
-    lines.push(format!("memory-mb = {}", own.limits.memory_mb));
-    lines.push("fuel-per-record = 50000000".to_owned()); // acme's quota
-    std::fs::write(&w.manifest, lines.join("\n") + "\n").expect("write the manifest");
+    // The Python wallet (an ~18 MiB component) in place of the Rust one,
+    // within acme's fuel quota.
+    w.use_example("examples/wallet-python", Some(50_000_000));
+    let own = onceflow::deploy::Manifest::load(repo().join("examples/wallet-python/onceflow.toml"))
+        .expect("the example's manifest");
     let size = std::fs::metadata(own.component_path())
         .expect("component")
         .len();

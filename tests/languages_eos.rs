@@ -11,7 +11,6 @@ mod common;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::build_guest;
 use common::kafka::{Cluster, Produced, TxnProbe, Wallet, assert_exact};
 
 /// One test at a time: they share the broker and two cores.
@@ -21,27 +20,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// (e.g. `examples/wallet-js`) with that example's limits.
 fn ported_wallet(cluster: &'static Cluster, example: &str, label: &str) -> Wallet {
     let w = Wallet::new(cluster, label, "exactly_once_v2", 3);
-    let manifest = build_guest(&format!("{example}/onceflow.toml"));
-    let own = onceflow::deploy::Manifest::load(&manifest).expect("load the example's manifest");
-    let text = std::fs::read_to_string(&w.manifest).expect("read the rig's manifest");
-    let mut lines: Vec<String> = text
-        .lines()
-        .map(|line| {
-            if line.starts_with("component = ") {
-                format!("component = \"{}\"", own.component_path().display())
-            } else if line.starts_with("language = ") {
-                format!("language = \"{}\"", own.build.language.name())
-            } else {
-                line.to_owned()
-            }
-        })
-        .collect();
-    // The interpreters need the example's limits (docs/languages.md).
-    lines.push("[limits]".to_owned());
-    lines.push(format!("memory-mb = {}", own.limits.memory_mb));
-    lines.push(format!("fuel-per-record = {}", own.limits.fuel_per_record));
-    lines.push(format!("timeout-ms = {}", own.limits.timeout_ms));
-    std::fs::write(&w.manifest, lines.join("\n") + "\n").expect("write the manifest");
+    w.use_example(example, None);
     w
 }
 

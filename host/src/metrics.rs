@@ -301,34 +301,29 @@ impl Collector for Exposition {
                 ConstCounter::new(get(&d.3)).encode(family.encode_family(&labels(d))?)?;
             }
         }
-        let mut lag = encoder.encode_descriptor(
-            "onceflow_lag_records",
-            "Records between the workers' positions and the last stable offsets",
-            None,
-            MetricType::Gauge,
-        )?;
-        for d in &self.deployments {
-            ConstGauge::new(d.3.load().lag).encode(lag.encode_family(&labels(d))?)?;
-        }
-        let mut owned = encoder.encode_descriptor(
-            "onceflow_partitions",
-            "Input partitions owned by this host",
-            None,
-            MetricType::Gauge,
-        )?;
-        for d in &self.deployments {
-            ConstGauge::new(d.3.load().partitions.len() as i64)
-                .encode(owned.encode_family(&labels(d))?)?;
-        }
-        let mut restoring = encoder.encode_descriptor(
-            "onceflow_restoring_partitions",
-            "Store partitions being restored from their changelogs",
-            None,
-            MetricType::Gauge,
-        )?;
-        for d in &self.deployments {
-            ConstGauge::new(d.3.restoring.load(Ordering::Relaxed) as i64)
-                .encode(restoring.encode_family(&labels(d))?)?;
+        type Level = fn(&Metrics) -> i64;
+        let gauges: [(&str, &str, Level); 3] = [
+            (
+                "onceflow_lag_records",
+                "Records between the workers' positions and the last stable offsets",
+                |m| m.load().lag,
+            ),
+            (
+                "onceflow_partitions",
+                "Input partitions owned by this host",
+                |m| m.load().partitions.len() as i64,
+            ),
+            (
+                "onceflow_restoring_partitions",
+                "Store partitions being restored from their changelogs",
+                |m| m.restoring.load(Ordering::Relaxed) as i64,
+            ),
+        ];
+        for (name, help, get) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for d in &self.deployments {
+                ConstGauge::new(get(&d.3)).encode(family.encode_family(&labels(d))?)?;
+            }
         }
         let mut latency = encoder.encode_descriptor(
             "onceflow_commit_latency_seconds",

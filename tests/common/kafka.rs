@@ -286,6 +286,37 @@ dead-letter-topic = "{dlq}"
         }
     }
 
+    /// Runs the wallet port in `example` (e.g. `examples/wallet-js`, built
+    /// with `onceflow build`) instead of the Rust wallet, with the example's
+    /// limits; its fuel per record is capped at `max_fuel` if given (a
+    /// tenant's quota).
+    pub fn use_example(&self, example: &str, max_fuel: Option<u64>) {
+        let manifest = build_guest(&format!("{example}/onceflow.toml"));
+        let own = onceflow::deploy::Manifest::load(&manifest).expect("the example's manifest");
+        let text = std::fs::read_to_string(&self.manifest).expect("the rig's manifest");
+        let mut lines: Vec<String> = text
+            .lines()
+            .map(|line| {
+                if line.starts_with("component = ") {
+                    format!("component = \"{}\"", own.component_path().display())
+                } else if line.starts_with("language = ") {
+                    format!("language = \"{}\"", own.build.language.name())
+                } else {
+                    line.to_owned()
+                }
+            })
+            .collect();
+        // Interpreters need their example's limits (docs/languages.md).
+        let fuel = max_fuel.map_or(own.limits.fuel_per_record, |m| {
+            m.min(own.limits.fuel_per_record)
+        });
+        lines.push("[limits]".to_owned());
+        lines.push(format!("memory-mb = {}", own.limits.memory_mb));
+        lines.push(format!("fuel-per-record = {fuel}"));
+        lines.push(format!("timeout-ms = {}", own.limits.timeout_ms));
+        std::fs::write(&self.manifest, lines.join("\n") + "\n").expect("write the manifest");
+    }
+
     /// Produces `n` payments over `accounts` accounts, keyed by account;
     /// every `invalid_every`-th is malformed. Ids start at `first`.
     pub fn produce(

@@ -95,29 +95,9 @@ pub(super) fn build(
     work: &Path,
 ) -> Result<Vec<u8>, BuildError> {
     let source = manifest.source_dir();
-    let sources: Vec<PathBuf> = super::source_files(&source)?
-        .into_iter()
-        .filter(|f| f.extension().is_some_and(|e| e == "c"))
-        .collect();
-    if sources.is_empty() {
-        return Err(BuildError::step(
-            "finding the C sources",
-            format!(
-                "no .c file in {}: set [build] source in {} to the processor's directory",
-                source.display(),
-                manifest.path.display()
-            ),
-        ));
-    }
+    let sources = super::sources_with_extension(manifest, "c", "C")?;
     let bindings = work.join("bindings");
-    run(
-        "wit-bindgen c",
-        Command::new(toolchain.tool("wit-bindgen"))
-            .arg("c")
-            .arg(work.join("wit"))
-            .args(["--world", "processor", "--out-dir"])
-            .arg(&bindings),
-    )?;
+    super::wit_bindgen(toolchain, "c", work, &bindings)?;
     std::fs::write(bindings.join("onceflow.h"), SDK_HEADER)
         .and_then(|()| std::fs::write(bindings.join("onceflow.c"), SDK_SOURCE))
         .map_err(|e| BuildError::step("writing the onceflow SDK layer", e))?;

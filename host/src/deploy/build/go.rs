@@ -168,29 +168,9 @@ pub(super) fn build(
     work: &Path,
 ) -> Result<Vec<u8>, BuildError> {
     let source = manifest.source_dir();
-    let sources: Vec<PathBuf> = super::source_files(&source)?
-        .into_iter()
-        .filter(|f| f.extension().is_some_and(|e| e == "go"))
-        .collect();
-    if sources.is_empty() {
-        return Err(BuildError::step(
-            "finding the Go sources",
-            format!(
-                "no .go file in {}: set [build] source in {} to the processor's directory",
-                source.display(),
-                manifest.path.display()
-            ),
-        ));
-    }
+    let sources = super::sources_with_extension(manifest, "go", "Go")?;
     let module_dir = work.join("go");
-    run(
-        "wit-bindgen go",
-        Command::new(toolchain.tool("wit-bindgen"))
-            .arg("go")
-            .arg(work.join("wit"))
-            .args(["--world", "processor", "--out-dir"])
-            .arg(&module_dir),
-    )?;
+    super::wit_bindgen(toolchain, "go", work, &module_dir)?;
     for (path, text) in SDK {
         write_file(&module_dir.join(path), text.as_bytes())?;
     }

@@ -276,6 +276,49 @@ fn parent_dir(file: &Path) -> PathBuf {
 
 /// Runs a build command, its output going to our stderr; fails with the
 /// step's name.
+/// The processor's source files ending in `.ext`; an error naming the
+/// directory and the manifest key when there is none.
+fn sources_with_extension(
+    manifest: &Manifest,
+    ext: &str,
+    language: &str,
+) -> Result<Vec<PathBuf>, BuildError> {
+    let source = manifest.source_dir();
+    let sources: Vec<PathBuf> = source_files(&source)?
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == ext))
+        .collect();
+    if sources.is_empty() {
+        return Err(BuildError::step(
+            format!("finding the {language} sources"),
+            format!(
+                "no .{ext} file in {}: set [build] source in {} to the processor's directory",
+                source.display(),
+                manifest.path.display()
+            ),
+        ));
+    }
+    Ok(sources)
+}
+
+/// `wit-bindgen <language>` for the `processor` world (copied to
+/// `work/wit`) into `out`.
+fn wit_bindgen(
+    toolchain: &Toolchain,
+    language: &str,
+    work: &Path,
+    out: &Path,
+) -> Result<(), BuildError> {
+    run(
+        &format!("wit-bindgen {language}"),
+        Command::new(toolchain.tool("wit-bindgen"))
+            .arg(language)
+            .arg(work.join("wit"))
+            .args(["--world", "processor", "--out-dir"])
+            .arg(out),
+    )
+}
+
 fn run(step: &str, command: &mut Command) -> Result<(), BuildError> {
     tracing::debug!(?command, "build step: {step}");
     let status = command
