@@ -369,6 +369,34 @@ fn wallet_through_broker_failure(cluster: &'static Cluster, label: &str, fail: i
     assert_exact(&w.verify(false), &produced, label);
 }
 
+/// Not part of the suite: stops and starts the single broker again and
+/// again under a running wallet (`ONCEFLOW_SOAK_ROUNDS`, default 10; the
+/// broker stays down `ONCEFLOW_SOAK_DOWN_SECS`, default 3), to find the rare
+/// interleavings one restart per CI run can miss.
+#[test]
+#[ignore]
+fn soak_broker_restarts() {
+    let _g = serial();
+    let rounds: u32 = std::env::var("ONCEFLOW_SOAK_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let down: u64 = std::env::var("ONCEFLOW_SOAK_DOWN_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let single: &'static Cluster = Box::leak(Box::new(Cluster::start("soak", 19592, 1)));
+    for round in 0..rounds {
+        println!("soak round {round}");
+        wallet_through_broker_failure(single, &format!("soak{round}"), || {
+            single.stop_broker(1, "TERM");
+            std::thread::sleep(Duration::from_secs(down));
+            single.start_broker(1);
+        });
+    }
+    single.down();
+}
+
 #[test]
 fn h_broker_restarts() {
     let _g = serial();

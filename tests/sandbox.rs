@@ -12,7 +12,7 @@ use onceflow::offline::{OfflineRunner, RunOptions};
 use onceflow::sandbox::log::{GuestLogLine, LogLabels, LogSink};
 use onceflow::sandbox::{ProcessorPolicy, Sandbox, SandboxConfig};
 use onceflow::task::dead_letter_headers;
-use onceflow::types::{InputRecord, OutputRecord};
+use onceflow::types::{Header, InputRecord, OutputRecord};
 
 fn record(topic: &str, offset: i64, key: &str, value: &str) -> InputRecord {
     InputRecord {
@@ -136,6 +136,48 @@ fn hostile_records_are_stopped_and_dead_lettered_and_the_rest_proceeds() {
             vec![(b"count".to_vec(), b"6".to_vec())],
             "batch size {batch_size}"
         );
+    }
+}
+
+#[test]
+fn every_record_field_reaches_the_guest() {
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", false);
+    let with_headers = |mut r: InputRecord| {
+        r.partition = 3;
+        r.headers = vec![
+            Header {
+                key: "trace".into(),
+                value: b"t-1".to_vec(),
+            },
+            Header {
+                key: "trace".into(),
+                value: vec![0, 255],
+            },
+            Header {
+                key: "empty".into(),
+                value: vec![],
+            },
+        ];
+        r
+    };
+    let mut null_key = record("hostile-in", 41, "", "plain");
+    null_key.key = None;
+    let records = [
+        with_headers(record("hostile-in", 40, "k40", "meta")),
+        with_headers(null_key),
+    ];
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let outputs = run(&mut runner, &records, 10);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert_eq!(
+        String::from_utf8_lossy(outputs[0].value.as_deref().unwrap()),
+        "hostile-in/3/40/1700000000040"
+    );
+    assert_eq!(outputs[0].key.as_deref(), Some(&b"k40"[..]));
+    assert_eq!(outputs[1].key, None, "a null key stays null");
+    assert_eq!(outputs[1].value.as_deref(), Some(&b"plain"[..]));
+    for o in &outputs {
+        assert_eq!(o.headers, records[0].headers, "headers in order, bytes intact");
     }
 }
 

@@ -113,6 +113,31 @@ impl Cluster {
         );
     }
 
+    /// The brokers' view of open and hanging transactions, for a failure
+    /// message.
+    pub fn transactions_report(&self) -> String {
+        let mut report = String::new();
+        let mut run = |args: &[&str]| {
+            let out = self.script(args);
+            report.push_str(&format!(
+                "$ scripts/kafka {}\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        };
+        run(&["transactions", "list"]);
+        for broker in 1..=self.brokers {
+            run(&[
+                "transactions",
+                "find-hanging",
+                "--broker-id",
+                &broker.to_string(),
+            ]);
+        }
+        report
+    }
+
     pub fn down(&self) {
         let out = self.script(&["down"]);
         assert!(
@@ -390,11 +415,26 @@ dead-letter-topic = "{dlq}"
                         let text = std::fs::read_to_string(&path).unwrap_or_default();
                         let lines: Vec<&str> =
                             text.lines().filter(|l| !l.contains(" figures ")).collect();
-                        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
-                        logs.push_str(&format!("\n--- {} (last 60 lines)\n{tail}", path.display()));
+                        // The cause is usually early, the symptom repeats
+                        // at the end: the first warnings, then the tail.
+                        let first_warnings: Vec<&str> = lines
+                            .iter()
+                            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                            .take(30)
+                            .copied()
+                            .collect();
+                        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                        logs.push_str(&format!(
+                            "\n--- {} (first 30 warnings)\n{}\n--- (last 40 lines)\n{tail}",
+                            path.display(),
+                            first_warnings.join("\n")
+                        ));
                     }
                 }
-                panic!("not done after {timeout:?}: committed {committed} of {end}{logs}");
+                let broker_view = self.cluster.transactions_report();
+                panic!(
+                    "not done after {timeout:?}: committed {committed} of {end}{logs}\n--- broker's open transactions\n{broker_view}"
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }

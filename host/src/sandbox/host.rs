@@ -18,13 +18,7 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
 });
 
-pub use exports_types::{
-    Header as WitHeader, ProcessError as WitProcessError, Record as WitRecord,
-};
-
-mod exports_types {
-    pub use super::onceflow::processor::types::{Header, ProcessError, Record};
-}
+pub use self::onceflow::processor::types::ProcessError as WitProcessError;
 
 use self::onceflow::processor::{context, log, output, state, types as wit};
 

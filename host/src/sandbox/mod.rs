@@ -26,11 +26,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Func, InstancePre, Linker, ResourceTable};
+use wasmtime::component::{Component, ComponentType, Func, InstancePre, Linker, Lower, ResourceTable};
 use wasmtime::{CallHook, Config, Engine, Store, Trap};
 
 pub use self::host::HostFailure;
-use self::host::{HostState, MemoryLimiter, RecordCoords, WitHeader, WitProcessError, WitRecord};
+use self::host::{HostState, MemoryLimiter, RecordCoords, WitProcessError};
 use self::log::{GuestLog, LogLabels, LogSink};
 pub use self::policy::{ComponentInterface, Grant, PolicyError};
 pub use self::wasi::record_seed;
@@ -444,7 +444,7 @@ impl Processor {
             .get_func(&mut store, "process")
             .ok_or_else(|| SandboxError::Policy(PolicyError::MissingExport("process".into())))?;
         process
-            .typed::<(&[WitRecord],), (Result<(), WitProcessError>,)>(&store)
+            .typed::<ProcessParams<'_>, ProcessResult>(&store)
             .map_err(|e| SandboxError::ExportType {
                 export: "process",
                 message: format!("{e:#}"),
@@ -473,7 +473,6 @@ impl Processor {
             punctuate,
             fuel,
             poisoned: false,
-            scratch: Vec::new(),
             fuel_used: 0,
         })
     }
@@ -565,7 +564,6 @@ pub struct Guest {
     punctuate: Option<Func>,
     fuel: bool,
     poisoned: bool,
-    scratch: Vec<WitRecord>,
     fuel_used: u64,
 }
 
@@ -619,12 +617,11 @@ impl Guest {
             meter.refill_due = false;
         }
 
-        self.scratch.clear();
-        self.scratch.extend(batch.iter().map(to_wit));
+        let records: Vec<RecordView<'_>> = batch.iter().map(RecordView::of).collect();
         let result = self
             .process
-            .typed::<(&[WitRecord],), (Result<(), WitProcessError>,)>(&self.store)
-            .and_then(|f| f.call(&mut self.store, (&self.scratch,)));
+            .typed::<ProcessParams<'_>, ProcessResult>(&self.store)
+            .and_then(|f| f.call(&mut self.store, (records.as_slice(),)));
 
         std::mem::swap(&mut self.store.data_mut().effects, effects);
         if self.fuel && budget > 0 {
@@ -663,21 +660,54 @@ impl Drop for Guest {
     }
 }
 
-fn to_wit(r: &InputRecord) -> WitRecord {
-    WitRecord {
-        topic: r.topic.clone(),
-        partition: r.partition,
-        offset: r.offset,
-        timestamp: r.timestamp,
-        key: r.key.clone(),
-        value: r.value.clone(),
-        headers: r
-            .headers
-            .iter()
-            .map(|h| WitHeader {
-                key: h.key.clone(),
-                value: h.value.clone(),
-            })
-            .collect(),
+/// The WIT `record` as the host lowers it: borrowed from the polled batch,
+/// so each record is copied once, straight into guest memory (the
+/// bindgen-generated `Record` owns its strings and bytes, which cost a
+/// second copy of every topic, key and value per call). Field names and
+/// order are the WIT record's; `typed` checks them when the guest is
+/// instantiated.
+#[derive(ComponentType, Lower)]
+#[component(record)]
+struct RecordView<'a> {
+    topic: &'a str,
+    partition: i32,
+    offset: i64,
+    timestamp: i64,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    headers: Vec<HeaderView<'a>>,
+}
+
+/// The WIT `header`, borrowed.
+#[derive(ComponentType, Lower)]
+#[component(record)]
+struct HeaderView<'a> {
+    key: &'a str,
+    value: &'a [u8],
+}
+
+impl<'a> RecordView<'a> {
+    fn of(r: &'a InputRecord) -> Self {
+        RecordView {
+            topic: &r.topic,
+            partition: r.partition,
+            offset: r.offset,
+            timestamp: r.timestamp,
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
+            // No allocation for the usual record without headers.
+            headers: r
+                .headers
+                .iter()
+                .map(|h| HeaderView {
+                    key: &h.key,
+                    value: &h.value,
+                })
+                .collect(),
+        }
     }
 }
+
+/// `process`'s parameters and result.
+type ProcessParams<'a> = (&'a [RecordView<'a>],);
+type ProcessResult = (Result<(), WitProcessError>,);

@@ -7,8 +7,11 @@
 //! - `panic`: panics with "hostile guest panicked on purpose";
 //! - `fail`: returns the error "hostile guest failed on purpose";
 //! - `stack`: recurses without bound (the host must trap, not crash);
+//! - `meta`: emits `topic/partition/offset/timestamp` as the value, with the
+//!   record's key and headers, to alias `out` (the host's lowering, field by
+//!   field);
 //! - anything else: increments key `count` of store `seen` and emits the
-//!   record's key and value unchanged to alias `out`.
+//!   record's key, value and headers unchanged to alias `out`.
 
 use std::hint::black_box;
 
@@ -30,17 +33,42 @@ impl Processor for Hostile {
                 black_box(recurse(0));
                 Ok(())
             }
+            Some(b"meta") => {
+                let meta = format!(
+                    "{}/{}/{}/{}",
+                    record.topic, record.partition, record.offset, record.timestamp
+                );
+                ctx.emit_with(
+                    "out",
+                    record.key.as_deref(),
+                    Some(meta.as_bytes()),
+                    &headers_of(record),
+                )
+            }
             _ => {
                 let seen = ctx.store("seen");
                 let count = seen.get_i64("count")?.unwrap_or(0) + 1;
                 seen.put_i64("count", count)?;
-                ctx.emit_with("out", record.key.as_deref(), record.value.as_deref(), &[])
+                ctx.emit_with(
+                    "out",
+                    record.key.as_deref(),
+                    record.value.as_deref(),
+                    &headers_of(record),
+                )
             }
         }
     }
 }
 
 onceflow_sdk::export_processor!(Hostile);
+
+fn headers_of(record: &Record) -> Vec<(&str, &[u8])> {
+    record
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect()
+}
 
 /// Loops forever; `black_box` keeps the optimiser from removing the loop.
 fn spin() -> ! {
