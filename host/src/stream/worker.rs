@@ -169,6 +169,38 @@ struct WorkerContext {
     /// Records behind the last stable offsets over the assigned partitions,
     /// from librdkafka's statistics (every second).
     lag: std::sync::atomic::AtomicI64,
+    /// The consumer's group membership as the statistics report it.
+    membership: Mutex<Membership>,
+}
+
+/// When librdkafka last reported this consumer connected to its group
+/// coordinator (group state `up`), and when it last reported at all. The join
+/// state is left out on purpose: a rebalance may wait minutes for a member
+/// that is restoring, and that is no reason to start over.
+struct Membership {
+    last_report: Option<Instant>,
+    last_connected: Instant,
+    state: String,
+}
+
+/// How long a consumer may go without its group coordinator before the
+/// session is re-created. librdkafka can lose its way back to the group
+/// coordinator after a broker restart (it keeps a decommissioned broker as
+/// the coordinator, librdkafka#5511) and then never rejoins; a new client
+/// finds the coordinator again.
+fn membership_limit(session_timeout: Duration) -> Duration {
+    (session_timeout * 3).max(Duration::from_secs(30))
+}
+
+/// How long the consumer has been without its coordinator, judged only from statistics
+/// seen recently: while the poll loop is busy elsewhere (restoring,
+/// committing) no statistics arrive, and that is not the group's fault.
+fn coordinator_lost_for(membership: &Membership, now: Instant) -> Option<Duration> {
+    let report = membership.last_report?;
+    if now.saturating_duration_since(report) > Duration::from_secs(5) {
+        return None;
+    }
+    Some(report.saturating_duration_since(membership.last_connected))
 }
 
 impl ClientContext for WorkerContext {
@@ -177,6 +209,15 @@ impl ClientContext for WorkerContext {
     }
 
     fn stats(&self, statistics: rdkafka::Statistics) {
+        if let Some(group) = &statistics.cgrp {
+            let now = Instant::now();
+            let mut m = self.membership.lock().unwrap_or_else(|e| e.into_inner());
+            m.last_report = Some(now);
+            if group.state == "up" {
+                m.last_connected = now;
+            }
+            m.state = format!("{}/{}", group.state, group.join_state);
+        }
         let lag: i64 = statistics
             .topics
             .values()
@@ -347,6 +388,11 @@ impl Session {
                     core: core.clone(),
                     errors: kafka::ErrorLog::default(),
                     lag: std::sync::atomic::AtomicI64::new(0),
+                    membership: Mutex::new(Membership {
+                        last_report: None,
+                        last_connected: Instant::now(),
+                        state: "init".to_owned(),
+                    }),
                 })
                 .map_err(|e| StreamError::kafka("creating the consumer", e))?;
         let inputs: Vec<&str> = d.manifest.inputs.iter().map(String::as_str).collect();
@@ -410,7 +456,30 @@ impl Session {
             drop(core);
             if self.last_load_report.elapsed() >= Duration::from_secs(1) {
                 self.report_load();
+                self.check_membership()?;
             }
+        }
+    }
+
+    /// Ends the session when the consumer has been without its group
+    /// coordinator for too long (see [`membership_limit`]).
+    fn check_membership(&self) -> Result<(), StreamError> {
+        let limit = membership_limit(self.d.options.session_timeout);
+        let m = self
+            .consumer
+            .context()
+            .membership
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match coordinator_lost_for(&m, Instant::now()) {
+            Some(lost) if lost >= limit => Err(StreamError::Restart(format!(
+                "the consumer has had no group coordinator for group {} for {} s (librdkafka \
+                 group state {}); re-creating it so it looks the coordinator up afresh",
+                self.d.manifest.application_id(),
+                lost.as_secs(),
+                m.state
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -534,7 +603,18 @@ impl Core {
         // is the changelog's end final for what those offsets cover.
         consumer
             .committed_offsets(tpl.clone(), TXN_CALL_TIMEOUT)
-            .map_err(|e| StreamError::Restart(format!("fetching stable committed offsets: {e}")))?;
+            .map_err(|e| {
+                // librdkafka retries UNSTABLE_OFFSET_COMMIT until the timeout
+                // and then reports a timeout: say what it usually means.
+                StreamError::Restart(format!(
+                    "the committed offsets of group {} did not become stable within {} s ({e}): \
+                     a transaction holding offsets for it is still open; if this repeats for \
+                     longer than the transaction timeout, look for a hanging transaction with \
+                     `kafka-transactions.sh find-hanging`",
+                    self.d.manifest.application_id(),
+                    TXN_CALL_TIMEOUT.as_secs()
+                ))
+            })?;
         if self.restore_consumer.is_none() {
             self.restore_consumer = Some(changelog::restore_consumer(&self.d)?);
         }
@@ -846,5 +926,53 @@ fn retry(mut call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), KafkaEr
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn membership(report_ago: Option<u64>, connected_ago: u64, now: Instant) -> Membership {
+        Membership {
+            last_report: report_ago.map(|s| now - Duration::from_secs(s)),
+            last_connected: now - Duration::from_secs(connected_ago),
+            state: "wait-coord/init".to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_consumer_is_judged_only_on_recent_statistics() {
+        let now = Instant::now() + Duration::from_secs(3600);
+        // No statistics yet, or none for a while (the loop was restoring):
+        // no verdict.
+        assert_eq!(coordinator_lost_for(&membership(None, 100, now), now), None);
+        assert_eq!(coordinator_lost_for(&membership(Some(60), 100, now), now), None);
+        // Recent statistics: lost from the last connected report to the
+        // latest report.
+        assert_eq!(
+            coordinator_lost_for(&membership(Some(1), 41, now), now),
+            Some(Duration::from_secs(40))
+        );
+        assert_eq!(
+            coordinator_lost_for(&membership(Some(0), 0, now), now),
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn the_limit_outlasts_a_session_timeout_and_a_broker_restart() {
+        assert_eq!(
+            membership_limit(Duration::from_secs(10)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            membership_limit(Duration::from_secs(45)),
+            Duration::from_secs(135)
+        );
+        assert_eq!(
+            membership_limit(Duration::from_secs(1)),
+            Duration::from_secs(30)
+        );
     }
 }
