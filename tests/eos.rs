@@ -374,7 +374,7 @@ fn wallet_through_broker_failure(cluster: &'static Cluster, label: &str, fail: i
 /// broker stays down `ONCEFLOW_SOAK_DOWN_SECS`, default 3), to find the rare
 /// interleavings one restart per CI run can miss.
 #[test]
-#[ignore]
+#[ignore = "a soak of repeated broker restarts, minutes long: cargo test --test eos soak_broker_restarts -- --ignored"]
 fn soak_broker_restarts() {
     let _g = serial();
     let rounds: u32 = std::env::var("ONCEFLOW_SOAK_ROUNDS")

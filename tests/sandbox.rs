@@ -177,7 +177,10 @@ fn every_record_field_reaches_the_guest() {
     assert_eq!(outputs[1].key, None, "a null key stays null");
     assert_eq!(outputs[1].value.as_deref(), Some(&b"plain"[..]));
     for o in &outputs {
-        assert_eq!(o.headers, records[0].headers, "headers in order, bytes intact");
+        assert_eq!(
+            o.headers, records[0].headers,
+            "headers in order, bytes intact"
+        );
     }
 }
 

@@ -26,7 +26,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, ComponentType, Func, InstancePre, Linker, Lower, ResourceTable};
+use wasmtime::component::{
+    Component, ComponentType, Func, InstancePre, Linker, Lower, ResourceTable,
+};
 use wasmtime::{CallHook, Config, Engine, Store, Trap};
 
 pub use self::host::HostFailure;

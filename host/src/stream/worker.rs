@@ -947,7 +947,10 @@ mod tests {
         // No statistics yet, or none for a while (the loop was restoring):
         // no verdict.
         assert_eq!(coordinator_lost_for(&membership(None, 100, now), now), None);
-        assert_eq!(coordinator_lost_for(&membership(Some(60), 100, now), now), None);
+        assert_eq!(
+            coordinator_lost_for(&membership(Some(60), 100, now), now),
+            None
+        );
         // Recent statistics: lost from the last connected report to the
         // latest report.
         assert_eq!(
