@@ -775,15 +775,17 @@ impl Core {
                 ));
             };
             if !self.next_offsets.is_empty() {
-                let r = retry(|| {
+                let r = retry("send_offsets_to_transaction", |timeout| {
                     self.producer
-                        .send_offsets_to_transaction(&offsets, &metadata, TXN_CALL_TIMEOUT)
+                        .send_offsets_to_transaction(&offsets, &metadata, timeout)
                 });
                 if let Err(e) = r {
                     return self.on_txn_error(consumer, "send_offsets_to_transaction", e);
                 }
             }
-            if let Err(e) = retry(|| self.producer.commit_transaction(TXN_CALL_TIMEOUT)) {
+            if let Err(e) = retry("commit_transaction", |timeout| {
+                self.producer.commit_transaction(timeout)
+            }) {
                 return self.on_txn_error(consumer, "commit_transaction", e);
             }
         } else if !self.next_offsets.is_empty() {
@@ -915,14 +917,28 @@ impl Core {
     }
 }
 
-/// Calls a transactional operation again while it fails retriably.
-fn retry(mut call: impl FnMut() -> Result<(), KafkaError>) -> Result<(), KafkaError> {
+/// Calls a transactional operation again while it fails retriably, within
+/// one budget of [`TXN_CALL_TIMEOUT`] for all attempts together: a timed-out
+/// call resumes where it was on the next attempt, but when librdkafka has
+/// lost its coordinator (librdkafka#5511) no attempt succeeds, and only a
+/// new producer (a new session) finds it again.
+fn retry(
+    operation: &str,
+    mut call: impl FnMut(Duration) -> Result<(), KafkaError>,
+) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + TXN_CALL_TIMEOUT;
     let mut attempt = 0;
     loop {
-        match call() {
-            Err(e) if kafka::classify(&e) == TxnFailure::Retry && attempt < TXN_RETRIES => {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match call(left.max(Duration::from_secs(1))) {
+            Err(e)
+                if kafka::classify(&e) == TxnFailure::Retry
+                    && attempt < TXN_RETRIES
+                    && Instant::now() < deadline =>
+            {
                 attempt += 1;
-                std::thread::sleep(Duration::from_millis(100 << attempt));
+                tracing::warn!("{operation}: {e}; retrying (attempt {attempt})");
+                std::thread::sleep(Duration::from_millis(100 << attempt).min(left));
             }
             other => return other,
         }
