@@ -236,11 +236,19 @@ impl ControlPlane {
             .map_err(|e| StreamError::kafka("creating a control-plane consumer", e))
     }
 
-    fn end_offset(&self, consumer: &BaseConsumer, topic: &str) -> Result<i64, StreamError> {
-        consumer
+    /// A consumer reading single-partition `topic` from its beginning, and
+    /// the topic's end offset when it started.
+    fn read_from_start(&self, topic: &str) -> Result<(BaseConsumer, i64), StreamError> {
+        let consumer = self.consumer()?;
+        let end = consumer
             .fetch_watermarks(topic, 0, ADMIN_TIMEOUT)
             .map(|(_, high)| high)
-            .map_err(|e| StreamError::kafka(format!("reading the end of {topic}"), e))
+            .map_err(|e| StreamError::kafka(format!("reading the end of {topic}"), e))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, 0, Offset::Beginning)
+            .and_then(|()| consumer.assign(&tpl))
+            .map_err(|e| StreamError::kafka(format!("assigning {topic}"), e))?;
+        Ok((consumer, end))
     }
 
     /// Starts a thread that reads `topic` from the beginning into `view`
@@ -249,14 +257,7 @@ impl ControlPlane {
     where
         T: DeserializeOwned + Clone + Send + Sync + 'static,
     {
-        let consumer = self.consumer()?;
-        let end = self.end_offset(&consumer, topic)?;
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, 0, Offset::Beginning)
-            .map_err(|e| StreamError::kafka("assigning a registry topic", e))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| StreamError::kafka("assigning a registry topic", e))?;
+        let (consumer, end) = self.read_from_start(topic)?;
         let stop = self.stop.clone();
         std::thread::Builder::new()
             .name(format!("tail-{topic}"))
@@ -402,14 +403,7 @@ impl ControlPlane {
         {
             return Ok(bytes);
         }
-        let consumer = self.consumer()?;
-        let end = self.end_offset(&consumer, ARTIFACTS_TOPIC)?;
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(ARTIFACTS_TOPIC, 0, Offset::Beginning)
-            .map_err(|e| StreamError::kafka("assigning the artifacts topic", e))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| StreamError::kafka("assigning the artifacts topic", e))?;
+        let (consumer, end) = self.read_from_start(ARTIFACTS_TOPIC)?;
         let mut chunks: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
         let mut count: Option<usize> = None;
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -489,8 +483,7 @@ impl ControlPlane {
         wait: Duration,
     ) -> Result<(Vec<LogEntry>, i64), StreamError> {
         let consumer = self.consumer()?;
-        let end = self.end_offset(&consumer, LOGS_TOPIC)?;
-        let (low, _) = consumer
+        let (low, end) = consumer
             .fetch_watermarks(LOGS_TOPIC, 0, ADMIN_TIMEOUT)
             .map_err(|e| StreamError::kafka("reading the log topic's bounds", e))?;
         let start = from.unwrap_or(end - tail).clamp(low, end.max(low));
