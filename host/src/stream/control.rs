@@ -681,6 +681,21 @@ impl DeploymentLogSink {
     }
 }
 
+impl DeploymentLogSink {
+    fn append(&self, labels: &LogLabels, level: String, message: String) {
+        self.control.append_log(
+            &self.key,
+            &LogEntry {
+                ts_ms: crate::deploy::registry::now_ms(),
+                host: self.host.clone(),
+                partition: labels.partition,
+                level,
+                message,
+            },
+        );
+    }
+}
+
 /// Keeps the last few errors for `describe`.
 pub fn remember_error(recent: &Mutex<std::collections::VecDeque<String>>, message: String) {
     let mut r = recent.lock().unwrap_or_else(|e| e.into_inner());
@@ -699,28 +714,14 @@ impl LogSink for DeploymentLogSink {
                 format!("partition {}: {}", labels.partition, line.message),
             );
         }
-        self.control.append_log(
-            &self.key,
-            &LogEntry {
-                ts_ms: crate::deploy::registry::now_ms(),
-                host: self.host.clone(),
-                partition: labels.partition,
-                level,
-                message: line.message.clone(),
-            },
-        );
+        self.append(labels, level, line.message.clone());
     }
 
     fn dropped(&self, labels: &LogLabels, count: u64) {
-        self.control.append_log(
-            &self.key,
-            &LogEntry {
-                ts_ms: crate::deploy::registry::now_ms(),
-                host: self.host.clone(),
-                partition: labels.partition,
-                level: "warn".to_owned(),
-                message: format!("{count} log lines dropped by the rate limit"),
-            },
+        self.append(
+            labels,
+            "warn".to_owned(),
+            format!("{count} log lines dropped by the rate limit"),
         );
     }
 }
