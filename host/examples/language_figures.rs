@@ -16,9 +16,10 @@ use std::time::Instant;
 
 use std::collections::{BTreeMap, HashMap};
 
-use onceflow::deploy::Manifest;
 use onceflow::guestbench;
-use onceflow::sandbox::{ProcessorPolicy, Sandbox, SandboxConfig};
+use onceflow::manifest::Manifest;
+use onceflow::sandbox::{Sandbox, SandboxConfig};
+use onceflow::task::processor_policy;
 use onceflow::types::{AccessError, EmitError, Header};
 
 /// State in memory; outputs counted and dropped.
@@ -99,7 +100,7 @@ fn main() -> anyhow::Result<()> {
             cache_dir: None,
         })?;
         let started = Instant::now();
-        let processor = cold.load(&bytes, ProcessorPolicy::from_manifest(&manifest))?;
+        let processor = cold.load(&bytes, processor_policy(&manifest))?;
         let compile = started.elapsed();
 
         let mut instantiate = Vec::new();

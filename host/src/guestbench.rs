@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::deploy::Manifest;
-use crate::sandbox::{ProcessorPolicy, Sandbox, SandboxConfig, SandboxError};
+use crate::manifest::Manifest;
+use crate::sandbox::{Sandbox, SandboxConfig, SandboxError};
 use crate::state::MemoryPartition;
 use crate::task::{BatchOutcome, Task, TaskConfig, TaskError};
 use crate::types::InputRecord;
@@ -81,7 +81,7 @@ pub fn run(
             fuel,
             ..SandboxConfig::default()
         })?;
-        let processor = sandbox.load(component, ProcessorPolicy::from_manifest(manifest))?;
+        let processor = sandbox.load(component, crate::task::processor_policy(manifest))?;
         for &batch_size in batch_sizes {
             let mut task = Task::new(
                 0,

@@ -1,9 +1,15 @@
-//! The `onceflow` binary: parse, run, print the error chain once.
+//! The `onceflow` binary: parse, run, print the error and its causes.
+//!
+//! The command line lives here (`cli/`), not in the library, so nothing in
+//! the library can depend on it.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use onceflow::cli::{Cli, Exit, run};
+
+mod cli;
+
+use cli::{Cli, Exit, run};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -19,14 +25,8 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err}");
-            // Print each cause once: many messages already quote their source.
-            let mut shown = err.to_string();
             for cause in err.chain().skip(1) {
-                let text = cause.to_string();
-                if !shown.contains(&text) {
-                    eprintln!("  caused by: {text}");
-                    shown = text;
-                }
+                eprintln!("  caused by: {cause}");
             }
             let code = err.downcast_ref::<Exit>().map_or(1, |e| e.code);
             ExitCode::from(code)

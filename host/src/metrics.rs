@@ -239,6 +239,21 @@ pub struct Exposition {
     pub deployments: Vec<(String, String, u64, Arc<Metrics>)>,
 }
 
+impl Exposition {
+    /// The OpenMetrics content type of [`Exposition::encode_text`].
+    pub const CONTENT_TYPE: &'static str =
+        "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+    /// The series as OpenMetrics text.
+    pub fn encode_text(self) -> Result<String, std::fmt::Error> {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)?;
+        Ok(text)
+    }
+}
+
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         type Get = fn(&Metrics) -> u64;

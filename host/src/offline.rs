@@ -19,7 +19,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
-use crate::deploy::Manifest;
+use crate::manifest::Manifest;
 use crate::sandbox::Processor;
 use crate::state::MemoryPartition;
 use crate::task::{BatchOutcome, Task, TaskConfig, TaskError, dead_letter_headers};
@@ -29,7 +29,7 @@ use crate::types::{Header, InputRecord, OutputRecord};
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     /// Reading failed.
-    #[error("cannot read {file}: {source}")]
+    #[error("cannot read {file}")]
     Read {
         /// The input file.
         file: String,
@@ -379,8 +379,8 @@ pub enum RunError {
     #[error(transparent)]
     Task(#[from] TaskError),
     /// Writing the outputs failed.
-    #[error("cannot write the output: {0}")]
-    Output(std::io::Error),
+    #[error("cannot write the output")]
+    Output(#[source] std::io::Error),
 }
 
 /// One `--dump-state` line.

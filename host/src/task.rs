@@ -14,8 +14,10 @@
 
 use std::any::Any;
 
-use crate::deploy::manifest::ErrorPolicy;
-use crate::sandbox::{CallFailure, Guest, Processor, SandboxError};
+use std::time::Duration;
+
+use crate::manifest::{ErrorPolicy, Manifest};
+use crate::sandbox::{CallFailure, Guest, Processor, ProcessorPolicy, SandboxError};
 use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch};
 use crate::types::{AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord};
 
@@ -43,8 +45,6 @@ pub struct TaskConfig {
     pub application_id: String,
     /// The error policy.
     pub policy: ErrorPolicy,
-    /// The dead-letter topic (with `dead-letter`).
-    pub dead_letter_topic: Option<String>,
     /// Output alias -> topic.
     pub outputs: Vec<(String, String)>,
     /// State store names.
@@ -53,11 +53,10 @@ pub struct TaskConfig {
 
 impl TaskConfig {
     /// The task settings a manifest asks for.
-    pub fn from_manifest(m: &crate::deploy::Manifest) -> Self {
+    pub fn from_manifest(m: &Manifest) -> Self {
         Self {
             application_id: m.application_id(),
-            policy: m.errors.policy,
-            dead_letter_topic: m.errors.dead_letter_topic.clone(),
+            policy: m.errors.clone(),
             outputs: m
                 .outputs
                 .iter()
@@ -65,6 +64,21 @@ impl TaskConfig {
                 .collect(),
             stores: m.stores.clone(),
         }
+    }
+}
+
+/// The sandbox limits and labels a manifest asks for: the one place that
+/// turns `[limits]` and `[config]` into the sandbox's own terms (the sandbox
+/// knows nothing of manifests).
+pub fn processor_policy(m: &Manifest) -> ProcessorPolicy {
+    ProcessorPolicy {
+        memory_bytes: (m.limits.memory_mb as usize) << 20,
+        fuel_per_record: m.limits.fuel_per_record,
+        timeout: Duration::from_millis(m.limits.timeout_ms),
+        log_lines_per_second: m.limits.log_lines_per_second,
+        config: m.config.clone(),
+        tenant: m.tenant.clone(),
+        processor: m.name.clone(),
     }
 }
 
@@ -314,7 +328,7 @@ impl Task {
         reason: String,
         out: &mut BatchOutcome,
     ) -> Result<(), TaskError> {
-        match self.config.policy {
+        match &self.config.policy {
             ErrorPolicy::Fail => Err(TaskError::RecordFailed {
                 topic: record.topic.clone(),
                 partition: record.partition,
@@ -332,12 +346,7 @@ impl Task {
                 out.skipped += 1;
                 Ok(())
             }
-            ErrorPolicy::DeadLetter => {
-                let topic = self
-                    .config
-                    .dead_letter_topic
-                    .clone()
-                    .unwrap_or_else(|| format!("{}.dlq", self.config.application_id));
+            ErrorPolicy::DeadLetter { topic } => {
                 tracing::debug!(
                     topic = %record.topic,
                     partition = record.partition,
@@ -346,7 +355,7 @@ impl Task {
                 );
                 out.outputs.push(dead_letter(
                     record,
-                    topic,
+                    topic.clone(),
                     &self.config.application_id,
                     reason,
                 ));
@@ -424,5 +433,25 @@ pub fn dead_letter(
         value: record.value.clone(),
         headers,
         timestamp: Some(record.timestamp),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sandbox_default_policy_is_the_manifest_default() {
+        let text =
+            "name = \"p\"\ntenant = \"t\"\ninputs = [\"in\"]\n[build]\nlanguage = \"rust\"\n";
+        let m = Manifest::parse(text, "/x/onceflow.toml".into()).expect("a minimal manifest");
+        let (from_manifest, default) = (processor_policy(&m), ProcessorPolicy::default());
+        assert_eq!(from_manifest.memory_bytes, default.memory_bytes);
+        assert_eq!(from_manifest.fuel_per_record, default.fuel_per_record);
+        assert_eq!(from_manifest.timeout, default.timeout);
+        assert_eq!(
+            from_manifest.log_lines_per_second,
+            default.log_lines_per_second
+        );
     }
 }

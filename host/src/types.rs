@@ -226,3 +226,18 @@ fn outside_process(store: &str) -> AccessError {
         "state store {store:?} is only available inside `process`, not in `init`"
     ))
 }
+
+/// An error and every cause under it, as one line (`a: b: c`); a cause
+/// whose text its parent already quotes is left out.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+        source = cause.source();
+    }
+    text
+}

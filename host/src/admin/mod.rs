@@ -1,26 +1,18 @@
-//! The host's HTTP admin API (axum) and its Prometheus endpoint.
+//! The host's HTTP admin API (axum) and its Prometheus endpoint: only
+//! authentication, (de)serialisation and the mapping of a [`FleetError`] to
+//! a status. The work is the fleet's ([`Fleet`]'s operations in
+//! `fleet/service.rs`); the request and answer types are in [`crate::api`],
+//! which the CLI's client shares.
 //!
 //! Every `/v1` call carries `Authorization: Bearer <tenant token>`. A bad
 //! or missing token gets 401; a deployment of another tenant is
 //! indistinguishable from one that does not exist (404). Tokens are never
-//! logged.
-//!
-//! | method and path | does |
-//! |---|---|
-//! | `POST /v1/artifacts` (body: the component) | validates and stores a component; returns its sha256 |
-//! | `PUT /v1/deployments/{name}` `{manifest, artifact}` | deploys (or upgrades) a processor |
-//! | `GET /v1/deployments` | the tenant's deployments |
-//! | `GET /v1/deployments/{name}` | status, version, partitions per host, lag, rates, last errors |
-//! | `POST /v1/deployments/{name}/pause`, `/resume` | stops or restarts its workers, keeping state and offsets |
-//! | `DELETE /v1/deployments/{name}?purge_state=true` | removes it (and its state) |
-//! | `GET /v1/deployments/{name}/logs?from=&tail=&wait_ms=` | guest log lines |
-//! | `GET /v1/deployments/{name}/state/{store}?key=` | the committed value of a key |
-//! | `GET /metrics` | Prometheus text: the caller tenant's series (all with the operator token) |
-//! | `GET /healthz` | liveness, no token |
+//! logged. The routes are listed in [`crate::api`]; `GET /metrics` answers
+//! Prometheus text: the caller tenant's series (all with the operator
+//! token).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -28,21 +20,16 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
 
-use crate::deploy::registry::{
-    DeploymentRecord, Desired, HostStatus, LogEntry, MAX_ARTIFACT_BYTES, deployment_key, now_ms,
+use crate::api::{
+    DeleteParams, DeployRequest, DeploymentList, ErrorBody, Health, LogParams, QueryParams,
 };
-use crate::fleet::{Fleet, manifest_of, parse_manifest};
-use crate::sandbox::ProcessorPolicy;
-use crate::stream::StreamError;
-use crate::tenancy::{Existing, Principal, Tenant};
-
-/// A status older than this is reported as stale (its host is likely gone).
-const STALE_AFTER_MS: i64 = 10_000;
-/// A status older than this is not shown at all (its host is gone).
-const FORGET_AFTER_MS: i64 = 60_000;
+use crate::fleet::Deployed;
+use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES};
+use crate::fleet::tenancy::Principal;
+use crate::fleet::{Fleet, FleetError, Tenant};
+use crate::kafka::KafkaError;
+use crate::types::error_chain;
 
 /// An error answer: a status and a message the CLI shows verbatim.
 #[derive(Debug)]
@@ -58,38 +45,57 @@ impl ApiError {
             message: message.into(),
         }
     }
-    fn not_found(name: &str) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            format!("no deployment named {name:?} (see `onceflow list`)"),
-        )
+}
+
+/// The status a fleet error deserves: the caller's fault (403, 404, 422) or
+/// the fleet's (500, 503).
+pub fn status_of(e: &FleetError) -> StatusCode {
+    match e {
+        FleetError::NoDeployment { .. }
+        | FleetError::NoStore { .. }
+        | FleetError::NoValue { .. } => StatusCode::NOT_FOUND,
+        FleetError::Refused(_) => StatusCode::FORBIDDEN,
+        FleetError::Manifest(_)
+        | FleetError::Component(_)
+        | FleetError::Invalid(_)
+        | FleetError::Artifact { .. }
+        | FleetError::Kafka(KafkaError::Topic { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
+        FleetError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        FleetError::Kafka(_) | FleetError::Stream(_) | FleetError::Unavailable(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
     }
-    fn invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, message)
-    }
-    fn kafka(e: StreamError) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+}
+
+impl From<FleetError> for ApiError {
+    fn from(e: FleetError) -> Self {
+        Self::new(status_of(&e), error_chain(&e))
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(json!({ "error": self.message }))).into_response()
+        let body = ErrorBody {
+            error: self.message,
+        };
+        (self.status, axum::Json(body)).into_response()
     }
 }
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// Runs `f` on the blocking pool (Kafka and wasmtime calls block).
+/// Runs a fleet operation on the blocking pool (Kafka and wasmtime calls
+/// block).
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+    f: impl FnOnce() -> Result<T, FleetError> + Send + 'static,
 ) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        ApiError::new(
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(e) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("handler failed: {e}"),
-        )
-    })?
+        )),
+    }
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -119,16 +125,6 @@ fn tenant_of(fleet: &Fleet, headers: &HeaderMap) -> ApiResult<Tenant> {
     }
 }
 
-/// The tenant's live (not deleted) deployment `name`.
-fn own_record(fleet: &Fleet, tenant: &Tenant, name: &str) -> ApiResult<DeploymentRecord> {
-    fleet
-        .control
-        .deployments
-        .get(&deployment_key(&tenant.name, name))
-        .filter(|r| r.desired != Desired::Deleted)
-        .ok_or_else(|| ApiError::not_found(name))
-}
-
 /// The admin API's routes.
 pub fn router(fleet: Arc<Fleet>) -> Router {
     Router::new()
@@ -150,21 +146,30 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .with_state(fleet)
 }
 
-/// Serves the admin API on `listen` until `shutdown` resolves.
+/// Serves the admin API on `listener` until `shutdown` resolves.
 pub async fn serve(
     fleet: Arc<Fleet>,
-    listen: SocketAddr,
+    listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(%listen, "admin API listening");
+    if let Ok(listen) = listener.local_addr() {
+        tracing::info!(%listen, "admin API listening");
+    }
     axum::serve(listener, router(fleet))
         .with_graceful_shutdown(shutdown)
         .await
 }
 
-async fn healthz(State(fleet): State<Arc<Fleet>>) -> impl IntoResponse {
-    axum::Json(json!({ "host": fleet.host_id, "status": "ok" }))
+/// Binds the admin API's address.
+pub async fn bind(listen: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen).await
+}
+
+async fn healthz(State(fleet): State<Arc<Fleet>>) -> axum::Json<Health> {
+    axum::Json(Health {
+        host: fleet.host_id.clone(),
+        status: "ok".to_owned(),
+    })
 }
 
 async fn metrics(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResult<Response> {
@@ -173,58 +178,37 @@ async fn metrics(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResu
         Some(Principal::Operator) => None,
         None => return Err(unauthorized()),
     };
-    let mut registry = prometheus_client::registry::Registry::default();
-    registry.register_collector(Box::new(fleet.exposition(tenant.as_deref())));
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding metrics: {e}"),
-        )
-    })?;
+    let text = fleet
+        .exposition(tenant.as_deref())
+        .encode_text()
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("encoding metrics: {e}"),
+            )
+        })?;
     Ok((
         [(
             header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            crate::metrics::Exposition::CONTENT_TYPE,
         )],
         text,
     )
         .into_response())
 }
 
-/// `POST /v1/artifacts`: checks the component (parses, allowed imports,
-/// expected exports, compiles) and stores it, chunked, in Kafka.
+/// `POST /v1/artifacts`.
 async fn upload(
     State(fleet): State<Arc<Fleet>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    blocking(move || {
-        fleet
-            .sandbox
-            .load(&body, ProcessorPolicy::default())
-            .map_err(|e| ApiError::invalid(format!("component refused: {e}")))?;
-        let sha = fleet.control.put_artifact(&body).map_err(ApiError::kafka)?;
-        tracing::info!(tenant = %tenant.name, artifact = %sha, bytes = body.len(), "component stored");
-        Ok((
-            StatusCode::CREATED,
-            axum::Json(json!({ "artifact": sha, "size": body.len() })),
-        )
-            .into_response())
-    })
-    .await
+    let uploaded = blocking(move || fleet.upload(&tenant, &body)).await?;
+    Ok((StatusCode::CREATED, axum::Json(uploaded)).into_response())
 }
 
-/// The body of `PUT /v1/deployments/{name}`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct DeployRequest {
-    /// The manifest's text.
-    pub manifest: String,
-    /// sha256 of an uploaded component.
-    pub artifact: String,
-}
-
+/// `PUT /v1/deployments/{name}`.
 async fn deploy(
     State(fleet): State<Arc<Fleet>>,
     Path(name): Path<String>,
@@ -232,158 +216,18 @@ async fn deploy(
     axum::Json(req): axum::Json<DeployRequest>,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    blocking(move || {
-        let manifest = parse_manifest(&tenant.name, &name, &req.manifest)
-            .map_err(|e| ApiError::invalid(format!("manifest refused: {e}")))?;
-        if manifest.name != name {
-            return Err(ApiError::invalid(format!(
-                "the manifest's name is {:?} but the request deploys {name:?}",
-                manifest.name
-            )));
-        }
-        let others: Vec<Existing> = fleet
-            .control
-            .deployments
-            .with_prefix(&format!("{}/", tenant.name))
-            .into_iter()
-            .filter(|r| r.desired != Desired::Deleted)
-            .filter_map(|r| {
-                let m = manifest_of(&r).ok()?;
-                Some(Existing {
-                    name: r.name,
-                    worker_threads: m.processing.worker_threads,
-                })
-            })
-            .collect();
-        tenant
-            .admit(&manifest, &others)
-            .map_err(|m| ApiError::new(StatusCode::FORBIDDEN, format!("refused: {m}")))?;
-        let bytes = fleet.control.artifact(&req.artifact).map_err(|e| {
-            ApiError::invalid(format!("{e} (upload it with POST /v1/artifacts first)"))
-        })?;
-        fleet
-            .sandbox
-            .load(&bytes, ProcessorPolicy::from_manifest(&manifest))
-            .map_err(|e| ApiError::invalid(format!("component refused: {e}")))?;
-        crate::stream::kafka::prepare_topics(&manifest, fleet.options()).map_err(|e| match e {
-            StreamError::Topic { .. } => ApiError::invalid(format!("refused: {e}")),
-            other => ApiError::kafka(other),
-        })?;
-        let previous = fleet
-            .control
-            .deployments
-            .get(&deployment_key(&tenant.name, &name));
-        let record = DeploymentRecord {
-            tenant: tenant.name.clone(),
-            name: name.clone(),
-            version: previous.as_ref().map_or(1, |p| p.version + 1),
-            manifest: req.manifest,
-            artifact: req.artifact,
-            artifact_size: bytes.len() as u64,
-            desired: Desired::Running,
-            purge_state: false,
-            updated_ms: now_ms(),
-        };
-        fleet
-            .control
-            .put_deployment(&record)
-            .map_err(ApiError::kafka)?;
-        tracing::info!(deployment = %record.key(), version = record.version, "deployed");
-        let status = if previous.is_some_and(|p| p.desired != Desired::Deleted) {
-            StatusCode::OK
-        } else {
-            StatusCode::CREATED
-        };
-        Ok((status, axum::Json(summary(&record, &[]))).into_response())
-    })
-    .await
-}
-
-fn statuses_of(fleet: &Fleet, r: &DeploymentRecord) -> Vec<HostStatus> {
-    let now = now_ms();
-    fleet
-        .control
-        .statuses
-        .with_prefix(&format!("{}/{}/", r.tenant, r.name))
-        .into_iter()
-        .filter(|s| now - s.updated_ms <= FORGET_AFTER_MS)
-        .collect()
-}
-
-/// What `list` and `describe` show of a deployment.
-fn summary(r: &DeploymentRecord, statuses: &[HostStatus]) -> serde_json::Value {
-    let now = now_ms();
-    let hosts: Vec<serde_json::Value> = statuses
-        .iter()
-        .map(|s| {
-            json!({
-                "host": s.host,
-                "version": s.version,
-                "state": s.state,
-                "partitions": s.partitions,
-                "lag": s.lag,
-                "records_per_s": (s.records_per_s * 10.0).round() / 10.0,
-                "commits_per_s": (s.commits_per_s * 10.0).round() / 10.0,
-                "commit_p99_ms": (s.commit_p99_ms * 10.0).round() / 10.0,
-                "records": s.records,
-                "aborts": s.aborts,
-                "fenced": s.fenced,
-                "dead_lettered": s.dead_lettered,
-                "last_errors": s.last_errors,
-                "stale": now - s.updated_ms > STALE_AFTER_MS,
-                "age_ms": now - s.updated_ms,
-            })
-        })
-        .collect();
-    let live: Vec<&HostStatus> = statuses
-        .iter()
-        .filter(|s| now - s.updated_ms <= STALE_AFTER_MS)
-        .collect();
-    let running_versions: std::collections::BTreeSet<u64> = live
-        .iter()
-        .filter(|s| s.state == "running")
-        .map(|s| s.version)
-        .collect();
-    let status = match r.desired {
-        Desired::Paused => "paused".to_owned(),
-        Desired::Deleted => "deleted".to_owned(),
-        Desired::Running if live.iter().any(|s| s.state == "failed") => "failed".to_owned(),
-        Desired::Running
-            if running_versions.contains(&r.version) && running_versions.len() == 1 =>
-        {
-            "running".to_owned()
-        }
-        Desired::Running if !running_versions.is_empty() => "upgrading".to_owned(),
-        Desired::Running => "starting".to_owned(),
+    let (deployed, summary) = blocking(move || fleet.deploy(&tenant, &name, req)).await?;
+    let status = match deployed {
+        Deployed::Created => StatusCode::CREATED,
+        Deployed::Upgraded => StatusCode::OK,
     };
-    json!({
-        "name": r.name,
-        "tenant": r.tenant,
-        "version": r.version,
-        "status": status,
-        "artifact": r.artifact,
-        "artifact_size": r.artifact_size,
-        "updated_ms": r.updated_ms,
-        "running_versions": running_versions,
-        "partitions": live.iter().map(|s| s.partitions.len()).sum::<usize>(),
-        "lag": live.iter().map(|s| s.lag).sum::<i64>(),
-        "records_per_s": (live.iter().map(|s| s.records_per_s).sum::<f64>() * 10.0).round() / 10.0,
-        "commits_per_s": (live.iter().map(|s| s.commits_per_s).sum::<f64>() * 10.0).round() / 10.0,
-        "hosts": hosts,
-    })
+    Ok((status, axum::Json(summary)).into_response())
 }
 
 async fn list(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let items: Vec<serde_json::Value> = fleet
-        .control
-        .deployments
-        .with_prefix(&format!("{}/", tenant.name))
-        .into_iter()
-        .filter(|r| r.desired != Desired::Deleted)
-        .map(|r| summary(&r, &statuses_of(&fleet, &r)))
-        .collect();
-    Ok(axum::Json(json!({ "deployments": items })).into_response())
+    let deployments = fleet.list(&tenant);
+    Ok(axum::Json(DeploymentList { deployments }).into_response())
 }
 
 async fn describe(
@@ -392,30 +236,7 @@ async fn describe(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let r = own_record(&fleet, &tenant, &name)?;
-    let mut s = summary(&r, &statuses_of(&fleet, &r));
-    s["manifest"] = json!(r.manifest);
-    Ok(axum::Json(s).into_response())
-}
-
-async fn set_desired(
-    fleet: Arc<Fleet>,
-    headers: HeaderMap,
-    name: String,
-    desired: Desired,
-    purge_state: bool,
-) -> ApiResult<DeploymentRecord> {
-    let tenant = tenant_of(&fleet, &headers)?;
-    let mut r = own_record(&fleet, &tenant, &name)?;
-    blocking(move || {
-        r.desired = desired;
-        r.purge_state = purge_state;
-        r.updated_ms = now_ms();
-        fleet.control.put_deployment(&r).map_err(ApiError::kafka)?;
-        tracing::info!(deployment = %r.key(), ?desired, "desired state changed");
-        Ok(r)
-    })
-    .await
+    Ok(axum::Json(fleet.describe(&tenant, &name)?).into_response())
 }
 
 async fn pause(
@@ -423,8 +244,7 @@ async fn pause(
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let r = set_desired(fleet, headers, name, Desired::Paused, false).await?;
-    Ok(axum::Json(summary(&r, &[])).into_response())
+    set_desired(fleet, headers, name, Desired::Paused).await
 }
 
 async fn resume(
@@ -432,14 +252,18 @@ async fn resume(
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let r = set_desired(fleet, headers, name, Desired::Running, false).await?;
-    Ok(axum::Json(summary(&r, &[])).into_response())
+    set_desired(fleet, headers, name, Desired::Running).await
 }
 
-#[derive(Debug, Deserialize)]
-struct DeleteParams {
-    #[serde(default)]
-    purge_state: bool,
+async fn set_desired(
+    fleet: Arc<Fleet>,
+    headers: HeaderMap,
+    name: String,
+    desired: Desired,
+) -> ApiResult<Response> {
+    let tenant = tenant_of(&fleet, &headers)?;
+    let summary = blocking(move || fleet.set_desired(&tenant, &name, desired)).await?;
+    Ok(axum::Json(summary).into_response())
 }
 
 async fn delete(
@@ -448,49 +272,9 @@ async fn delete(
     Query(params): Query<DeleteParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let r = set_desired(
-        fleet.clone(),
-        headers,
-        name,
-        Desired::Deleted,
-        params.purge_state,
-    )
-    .await?;
-    if !params.purge_state {
-        return Ok(axum::Json(json!({ "deleted": r.name, "state_purged": false })).into_response());
-    }
-    // Purge: once the workers have left (this host's at once; the others'
-    // static memberships when their sessions expire), drop the group and
-    // the changelogs. Each host drops its local stores itself.
-    blocking(move || {
-        let key = r.key();
-        for _ in 0..600 {
-            if !fleet.is_running(&key) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let manifest = manifest_of(&r).map_err(ApiError::invalid)?;
-        fleet
-            .control
-            .purge(&manifest.application_id(), &Fleet::changelogs_of(&r))
-            .map_err(ApiError::kafka)?;
-        Ok(axum::Json(json!({ "deleted": r.name, "state_purged": true })).into_response())
-    })
-    .await
-}
-
-#[derive(Debug, Deserialize)]
-struct LogParams {
-    from: Option<i64>,
-    #[serde(default = "default_tail")]
-    tail: i64,
-    #[serde(default)]
-    wait_ms: u64,
-}
-
-fn default_tail() -> i64 {
-    10_000
+    let tenant = tenant_of(&fleet, &headers)?;
+    let deleted = blocking(move || fleet.delete(&tenant, &name, params.purge_state)).await?;
+    Ok(axum::Json(deleted).into_response())
 }
 
 async fn logs(
@@ -500,21 +284,8 @@ async fn logs(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let r = own_record(&fleet, &tenant, &name)?;
-    blocking(move || {
-        let wait = Duration::from_millis(params.wait_ms.min(30_000));
-        let (lines, next): (Vec<LogEntry>, i64) = fleet
-            .control
-            .read_logs(&r.key(), params.from, params.tail.clamp(1, 1_000_000), wait)
-            .map_err(ApiError::kafka)?;
-        Ok(axum::Json(json!({ "lines": lines, "next": next })).into_response())
-    })
-    .await
-}
-
-#[derive(Debug, Deserialize)]
-struct QueryParams {
-    key: String,
+    let lines = blocking(move || fleet.logs(&tenant, &name, &params)).await?;
+    Ok(axum::Json(lines).into_response())
 }
 
 async fn query(
@@ -524,49 +295,6 @@ async fn query(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let r = own_record(&fleet, &tenant, &name)?;
-    let manifest = manifest_of(&r).map_err(ApiError::invalid)?;
-    if !manifest.stores.contains(&store) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "deployment {name:?} has no store {store:?} (its stores: {})",
-                manifest.stores.join(", ")
-            ),
-        ));
-    }
-    let topic = crate::stream::changelog_topic(&manifest, &store);
-    blocking(move || {
-        let found = fleet
-            .control
-            .query_changelog(&topic, params.key.as_bytes())
-            .map_err(ApiError::kafka)?;
-        if found.is_empty() {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "key {:?} has no committed value in store {store:?}",
-                    params.key
-                ),
-            ));
-        }
-        let values: Vec<serde_json::Value> = found
-            .into_iter()
-            .map(|(partition, v)| match String::from_utf8(v) {
-                Ok(text) => json!({ "partition": partition, "value": text }),
-                Err(e) => json!({
-                    "partition": partition,
-                    "value_base64": base64::Engine::encode(
-                        &base64::engine::general_purpose::STANDARD,
-                        e.as_bytes()
-                    ),
-                }),
-            })
-            .collect();
-        Ok(
-            axum::Json(json!({ "store": store, "key": params.key, "values": values }))
-                .into_response(),
-        )
-    })
-    .await
+    let answer = blocking(move || fleet.query(&tenant, &name, &store, &params.key)).await?;
+    Ok(axum::Json(answer).into_response())
 }

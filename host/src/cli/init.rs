@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 
-use crate::deploy::manifest::Language;
+use onceflow::manifest::Language;
 
 /// `onceflow init`: writes the scaffold and says what to do next.
 pub(super) fn cmd_init(

@@ -9,9 +9,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use onceflow::api::{
+    Deleted, DeployRequest, DeploymentList, DeploymentSummary, ErrorBody, LogLines, QueryAnswer,
+    Uploaded,
+};
 use reqwest::StatusCode;
 use reqwest::blocking::{Client, RequestBuilder, Response};
-use serde_json::Value;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::{Exit, OutputFormat, load_manifest, read_component, usage};
 
@@ -68,7 +73,7 @@ impl Remote {
         format!("{}{path}", self.base)
     }
 
-    fn send(&self, request: RequestBuilder) -> anyhow::Result<Value> {
+    fn send<T: DeserializeOwned>(&self, request: RequestBuilder) -> anyhow::Result<T> {
         let response = request
             .bearer_auth(&self.token)
             .send()
@@ -76,28 +81,28 @@ impl Remote {
         answer(response)
     }
 
-    fn get(&self, path: &str) -> anyhow::Result<Value> {
+    fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.send(self.client.get(self.url(path)))
     }
 
-    fn post(&self, path: &str) -> anyhow::Result<Value> {
+    fn post<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.send(self.client.post(self.url(path)))
     }
 }
 
-/// The JSON body of a success, or an error with the server's message and
+/// The typed body of a success, or an error with the server's message and
 /// an exit code (1: refused, 2: bad request or not found, 3: unavailable).
-fn answer(response: Response) -> anyhow::Result<Value> {
+fn answer<T: DeserializeOwned>(response: Response) -> anyhow::Result<T> {
     let status = response.status();
     let text = response.text().unwrap_or_default();
-    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
     if status.is_success() {
-        return Ok(body);
+        return serde_json::from_str(&text).with_context(|| {
+            format!("the admin API answered something this CLI cannot read (HTTP {status}): is it the same Onceflow version?")
+        });
     }
-    let message = body["error"]
-        .as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| body.to_string());
+    let message = serde_json::from_str::<ErrorBody>(&text)
+        .map(|b| b.error)
+        .unwrap_or(text);
     let code = match status {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::UNPROCESSABLE_ENTITY => 1,
         StatusCode::SERVICE_UNAVAILABLE | StatusCode::INTERNAL_SERVER_ERROR => 3,
@@ -123,7 +128,7 @@ fn encode(part: &str) -> String {
     out
 }
 
-fn print_json(v: &Value) -> anyhow::Result<()> {
+fn print_json(v: &impl Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
@@ -150,12 +155,9 @@ fn table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".to_owned(),
-        other => other.to_string(),
-    }
+/// A number for a table cell, as JSON writes it (`12.0`, not `12`).
+fn num(x: f64) -> String {
+    serde_json::Number::from_f64(x).map_or_else(|| "-".to_owned(), |n| n.to_string())
 }
 
 /// `onceflow deploy`: uploads the component (with a progress bar), then
@@ -187,7 +189,7 @@ pub fn deploy(
     }
     let len = bytes.len() as u64;
     let reader = progress.wrap_read(std::io::Cursor::new(bytes));
-    let uploaded = remote.send(
+    let uploaded: anyhow::Result<Uploaded> = remote.send(
         remote
             .client
             .post(remote.url("/v1/artifacts"))
@@ -195,21 +197,23 @@ pub fn deploy(
             .body(reqwest::blocking::Body::sized(reader, len)),
     );
     progress.finish_and_clear();
-    let uploaded = uploaded?;
-    let artifact = s(&uploaded["artifact"]);
-    let deployed = remote.send(
+    let artifact = uploaded?.artifact;
+    let deployed: DeploymentSummary = remote.send(
         remote
             .client
             .put(remote.url(&format!("/v1/deployments/{}", encode(&manifest.name))))
-            .json(&serde_json::json!({ "manifest": manifest_text, "artifact": artifact })),
+            .json(&DeployRequest {
+                manifest: manifest_text,
+                artifact: artifact.clone(),
+            }),
     )?;
     match remote.output {
         OutputFormat::Json => print_json(&deployed)?,
         OutputFormat::Text => println!(
             "deployed {}.{} version {} (component sha256 {}, {} bytes)",
-            s(&deployed["tenant"]),
-            s(&deployed["name"]),
-            s(&deployed["version"]),
+            deployed.tenant,
+            deployed.name,
+            deployed.version,
             &artifact[..artifact.len().min(12)],
             len
         ),
@@ -220,42 +224,40 @@ pub fn deploy(
 /// `onceflow list`.
 pub fn list(args: &RemoteArgs) -> anyhow::Result<ExitCode> {
     let remote = Remote::new(args)?;
-    let v = remote.get("/v1/deployments")?;
+    let list: DeploymentList = remote.get("/v1/deployments")?;
     match remote.output {
-        OutputFormat::Json => print_json(&v)?,
+        OutputFormat::Json => print_json(&list)?,
+        OutputFormat::Text if list.deployments.is_empty() => {
+            println!("no deployments (deploy one with `onceflow deploy <manifest>`)");
+        }
         OutputFormat::Text => {
-            let empty = Vec::new();
-            let items = v["deployments"].as_array().unwrap_or(&empty);
-            if items.is_empty() {
-                println!("no deployments (deploy one with `onceflow deploy <manifest>`)");
-            } else {
-                let rows: Vec<Vec<String>> = items
-                    .iter()
-                    .map(|d| {
-                        vec![
-                            s(&d["name"]),
-                            s(&d["version"]),
-                            s(&d["status"]),
-                            d["hosts"].as_array().map_or(0, Vec::len).to_string(),
-                            s(&d["partitions"]),
-                            s(&d["lag"]),
-                            s(&d["records_per_s"]),
-                        ]
-                    })
-                    .collect();
-                table(
-                    &[
-                        "name",
-                        "version",
-                        "status",
-                        "hosts",
-                        "partitions",
-                        "lag",
-                        "records/s",
-                    ],
-                    &rows,
-                );
-            }
+            let rows: Vec<Vec<String>> = list
+                .deployments
+                .iter()
+                .map(|d| {
+                    vec![
+                        d.name.clone(),
+                        d.version.to_string(),
+                        d.status.clone(),
+                        d.hosts.len().to_string(),
+                        d.partitions.to_string(),
+                        d.lag.to_string(),
+                        num(d.records_per_s),
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "name",
+                    "version",
+                    "status",
+                    "hosts",
+                    "partitions",
+                    "lag",
+                    "records/s",
+                ],
+                &rows,
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -264,59 +266,51 @@ pub fn list(args: &RemoteArgs) -> anyhow::Result<ExitCode> {
 /// `onceflow describe`.
 pub fn describe(name: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
     let remote = Remote::new(args)?;
-    let v = remote.get(&format!("/v1/deployments/{}", encode(name)))?;
+    let v: DeploymentSummary = remote.get(&format!("/v1/deployments/{}", encode(name)))?;
     if remote.output == OutputFormat::Json {
         print_json(&v)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("name:        {}.{}", s(&v["tenant"]), s(&v["name"]));
+    println!("name:        {}.{}", v.tenant, v.name);
     println!(
-        "version:     {} (running: {})",
-        s(&v["version"]),
-        s(&v["running_versions"])
+        "version:     {} (running: {:?})",
+        v.version, v.running_versions
     );
-    println!("status:      {}", s(&v["status"]));
+    println!("status:      {}", v.status);
     println!(
         "component:   sha256 {} ({} bytes)",
-        s(&v["artifact"]),
-        s(&v["artifact_size"])
+        v.artifact, v.artifact_size
     );
-    println!("lag:         {} records", s(&v["lag"]));
+    println!("lag:         {} records", v.lag);
     println!(
         "throughput:  {} records/s, {} commits/s",
-        s(&v["records_per_s"]),
-        s(&v["commits_per_s"])
+        num(v.records_per_s),
+        num(v.commits_per_s)
     );
-    let empty = Vec::new();
-    let hosts = v["hosts"].as_array().unwrap_or(&empty);
     println!();
-    let rows: Vec<Vec<String>> = hosts
+    let rows: Vec<Vec<String>> = v
+        .hosts
         .iter()
         .map(|h| {
-            let parts: Vec<String> = h["partitions"]
-                .as_array()
-                .unwrap_or(&empty)
-                .iter()
-                .map(s)
-                .collect();
+            let parts: Vec<String> = h.partitions.iter().map(i32::to_string).collect();
             vec![
-                s(&h["host"]),
-                s(&h["version"]),
-                if h["stale"].as_bool() == Some(true) {
-                    format!("{} (stale)", s(&h["state"]))
+                h.host.clone(),
+                h.version.to_string(),
+                if h.stale {
+                    format!("{} (stale)", h.state)
                 } else {
-                    s(&h["state"])
+                    h.state.clone()
                 },
                 if parts.is_empty() {
                     "-".to_owned()
                 } else {
                     parts.join(",")
                 },
-                s(&h["lag"]),
-                s(&h["records_per_s"]),
-                s(&h["commit_p99_ms"]),
-                s(&h["aborts"]),
-                s(&h["dead_lettered"]),
+                h.lag.to_string(),
+                num(h.records_per_s),
+                num(h.commit_p99_ms),
+                h.aborts.to_string(),
+                h.dead_lettered.to_string(),
             ]
         })
         .collect();
@@ -334,17 +328,10 @@ pub fn describe(name: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
         ],
         &rows,
     );
-    let errors: Vec<String> = hosts
+    let errors: Vec<String> = v
+        .hosts
         .iter()
-        .flat_map(|h| {
-            let host = s(&h["host"]);
-            h["last_errors"]
-                .as_array()
-                .unwrap_or(&empty)
-                .iter()
-                .map(move |e| format!("{host}: {}", s(e)))
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|h| h.last_errors.iter().map(|e| format!("{}: {e}", h.host)))
         .collect();
     if !errors.is_empty() {
         println!("\nlast errors:");
@@ -365,30 +352,27 @@ pub fn logs(name: &str, follow: bool, tail: i64, args: &RemoteArgs) -> anyhow::R
             Some(f) => format!("{path}?from={f}&wait_ms={}", if follow { 5000 } else { 0 }),
             None => format!("{path}?tail={tail}"),
         };
-        let v = remote.get(&query)?;
-        let empty = Vec::new();
-        let lines = v["lines"].as_array().unwrap_or(&empty);
-        for l in lines {
+        let v: LogLines = remote.get(&query)?;
+        for l in &v.lines {
             match remote.output {
-                OutputFormat::Json => println!("{l}"),
+                OutputFormat::Json => println!("{}", serde_json::to_string(l)?),
                 OutputFormat::Text => println!(
                     "{} {:<5} {} p{} {}",
-                    s(&l["ts_ms"]),
-                    s(&l["level"]).to_uppercase(),
-                    s(&l["host"]),
-                    s(&l["partition"]),
-                    s(&l["message"])
+                    l.ts_ms,
+                    l.level.to_uppercase(),
+                    l.host,
+                    l.partition,
+                    l.message
                 ),
             }
         }
-        let next = v["next"].as_i64();
         if !follow {
             // Without --follow: everything up to the end, then stop.
-            if lines.is_empty() || next.is_none() || next == from {
+            if v.lines.is_empty() || Some(v.next) == from {
                 break;
             }
         }
-        from = next.or(from);
+        from = Some(v.next);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -397,7 +381,7 @@ pub fn logs(name: &str, follow: bool, tail: i64, args: &RemoteArgs) -> anyhow::R
 pub fn set_running(name: &str, running: bool, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
     let remote = Remote::new(args)?;
     let verb = if running { "resume" } else { "pause" };
-    let v = remote.post(&format!("/v1/deployments/{}/{verb}", encode(name)))?;
+    let v: DeploymentSummary = remote.post(&format!("/v1/deployments/{}/{verb}", encode(name)))?;
     match remote.output {
         OutputFormat::Json => print_json(&v)?,
         OutputFormat::Text => println!(
@@ -413,13 +397,13 @@ pub fn set_running(name: &str, running: bool, args: &RemoteArgs) -> anyhow::Resu
 /// `onceflow delete [--purge-state]`.
 pub fn delete(name: &str, purge_state: bool, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
     let remote = Remote::new(args)?;
-    let v = remote.send(remote.client.delete(remote.url(&format!(
+    let v: Deleted = remote.send(remote.client.delete(remote.url(&format!(
         "/v1/deployments/{}?purge_state={purge_state}",
         encode(name)
     ))))?;
     match remote.output {
         OutputFormat::Json => print_json(&v)?,
-        OutputFormat::Text if purge_state => {
+        OutputFormat::Text if v.state_purged => {
             println!("deleted {name}; its state (stores, changelogs, consumer group) is gone")
         }
         OutputFormat::Text => println!(
@@ -432,7 +416,7 @@ pub fn delete(name: &str, purge_state: bool, args: &RemoteArgs) -> anyhow::Resul
 /// `onceflow query`: the committed value of a key.
 pub fn query(name: &str, store: &str, key: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
     let remote = Remote::new(args)?;
-    let v = remote.get(&format!(
+    let v: QueryAnswer = remote.get(&format!(
         "/v1/deployments/{}/state/{}?key={}",
         encode(name),
         encode(store),
@@ -441,11 +425,11 @@ pub fn query(name: &str, store: &str, key: &str, args: &RemoteArgs) -> anyhow::R
     match remote.output {
         OutputFormat::Json => print_json(&v)?,
         OutputFormat::Text => {
-            let empty = Vec::new();
-            for item in v["values"].as_array().unwrap_or(&empty) {
-                match item.get("value") {
-                    Some(value) => println!("{}", s(value)),
-                    None => println!("base64:{}", s(&item["value_base64"])),
+            for item in &v.values {
+                match (&item.value, &item.value_base64) {
+                    (Some(value), _) => println!("{value}"),
+                    (None, Some(b64)) => println!("base64:{b64}"),
+                    (None, None) => println!("-"),
                 }
             }
         }

@@ -106,7 +106,8 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("onceflow"))
 }
 
-/// Per-processor limits and labels, from the manifest.
+/// Per-processor limits and labels (`task::processor_policy` makes one from
+/// a manifest).
 #[derive(Debug, Clone)]
 pub struct ProcessorPolicy {
     /// Linear memory cap per instance, bytes.
@@ -126,33 +127,18 @@ pub struct ProcessorPolicy {
 }
 
 impl Default for ProcessorPolicy {
-    /// The manifest defaults: 128 MiB, 50 M fuel per record, 10 s per call,
-    /// 100 log lines per second.
+    /// The manifest's defaults: 128 MiB, 50 M fuel per record, 10 s per
+    /// call, 100 log lines per second (`manifest::Limits::default`, checked
+    /// by a test in `task`).
     fn default() -> Self {
-        let limits = crate::deploy::manifest::Limits::default();
         Self {
-            memory_bytes: (limits.memory_mb as usize) << 20,
-            fuel_per_record: limits.fuel_per_record,
-            timeout: Duration::from_millis(limits.timeout_ms),
-            log_lines_per_second: limits.log_lines_per_second,
+            memory_bytes: 128 << 20,
+            fuel_per_record: 50_000_000,
+            timeout: Duration::from_secs(10),
+            log_lines_per_second: 100,
             config: Vec::new(),
             tenant: String::new(),
             processor: String::new(),
-        }
-    }
-}
-
-impl ProcessorPolicy {
-    /// The policy a manifest asks for.
-    pub fn from_manifest(m: &crate::deploy::Manifest) -> Self {
-        Self {
-            memory_bytes: (m.limits.memory_mb as usize) << 20,
-            fuel_per_record: m.limits.fuel_per_record,
-            timeout: Duration::from_millis(m.limits.timeout_ms),
-            log_lines_per_second: m.limits.log_lines_per_second,
-            config: m.config.clone(),
-            tenant: m.tenant.clone(),
-            processor: m.name.clone(),
         }
     }
 }

@@ -6,11 +6,11 @@
 //! partitions assigned to it. The commit protocol is in [`worker`], top to
 //! bottom; restoring stores from their changelogs is in [`changelog`].
 //!
-//! This module owns rdkafka; `sandbox` and `state` know nothing of Kafka.
+//! This module drives Kafka (with the shared plumbing in [`crate::kafka`]);
+//! `sandbox` and `state` know nothing of Kafka.
 
 pub mod changelog;
-pub mod control;
-pub mod kafka;
+mod clients;
 pub mod verify;
 mod worker;
 
@@ -19,8 +19,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::deploy::Manifest;
-use crate::deploy::manifest::Guarantee;
+pub use changelog::{changelog_topic, changelog_topics};
+pub use clients::prepare_topics;
+
+use crate::kafka::{Connection, KafkaError};
+use crate::manifest::{Guarantee, Manifest};
 use crate::metrics::Metrics;
 use crate::sandbox::Processor;
 use crate::task::TaskConfig;
@@ -28,28 +31,19 @@ use crate::task::TaskConfig;
 /// Why a deployment stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
-    /// A Kafka operation failed.
-    #[error("kafka: {operation}: {message}")]
-    Kafka {
-        /// What was being done.
-        operation: String,
-        /// The client's error.
-        message: String,
-    },
-    /// A topic the manifest names is missing or unusable.
-    #[error("topic {topic:?}: {message}")]
-    Topic {
-        /// The topic.
-        topic: String,
-        /// What is wrong and what to do.
-        message: String,
-    },
+    /// A Kafka operation failed (a missing or unusable topic is
+    /// [`KafkaError::Topic`]).
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
     /// A record failed under the `fail` policy: the deployment stops.
-    #[error("processing stopped: {0}")]
-    ProcessorFailed(String),
-    /// The state store failed.
-    #[error("state: {0}")]
-    State(String),
+    #[error("processing stopped")]
+    ProcessorFailed(#[source] crate::task::TaskError),
+    /// A task's state store could not be opened.
+    #[error("state store")]
+    State(#[source] crate::state::StateError),
+    /// A task failed outside a record's processing (its state, its guest).
+    #[error("task")]
+    Task(#[source] crate::task::TaskError),
     /// A worker must restart its session (producer, consumer, tasks):
     /// fencing, a fatal producer error, a timeout.
     #[error("worker session must restart: {0}")]
@@ -57,25 +51,25 @@ pub enum StreamError {
 }
 
 impl StreamError {
-    pub(crate) fn kafka(operation: impl Into<String>, e: impl std::fmt::Display) -> Self {
-        Self::Kafka {
-            operation: operation.into(),
-            message: e.to_string(),
-        }
+    pub(crate) fn kafka(operation: impl Into<String>, e: rdkafka::error::KafkaError) -> Self {
+        Self::Kafka(KafkaError::client(operation, e))
     }
 
     /// Whether the error ends the deployment (as opposed to a worker
     /// rejoining and carrying on).
     pub fn stops_deployment(&self) -> bool {
-        matches!(self, Self::ProcessorFailed(_) | Self::Topic { .. })
+        matches!(
+            self,
+            Self::ProcessorFailed(_) | Self::Kafka(KafkaError::Topic { .. })
+        )
     }
 }
 
 /// How `onceflow run` connects and where it keeps state.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Kafka bootstrap servers.
-    pub bootstrap_servers: String,
+    /// The cluster, and `-X` properties for every client.
+    pub kafka: Connection,
     /// Local state directory (RocksDB per task).
     pub state_dir: PathBuf,
     /// This instance's id: part of its transactional ids. Stable across
@@ -87,8 +81,6 @@ pub struct RunOptions {
     /// Transaction timeout (also bounds how long a crashed instance's open
     /// transaction blocks readers).
     pub transaction_timeout: Duration,
-    /// Extra librdkafka properties for every client (`key=value`).
-    pub extra_config: Vec<(String, String)>,
     /// How often to log the figures.
     pub report_interval: Duration,
 }
@@ -108,11 +100,6 @@ impl Deployment {
     pub(crate) fn exactly_once(&self) -> bool {
         self.manifest.processing.guarantee == Guarantee::ExactlyOnceV2
     }
-}
-
-/// The changelog topic of a store: `<tenant>.<name>-<store>-changelog`.
-pub fn changelog_topic(manifest: &Manifest, store: &str) -> String {
-    format!("{}-{store}-changelog", manifest.application_id())
 }
 
 /// Runs a deployment until `shutdown` is set (then finishes or aborts the
@@ -141,7 +128,7 @@ pub fn run_with_metrics(
     shutdown: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
 ) -> Result<Arc<Metrics>, StreamError> {
-    let partitions = kafka::prepare_topics(&manifest, &options)?;
+    let partitions = prepare_topics(&manifest, &options.kafka)?;
     tracing::info!(
         app = %manifest.application_id(),
         partitions,

@@ -20,23 +20,21 @@
 //! shape.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 
-use super::StreamError;
-use super::kafka::ADMIN_TIMEOUT;
+use crate::kafka::{self, Connection, KafkaError};
 use crate::task::dead_letter_headers;
 
 /// What to check.
 #[derive(Debug, Clone)]
 pub struct VerifyOptions {
-    /// Kafka bootstrap servers.
-    pub bootstrap_servers: String,
+    /// The cluster, and `-X` properties.
+    pub kafka: Connection,
     /// The input topic.
     pub input: String,
     /// JSON field with the record's unique id.
@@ -111,7 +109,7 @@ struct Rec {
 const EXAMPLES: usize = 10;
 
 /// Runs the checks.
-pub fn verify(o: &VerifyOptions) -> Result<VerifyReport, StreamError> {
+pub fn verify(o: &VerifyOptions) -> Result<VerifyReport, KafkaError> {
     let mut report = VerifyReport::default();
     let deadline = Instant::now() + o.timeout;
 
@@ -329,50 +327,30 @@ fn parse_input(value: Option<&[u8]>, o: &VerifyOptions) -> Option<(String, Strin
     Some((id, key, amount))
 }
 
-type Client = BaseConsumer<super::kafka::QuietContext>;
+type Client = BaseConsumer<kafka::QuietContext>;
 
-fn client(o: &VerifyOptions, isolation: &str) -> Result<Client, StreamError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", &o.bootstrap_servers)
-        .set("group.id", "onceflow-verify")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", isolation)
-        .create_with_context(super::kafka::QuietContext::default())
-        .map_err(|e| StreamError::kafka("creating the verify consumer", e))
+fn client(o: &VerifyOptions, isolation: &str) -> Result<Client, KafkaError> {
+    o.kafka.reader(
+        "onceflow-verify",
+        isolation,
+        10,
+        kafka::QuietContext::default(),
+    )
 }
 
-fn partitions(consumer: &Client, topic: &str) -> Result<Vec<i32>, StreamError> {
-    let md = consumer
-        .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
-        .map_err(|e| StreamError::kafka(format!("metadata of {topic}"), e))?;
-    let t = md.topics().first().ok_or_else(|| StreamError::Topic {
-        topic: topic.to_owned(),
-        message: "not found".to_owned(),
-    })?;
-    if t.error().is_some() || t.partitions().is_empty() {
-        return Err(StreamError::Topic {
-            topic: topic.to_owned(),
-            message: "does not exist".to_owned(),
-        });
-    }
-    Ok(t.partitions().iter().map(|p| p.id()).collect())
+fn partitions(consumer: &Client, topic: &str) -> Result<Vec<i32>, KafkaError> {
+    Connection::partitions(consumer, topic)?
+        .ok_or_else(|| KafkaError::topic(topic, "does not exist"))
 }
 
 /// Partitions whose last stable offset is behind the high watermark.
-fn open_transactions(o: &VerifyOptions, topic: &str) -> Result<Vec<(i32, i64, i64)>, StreamError> {
+fn open_transactions(o: &VerifyOptions, topic: &str) -> Result<Vec<(i32, i64, i64)>, KafkaError> {
     let committed = client(o, "read_committed")?;
     let uncommitted = client(o, "read_uncommitted")?;
     let mut open = Vec::new();
     for p in partitions(&committed, topic)? {
-        let (_, lso) = committed
-            .fetch_watermarks(topic, p, ADMIN_TIMEOUT)
-            .map_err(|e| StreamError::kafka(format!("offsets of {topic}/{p}"), e))?;
-        let (_, hw) = uncommitted
-            .fetch_watermarks(topic, p, ADMIN_TIMEOUT)
-            .map_err(|e| StreamError::kafka(format!("offsets of {topic}/{p}"), e))?;
+        let (_, lso) = kafka::watermarks(&committed, topic, p)?;
+        let (_, hw) = kafka::watermarks(&uncommitted, topic, p)?;
         if lso < hw {
             open.push((p, lso, hw));
         }
@@ -382,61 +360,41 @@ fn open_transactions(o: &VerifyOptions, topic: &str) -> Result<Vec<(i32, i64, i6
 
 /// Every record of a topic, partition by partition in offset order, up to
 /// the end as of now.
-fn read_all(o: &VerifyOptions, topic: &str, deadline: Instant) -> Result<Vec<Rec>, StreamError> {
+fn read_all(o: &VerifyOptions, topic: &str, deadline: Instant) -> Result<Vec<Rec>, KafkaError> {
     let isolation = if o.read_uncommitted {
         "read_uncommitted"
     } else {
         "read_committed"
     };
     let consumer = client(o, isolation)?;
-    let mut tpl = TopicPartitionList::new();
-    let mut remaining = 0;
+    let mut assigned = Vec::new();
     for p in partitions(&consumer, topic)? {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, ADMIN_TIMEOUT)
-            .map_err(|e| StreamError::kafka(format!("offsets of {topic}/{p}"), e))?;
+        let (low, high) = kafka::watermarks(&consumer, topic, p)?;
         if high > low {
-            tpl.add_partition_offset(topic, p, Offset::Offset(low))
-                .map_err(|e| StreamError::kafka("assign", e))?;
-            remaining += 1;
+            assigned.push((topic, p, Some(low)));
         }
     }
     let mut out = Vec::new();
-    if remaining == 0 {
+    if assigned.is_empty() {
         return Ok(out);
     }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| StreamError::kafka(format!("assigning {topic}"), e))?;
-    let mut ended = std::collections::HashSet::new();
-    while ended.len() < remaining {
-        if Instant::now() > deadline {
-            return Err(StreamError::kafka(
-                format!("reading {topic}"),
-                "timed out before reaching the end of every partition",
-            ));
-        }
-        match consumer.poll(Duration::from_millis(500)) {
-            Some(Ok(m)) => out.push(Rec {
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key().map(<[u8]>::to_vec),
-                value: m.payload().map(<[u8]>::to_vec),
-                headers: m
-                    .headers()
-                    .map(|hs| {
-                        hs.iter()
-                            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            }),
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                ended.insert(p);
-            }
-            Some(Err(e)) => tracing::warn!(%topic, "verify consumer: {e}"),
-            None => {}
-        }
-    }
+    kafka::assign(&consumer, &assigned)?;
+    kafka::read_to_end(&consumer, assigned.len(), topic, deadline, |m| {
+        out.push(Rec {
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers: m
+                .headers()
+                .map(|hs| {
+                    hs.iter()
+                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        });
+        ControlFlow::Continue(())
+    })?;
     Ok(out)
 }

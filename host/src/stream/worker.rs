@@ -26,11 +26,13 @@ use std::time::{Duration, Instant};
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
+
+use super::clients::{consumer_config, producer_config};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use super::kafka::{self, TxnFailure};
 use super::{Deployment, StreamError, changelog};
+use crate::kafka::{self, TxnFailure};
 use crate::metrics::{Metrics, WorkerLoad};
 use crate::state::rocks::RocksPartition;
 use crate::task::{BatchOutcome, Task, TaskError};
@@ -351,7 +353,7 @@ impl Session {
         let client_id = format!("{app}-{}-{n}", d.options.instance_id);
         let transactional_id = d.exactly_once().then(|| client_id.clone());
         let producer: BaseProducer<ProducerCtx> =
-            kafka::producer_config(&d.options, transactional_id.as_deref(), &client_id)
+            producer_config(&d.options, transactional_id.as_deref(), &client_id)
                 .create_with_context(ProducerCtx {
                     changelog_topics: d.changelogs.iter().map(|(_, t)| t.clone()).collect(),
                     deliveries: Mutex::default(),
@@ -381,20 +383,19 @@ impl Session {
             revoked_during_poll: BTreeSet::new(),
             restore_consumer: None,
         }));
-        let consumer: BaseConsumer<WorkerContext> =
-            kafka::consumer_config(&d.options, &app, &client_id)
-                .set("statistics.interval.ms", "1000")
-                .create_with_context(WorkerContext {
-                    core: core.clone(),
-                    errors: kafka::ErrorLog::default(),
-                    lag: std::sync::atomic::AtomicI64::new(0),
-                    membership: Mutex::new(Membership {
-                        last_report: None,
-                        last_connected: Instant::now(),
-                        state: "init".to_owned(),
-                    }),
-                })
-                .map_err(|e| StreamError::kafka("creating the consumer", e))?;
+        let consumer: BaseConsumer<WorkerContext> = consumer_config(&d.options, &app, &client_id)
+            .set("statistics.interval.ms", "1000")
+            .create_with_context(WorkerContext {
+                core: core.clone(),
+                errors: kafka::ErrorLog::default(),
+                lag: std::sync::atomic::AtomicI64::new(0),
+                membership: Mutex::new(Membership {
+                    last_report: None,
+                    last_connected: Instant::now(),
+                    state: "init".to_owned(),
+                }),
+            })
+            .map_err(|e| StreamError::kafka("creating the consumer", e))?;
         let inputs: Vec<&str> = d.manifest.inputs.iter().map(String::as_str).collect();
         consumer
             .subscribe(&inputs)
@@ -576,8 +577,8 @@ impl Core {
             .state_dir
             .join(self.d.manifest.application_id())
             .join(partition.to_string());
-        let store = RocksPartition::open(&path, &self.d.manifest.stores)
-            .map_err(|e| StreamError::State(e.to_string()))?;
+        let store =
+            RocksPartition::open(&path, &self.d.manifest.stores).map_err(StreamError::State)?;
         Ok(Task::new(
             partition,
             self.d.processor.clone(),
@@ -809,8 +810,7 @@ impl Core {
                         .map(|last| (store.clone(), last + 1))
                 })
                 .collect();
-            task.apply_committed(positions)
-                .map_err(|e| StreamError::State(e.to_string()))?;
+            task.apply_committed(positions).map_err(StreamError::Task)?;
         }
         self.next_offsets.clear();
         let m = &self.d.metrics;
@@ -902,8 +902,8 @@ impl Core {
             tracing::warn!("{abort_error}");
         }
         match e {
-            TaskError::RecordFailed { .. } => StreamError::ProcessorFailed(e.to_string()),
-            other => StreamError::Restart(other.to_string()),
+            TaskError::RecordFailed { .. } => StreamError::ProcessorFailed(e),
+            other => StreamError::Task(other),
         }
     }
 

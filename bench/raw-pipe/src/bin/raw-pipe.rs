@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
         .set("partitioner", "murmur2_random")
         .set("linger.ms", "5")
         // Without these, every new transaction's AddPartitionsToTxn waits
-        // 100 ms for the previous one's markers (docs/NOTES.md, issue 3).
+        // 100 ms for the previous one's markers (docs/changelog.md, issue 3).
         .set("retry.backoff.ms", "5")
         .set("retry.backoff.max.ms", "100")
         .set("batch.num.messages", "10000")

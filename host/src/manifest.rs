@@ -17,7 +17,7 @@ pub const MANIFEST_FILE: &str = "onceflow.toml";
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     /// The file could not be read.
-    #[error("cannot read manifest {path}: {source}")]
+    #[error("cannot read manifest {path}")]
     Read {
         /// The manifest path.
         path: PathBuf,
@@ -60,8 +60,7 @@ pub enum Guarantee {
 
 /// What happens to a record whose processing fails (the processor returned
 /// an error for it, trapped, or ran out of fuel, memory or time).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum ErrorPolicy {
     /// Stop the deployment and surface the error (Kafka Streams' default).
     #[default]
@@ -70,6 +69,29 @@ pub enum ErrorPolicy {
     Skip,
     /// Write the record with the reason and its coordinates to the
     /// dead-letter topic, inside the same transaction, and carry on.
+    DeadLetter {
+        /// The dead-letter topic.
+        topic: String,
+    },
+}
+
+impl ErrorPolicy {
+    /// The dead-letter topic, with `dead-letter`.
+    pub fn dead_letter_topic(&self) -> Option<&str> {
+        match self {
+            Self::DeadLetter { topic } => Some(topic),
+            _ => None,
+        }
+    }
+}
+
+/// `[errors] policy` as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+enum PolicyName {
+    #[default]
+    Fail,
+    Skip,
     DeadLetter,
 }
 
@@ -176,15 +198,15 @@ fn default_max_batch() -> u32 {
     500
 }
 
-/// `[errors]`.
+/// `[errors]` as written; validated into an [`ErrorPolicy`].
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct ErrorsSection {
+struct ErrorsSection {
     /// `fail` (default), `skip` or `dead-letter`.
     #[serde(default)]
-    pub policy: ErrorPolicy,
+    policy: PolicyName,
     /// The dead-letter topic; required with `dead-letter`.
-    pub dead_letter_topic: Option<String>,
+    dead_letter_topic: Option<String>,
 }
 
 /// `[limits]`: what one instance of the processor may use.
@@ -260,7 +282,7 @@ struct RawManifest {
 pub struct Manifest {
     /// Where the manifest was read from.
     pub path: PathBuf,
-    /// Processor name: `[a-z0-9][a-z0-9._-]*`.
+    /// Processor name: `[a-z0-9][a-z0-9_-]*`, at most 64 characters.
     pub name: String,
     /// Owning tenant, same character set.
     pub tenant: String,
@@ -276,8 +298,8 @@ pub struct Manifest {
     pub outputs: BTreeMap<String, String>,
     /// Processing settings.
     pub processing: ProcessingSection,
-    /// Error handling.
-    pub errors: ErrorsSection,
+    /// Error handling (`[errors]`).
+    pub errors: ErrorPolicy,
     /// Resource limits.
     pub limits: Limits,
     /// `[config]`, flattened to strings, handed to the processor's `init`.
@@ -370,21 +392,22 @@ impl Manifest {
             p.max_batch_records.into(),
             100_000,
         )?;
-        match (raw.errors.policy, &raw.errors.dead_letter_topic) {
-            (ErrorPolicy::DeadLetter, None) => {
+        let errors = match (raw.errors.policy, raw.errors.dead_letter_topic) {
+            (PolicyName::DeadLetter, None) => {
                 return Err(invalid(
                     "errors.dead-letter-topic",
                     "policy `dead-letter` needs a dead-letter-topic".to_owned(),
                 ));
             }
-            (ErrorPolicy::DeadLetter, Some(topic)) => {
-                check_topic(topic).map_err(|m| invalid("errors.dead-letter-topic", m))?;
-                if raw.inputs.contains(topic) {
+            (PolicyName::DeadLetter, Some(topic)) => {
+                check_topic(&topic).map_err(|m| invalid("errors.dead-letter-topic", m))?;
+                if raw.inputs.contains(&topic) {
                     return Err(invalid(
                         "errors.dead-letter-topic",
                         format!("topic {topic:?} is also an input"),
                     ));
                 }
+                ErrorPolicy::DeadLetter { topic }
             }
             (_, Some(_)) => {
                 return Err(invalid(
@@ -393,8 +416,9 @@ impl Manifest {
                         .to_owned(),
                 ));
             }
-            (_, None) => {}
-        }
+            (PolicyName::Fail, None) => ErrorPolicy::Fail,
+            (PolicyName::Skip, None) => ErrorPolicy::Skip,
+        };
         let l = &raw.limits;
         in_range("limits.memory-mb", l.memory_mb, 4096)?;
         in_range("limits.timeout-ms", l.timeout_ms, 600_000)?;
@@ -428,7 +452,7 @@ impl Manifest {
             build: raw.build,
             outputs: raw.outputs,
             processing: raw.processing,
-            errors: raw.errors,
+            errors,
             limits: raw.limits,
             config,
         })
@@ -548,7 +572,12 @@ dead-letter-topic = "payments.dlq"
         assert_eq!(m.processing.commit_interval_ms, 100);
         assert_eq!(m.processing.worker_threads, 1);
         assert_eq!(m.limits.memory_mb, 128);
-        assert_eq!(m.errors.policy, ErrorPolicy::DeadLetter);
+        assert_eq!(
+            m.errors,
+            ErrorPolicy::DeadLetter {
+                topic: "payments.dlq".to_owned()
+            }
+        );
         assert_eq!(m.application_id(), "demo.wallet");
         assert_eq!(
             m.component_path(),

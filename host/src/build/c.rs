@@ -15,13 +15,13 @@ use std::process::Command;
 
 use super::toolchain::{find_on_path, is_executable, toolchains_dir};
 use super::{BuildError, Toolchain, output_of, read, run};
-use crate::deploy::manifest::Manifest;
+use crate::manifest::Manifest;
 
 /// The wit-bindgen release that generates the C bindings.
 pub const WIT_BINDGEN_VERSION: &str = "0.63.0";
 
-pub(super) const SDK_HEADER: &str = include_str!("../../../../guest-sdk/c/onceflow.h");
-pub(super) const SDK_SOURCE: &str = include_str!("../../../../guest-sdk/c/onceflow.c");
+pub(super) const SDK_HEADER: &str = include_str!("../../../guest-sdk/c/onceflow.h");
+pub(super) const SDK_SOURCE: &str = include_str!("../../../guest-sdk/c/onceflow.c");
 
 /// `wit-bindgen` from the toolchain cache (or PATH), installed with cargo
 /// if missing. Shared with Go.

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use super::toolchain::{find_on_path, toolchains_dir};
 use super::{BuildError, Toolchain, output_of, read, run};
-use crate::deploy::manifest::{Language, Manifest};
+use crate::manifest::{Language, Manifest};
 
 /// The ComponentizeJS release `onceflow build` installs.
 pub const COMPONENTIZE_JS_VERSION: &str = "0.23.0";
@@ -25,9 +25,9 @@ pub const PREVIEW2_SHIM_VERSION: &str = "0.17.9";
 pub const TYPESCRIPT_VERSION: &str = "5.9.3";
 
 /// The JavaScript SDK layer, written next to the processor's modules.
-pub(super) const SDK: &str = include_str!("../../../../guest-sdk/js/onceflow.js");
+pub(super) const SDK: &str = include_str!("../../../guest-sdk/js/onceflow.js");
 /// Its TypeScript declarations.
-pub(super) const SDK_TYPES: &str = include_str!("../../../../guest-sdk/js/onceflow.d.ts");
+pub(super) const SDK_TYPES: &str = include_str!("../../../guest-sdk/js/onceflow.d.ts");
 
 fn prefix() -> PathBuf {
     toolchains_dir().join("js")

@@ -30,13 +30,13 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::deploy::Manifest;
+use crate::manifest::Manifest;
 
 /// Why `tenants.toml` cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TenancyError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -177,8 +177,7 @@ impl Tenants {
         let mut tenants = BTreeMap::new();
         let mut digests: Vec<[u8; 32]> = Vec::new();
         for t in raw.tenant {
-            crate::deploy::manifest::check_name(&t.name)
-                .map_err(|m| format!("tenant name: {m}"))?;
+            crate::manifest::check_name(&t.name).map_err(|m| format!("tenant name: {m}"))?;
             let topic_prefix = t.topic_prefix.unwrap_or_else(|| format!("{}.", t.name));
             if !topic_prefix.starts_with(&format!("{}.", t.name)) {
                 return Err(format!(
@@ -258,12 +257,11 @@ impl Tenant {
         let named = m
             .inputs
             .iter()
-            .map(|t| ("inputs", t))
-            .chain(m.outputs.iter().map(|(_, t)| ("outputs", t)))
+            .map(|t| ("inputs", t.as_str()))
+            .chain(m.outputs.values().map(|t| ("outputs", t.as_str())))
             .chain(
                 m.errors
-                    .dead_letter_topic
-                    .iter()
+                    .dead_letter_topic()
                     .map(|t| ("errors.dead-letter-topic", t)),
             );
         for (key, topic) in named {

@@ -12,13 +12,13 @@ use std::process::Command;
 
 use super::toolchain::{find_on_path, pip_install, toolchains_dir};
 use super::{BuildError, Toolchain, output_of, read, run};
-use crate::deploy::manifest::Manifest;
+use crate::manifest::Manifest;
 
 /// The componentize-py release `onceflow build` installs.
 pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 
 /// The Python SDK layer, vendored into every Python build.
-pub(super) const SDK: &str = include_str!("../../../../guest-sdk/python/onceflow.py");
+pub(super) const SDK: &str = include_str!("../../../guest-sdk/python/onceflow.py");
 
 pub(super) fn ensure_toolchain() -> Result<Toolchain, BuildError> {
     let venv = toolchains_dir().join("python").join("venv");

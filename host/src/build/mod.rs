@@ -30,13 +30,13 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
-use super::manifest::{Language, Manifest};
+use crate::manifest::{Language, Manifest};
 use crate::sandbox::policy;
 
 pub use toolchain::toolchains_dir;
 
 /// The WIT every processor is built against (the host's own contract).
-pub const PROCESSOR_WIT: &str = include_str!("../../../../wit/processor.wit");
+pub const PROCESSOR_WIT: &str = include_str!("../../../wit/processor.wit");
 
 /// Why a build failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +58,7 @@ pub enum BuildError {
         message: String,
     },
     /// The built component breaks the sandbox policy.
-    #[error("the built component is refused by the sandbox: {0}")]
+    #[error("the built component is refused by the sandbox")]
     Policy(#[from] policy::PolicyError),
 }
 

@@ -1,32 +1,20 @@
-//! `onceflow host`: one member of the fleet. It reconciles the deployment
-//! registry (read from Kafka by [`ControlPlane`]) into running deployments:
-//! starts, stops, pauses and upgrades them, and publishes what it runs.
-//!
-//! Hosts never talk to each other. Every host runs every deployment that
-//! should run, with its own host id as the instance id; Kafka's consumer
-//! groups spread the partitions over the hosts, so adding a host adds
-//! capacity, and a host that dies loses its partitions to the others when its
-//! session expires.
-//!
-//! An upgrade stops the running version (its workers commit their open
-//! transactions: a commit boundary), then starts the new one on the same
-//! application id, state directory and transactional ids, so state and
-//! offsets carry over with no gap and no duplicate.
+//! The reconciler: makes what runs on this host match the registry, and
+//! publishes this host's status of each deployment.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::deploy::Manifest;
-use crate::deploy::registry::{DeploymentRecord, Desired, HostStatus, now_ms};
-use crate::metrics::{Exposition, Metrics, Snapshot};
-use crate::sandbox::{Processor, ProcessorPolicy, Sandbox};
-use crate::stream::control::{ControlPlane, DeploymentLogSink, remember_error};
-use crate::stream::{self, RunOptions, StreamError, changelog_topic};
-use crate::tenancy::Tenants;
+use super::logs::{DeploymentLogSink, remember_error};
+use super::registry::{DeploymentRecord, Desired, HostStatus, now_ms};
+use super::{Fleet, FleetError, manifest_of};
+use crate::manifest::Manifest;
+use crate::metrics::{Metrics, Snapshot};
+use crate::sandbox::Processor;
+use crate::stream;
+use crate::task::processor_policy;
 
 /// How often a host publishes its status per deployment.
 const STATUS_INTERVAL: Duration = Duration::from_secs(2);
@@ -56,73 +44,19 @@ impl RunState {
     }
 }
 
-struct Running {
-    record: DeploymentRecord,
-    metrics: Arc<Metrics>,
+/// A deployment this host runs, or is stopping.
+pub(super) struct Running {
+    pub(super) record: DeploymentRecord,
+    pub(super) metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Result<(), StreamError>>>,
+    pub(super) thread: Option<JoinHandle<Result<(), FleetError>>>,
     state: RunState,
     recent_errors: Arc<Mutex<VecDeque<String>>>,
     /// When the last status was published, and the counters then.
     last: (Instant, Snapshot),
 }
 
-/// The manifest a record carries. Its `[build]` paths mean nothing on a
-/// host; the name is for messages.
-pub fn manifest_of(record: &DeploymentRecord) -> Result<Manifest, String> {
-    parse_manifest(&record.tenant, &record.name, &record.manifest)
-}
-
-/// Parses manifest text sent for `<tenant>/<name>` (the path is only for
-/// messages).
-pub fn parse_manifest(tenant: &str, name: &str, text: &str) -> Result<Manifest, String> {
-    Manifest::parse(
-        text,
-        PathBuf::from(format!("{tenant}/{name}/onceflow.toml")),
-    )
-    .map_err(|e| e.to_string())
-}
-
-/// One host.
-pub struct Fleet {
-    /// This host's id: the instance id of every deployment it runs.
-    pub host_id: String,
-    /// The registry and internal topics.
-    pub control: Arc<ControlPlane>,
-    /// Who may do what.
-    pub tenants: Tenants,
-    /// Compiles and checks components.
-    pub sandbox: Sandbox,
-    options: RunOptions,
-    running: Mutex<BTreeMap<String, Running>>,
-    shutdown: Arc<AtomicBool>,
-}
-
 impl Fleet {
-    /// A host over `control`, running deployments with `options` (its
-    /// `instance_id` is the host id).
-    pub fn new(
-        control: Arc<ControlPlane>,
-        tenants: Tenants,
-        sandbox: Sandbox,
-        options: RunOptions,
-        shutdown: Arc<AtomicBool>,
-    ) -> Arc<Self> {
-        Arc::new(Self {
-            host_id: options.instance_id.clone(),
-            control,
-            tenants,
-            sandbox,
-            options,
-            running: Mutex::default(),
-            shutdown,
-        })
-    }
-
-    fn running(&self) -> MutexGuard<'_, BTreeMap<String, Running>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Reconciles until shutdown, then stops every deployment cleanly.
     pub fn run(self: &Arc<Self>) {
         let mut seen = -1;
@@ -170,7 +104,7 @@ impl Fleet {
                     .take()
                     .map(|h| {
                         h.join().unwrap_or_else(|_| {
-                            Err(StreamError::Restart(
+                            Err(FleetError::Unavailable(
                                 "the deployment thread panicked".into(),
                             ))
                         })
@@ -180,13 +114,15 @@ impl Fleet {
                     // Asked to stop and did: removed below.
                     Ok(()) if r.state == RunState::Stopping => {}
                     Err(e) if r.state == RunState::Stopping => {
+                        let e = crate::types::error_chain(&e);
                         tracing::warn!(deployment = %key, "deployment stopped with an error: {e}");
                     }
                     Ok(()) => r.state = RunState::Failed("stopped on its own".into()),
                     Err(e) => {
+                        let e = crate::types::error_chain(&e);
                         tracing::error!(deployment = %key, version = r.record.version, "deployment failed: {e}");
-                        remember_error(&r.recent_errors, e.to_string());
-                        r.state = RunState::Failed(e.to_string());
+                        remember_error(&r.recent_errors, e.clone());
+                        r.state = RunState::Failed(e);
                     }
                 }
             }
@@ -259,7 +195,7 @@ impl Fleet {
             std::thread::Builder::new()
                 .name(format!("deployment-{}", record.name))
                 .spawn(move || {
-                    let manifest = manifest_of(&record).map_err(StreamError::ProcessorFailed)?;
+                    let manifest = manifest_of(&record).map_err(FleetError::Manifest)?;
                     let processor = me.load(&record, &manifest, recent)?;
                     if let Some(r) = me.running().get_mut(&record.key())
                         && r.state == RunState::Starting
@@ -274,6 +210,7 @@ impl Fleet {
                         metrics,
                     )
                     .map(|_| ())
+                    .map_err(FleetError::from)
                 })
         };
         let (thread, state) = match thread {
@@ -301,12 +238,12 @@ impl Fleet {
         record: &DeploymentRecord,
         manifest: &Manifest,
         recent: Arc<Mutex<VecDeque<String>>>,
-    ) -> Result<Processor, StreamError> {
+    ) -> Result<Processor, FleetError> {
         let bytes = self.control.artifact(&record.artifact)?;
         let processor = self
             .sandbox
-            .load(&bytes, ProcessorPolicy::from_manifest(manifest))
-            .map_err(|e| StreamError::ProcessorFailed(e.to_string()))?;
+            .load(&bytes, processor_policy(manifest))
+            .map_err(FleetError::Component)?;
         let sink = DeploymentLogSink::new(
             self.control.clone(),
             record.key(),
@@ -359,42 +296,5 @@ impl Fleet {
             };
             self.control.put_status(&status);
         }
-    }
-
-    /// The Prometheus view of the deployments this host runs, for one
-    /// tenant or (`None`) all of them.
-    pub fn exposition(&self, tenant: Option<&str>) -> Exposition {
-        Exposition {
-            deployments: self
-                .running()
-                .values()
-                .filter(|r| tenant.is_none_or(|t| t == r.record.tenant))
-                .map(|r| {
-                    (
-                        r.record.tenant.clone(),
-                        r.record.name.clone(),
-                        r.record.version,
-                        r.metrics.clone(),
-                    )
-                })
-                .collect(),
-        }
-    }
-
-    /// Whether this host still runs (or is stopping) a deployment.
-    pub fn is_running(&self, key: &str) -> bool {
-        self.running().get(key).is_some_and(|r| r.thread.is_some())
-    }
-
-    /// The changelog topics of a deployment.
-    pub fn changelogs_of(record: &DeploymentRecord) -> Vec<String> {
-        manifest_of(record)
-            .map(|m| m.stores.iter().map(|s| changelog_topic(&m, s)).collect())
-            .unwrap_or_default()
-    }
-
-    /// The run options deployments get (for the admin API's messages).
-    pub fn options(&self) -> &RunOptions {
-        &self.options
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::{BuildError, BuildOutput, write_component};
-use crate::deploy::manifest::Manifest;
+use crate::manifest::Manifest;
 
 pub(super) fn build(manifest: &Manifest) -> Result<BuildOutput, BuildError> {
     let target = manifest

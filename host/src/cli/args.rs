@@ -1,0 +1,366 @@
+//! The command line's arguments (clap), and their checks that turn them
+//! into the library's own values.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use onceflow::kafka::Connection;
+use onceflow::manifest::Language;
+use onceflow::stream::RunOptions;
+
+use super::remote::RemoteArgs;
+use super::{init, usage};
+
+/// Run WebAssembly stream processors over Kafka, exactly once.
+#[derive(Debug, Parser)]
+#[command(name = "onceflow", version, about, long_about = None)]
+pub struct Cli {
+    /// Log filter (tracing syntax, e.g. `info`, `onceflow=debug,guest=trace`).
+    #[arg(long, global = true, env = "ONCEFLOW_LOG", default_value = "info")]
+    pub log: String,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output format for commands that report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// For people.
+    Text,
+    /// For scripts.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Scaffold a processor (manifest, source, sample input) in a language.
+    Init {
+        /// The project directory (created).
+        dir: PathBuf,
+        /// rust, js, ts, python, go or c.
+        #[arg(long, value_parser = init::parse_language)]
+        lang: Language,
+        /// The processor's name (default: the directory's).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Build a processor's component from source (per its onceflow.toml).
+    Build {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+    },
+    /// Show a component's imports and exports and whether the sandbox
+    /// accepts it.
+    Validate {
+        /// A manifest (its component is checked) or a .wasm component.
+        target: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "text")]
+        output: OutputFormat,
+    },
+    /// Run a processor offline on records from a JSON Lines file, with
+    /// in-memory state, and print its outputs as JSON Lines.
+    Test {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+        /// Input records, one JSON object per line ("-" for stdin).
+        #[arg(long)]
+        input: PathBuf,
+        /// After the outputs, print every store's final entries.
+        #[arg(long)]
+        dump_state: bool,
+        /// Most records per `process` call.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch_size: u32,
+        /// Partitions of the input topics, for records without a partition.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+        partitions: i32,
+        /// Use this component instead of the manifest's.
+        #[arg(long)]
+        component: Option<PathBuf>,
+    },
+    /// Run a processor on Kafka until SIGTERM/SIGINT, exactly once (or at
+    /// least once, per its manifest). Instances with the same manifest share
+    /// the work through the consumer group.
+    Run(RunArgs),
+    /// Check a pipeline's committed outputs against its input: gaps,
+    /// duplicates, running totals, dead letters, open transactions. Exits 1
+    /// on any finding.
+    Verify(VerifyArgs),
+    /// Run a fleet host: the admin API and /metrics, and every deployment
+    /// of the registry (in Kafka), until SIGTERM/SIGINT.
+    Host(HostArgs),
+    /// Upload a processor (its built component and manifest) to the fleet;
+    /// deploying an existing name upgrades it in place.
+    Deploy {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+        /// Use this component instead of the manifest's.
+        #[arg(long)]
+        component: Option<PathBuf>,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// List your deployments.
+    List {
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Show a deployment: status, version, partitions per host, lag,
+    /// commit rate, last errors.
+    Describe {
+        /// Processor name.
+        name: String,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Print a deployment's guest log lines.
+    Logs {
+        /// Processor name.
+        name: String,
+        /// Keep printing new lines.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Look this many log records back (all deployments' lines count).
+        #[arg(long, default_value_t = 10_000)]
+        tail: i64,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Stop a deployment's workers at a commit boundary, keeping its state
+    /// and offsets.
+    Pause {
+        /// Processor name.
+        name: String,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Start a paused (or failed) deployment again.
+    Resume {
+        /// Processor name.
+        name: String,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Remove a deployment.
+    Delete {
+        /// Processor name.
+        name: String,
+        /// Also drop its stores, changelog topics and consumer group.
+        #[arg(long)]
+        purge_state: bool,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Read the committed value of a key in a deployment's store.
+    Query {
+        /// Processor name.
+        name: String,
+        /// Store name.
+        store: String,
+        /// Key (text).
+        key: String,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Print the sha256 of a token read from stdin, for tenants.toml.
+    HashToken,
+    /// Measure records/s through a processor's `process` (no Kafka).
+    BenchGuest {
+        /// The manifest, or the directory holding onceflow.toml.
+        manifest: PathBuf,
+        /// Records per measurement (synthetic wallet payments).
+        #[arg(long, default_value_t = 100_000)]
+        records: usize,
+        /// Batch sizes to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
+        batch_sizes: Vec<usize>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "text")]
+        output: OutputFormat,
+    },
+}
+
+/// `onceflow run` arguments.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The manifest, or the directory holding onceflow.toml.
+    pub manifest: PathBuf,
+    /// Use this component instead of the manifest's.
+    #[arg(long)]
+    pub component: Option<PathBuf>,
+    /// Kafka and state settings.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// How `run` and `host` reach Kafka and where they keep state.
+#[derive(Debug, clap::Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers (host:port,...).
+    #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
+    pub bootstrap_servers: String,
+    /// Local state directory (RocksDB per task); one per instance.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Instance (host) id, part of the transactional ids: keep it stable
+    /// across restarts of one instance and unique among instances. Default:
+    /// a hash of the state directory.
+    #[arg(long, visible_alias = "host-id")]
+    pub instance_id: Option<String>,
+    /// Consumer group session timeout (ms).
+    #[arg(long, default_value_t = 10_000)]
+    pub session_timeout_ms: u64,
+    /// Transaction timeout (ms).
+    #[arg(long, default_value_t = 10_000)]
+    pub transaction_timeout_ms: u64,
+    /// Extra librdkafka property for every client, `key=value`
+    /// (repeatable).
+    #[arg(short = 'X', long = "kafka-config")]
+    pub kafka_config: Vec<String>,
+    /// How often to log throughput, commit latency and failures (ms).
+    #[arg(long, default_value_t = 5_000)]
+    pub report_interval_ms: u64,
+}
+
+/// `-X key=value` pairs.
+pub fn kafka_config(pairs: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    pairs
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .ok_or_else(|| usage(format!("-X {kv:?}: expected key=value")))
+        })
+        .collect()
+}
+
+impl KafkaArgs {
+    /// Checks the arguments and creates the state directory.
+    pub fn run_options(&self) -> anyhow::Result<RunOptions> {
+        let extra_config = kafka_config(&self.kafka_config)?;
+        let state_dir = self.state_dir.clone().unwrap_or_else(default_state_dir);
+        std::fs::create_dir_all(&state_dir).map_err(|e| {
+            usage(format!(
+                "cannot create --state-dir {}: {e}",
+                state_dir.display()
+            ))
+        })?;
+        let state_dir = state_dir.canonicalize().unwrap_or(state_dir);
+        let instance_id = match &self.instance_id {
+            Some(id)
+                if !id.is_empty()
+                    && id
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+            {
+                id.clone()
+            }
+            Some(id) => {
+                return Err(usage(format!(
+                    "--instance-id {id:?}: use letters, digits, '-', '_' or '.'"
+                )));
+            }
+            None => {
+                use sha2::Digest;
+                let digest = sha2::Sha256::digest(state_dir.to_string_lossy().as_bytes());
+                format!("i{}", hex::encode(&digest[..6]))
+            }
+        };
+        Ok(RunOptions {
+            kafka: Connection {
+                bootstrap_servers: self.bootstrap_servers.clone(),
+                extra_config,
+            },
+            state_dir,
+            instance_id,
+            session_timeout: Duration::from_millis(self.session_timeout_ms),
+            transaction_timeout: Duration::from_millis(self.transaction_timeout_ms),
+            report_interval: Duration::from_millis(self.report_interval_ms.max(100)),
+        })
+    }
+}
+
+/// `onceflow verify` arguments.
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
+    pub bootstrap_servers: String,
+    /// Extra librdkafka property for every client, `key=value`
+    /// (repeatable).
+    #[arg(short = 'X', long = "kafka-config")]
+    pub kafka_config: Vec<String>,
+    /// Input topic (JSON values).
+    #[arg(long)]
+    pub input: String,
+    /// JSON field holding each input's unique id.
+    #[arg(long, default_value = "payment_id")]
+    pub id: String,
+    /// JSON field holding the grouping key.
+    #[arg(long, default_value = "account")]
+    pub key: String,
+    /// JSON field holding the integer amount.
+    #[arg(long, default_value = "amount")]
+    pub sum: String,
+    /// Topic that must hold each valid input's id exactly once, as key.
+    #[arg(long)]
+    pub echo: Option<String>,
+    /// Topic keyed by group key holding the running totals.
+    #[arg(long)]
+    pub totals: Option<String>,
+    /// JSON field of the running total in --totals.
+    #[arg(long, default_value = "balance")]
+    pub total_field: String,
+    /// Dead-letter topic that must hold each invalid input exactly once.
+    #[arg(long)]
+    pub dead_letter: Option<String>,
+    /// Read uncommitted data as well (shows what aborted transactions
+    /// wrote).
+    #[arg(long)]
+    pub read_uncommitted: bool,
+    /// Longest the reads may take (s).
+    #[arg(long, default_value_t = 120)]
+    pub timeout_secs: u64,
+    /// Also print the verified totals of the first N keys.
+    #[arg(long, default_value_t = 0)]
+    pub show_totals: usize,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputFormat,
+}
+
+/// `onceflow host` arguments.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    /// Where the admin API and /metrics listen.
+    #[arg(long, default_value = "127.0.0.1:8750")]
+    pub listen: SocketAddr,
+    /// The tenants file (names, token hashes, topic prefixes, quotas).
+    #[arg(long)]
+    pub tenants: PathBuf,
+    /// Kafka and state settings.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+/// `$XDG_DATA_HOME/onceflow/state`, else `~/.local/share/onceflow/state`.
+fn default_state_dir() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("onceflow/state")
+}

@@ -1,0 +1,149 @@
+//! The commands that run on a cluster: `run`, `verify`, `host`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use onceflow::fleet::Tenants;
+use onceflow::host::{self, HostConfig, HostError};
+use onceflow::kafka::Connection;
+use onceflow::sandbox::{Sandbox, SandboxConfig};
+use onceflow::stream::verify::{VerifyOptions, verify};
+use onceflow::task::processor_policy;
+use onceflow::types::error_chain;
+
+use super::args::{HostArgs, RunArgs, VerifyArgs, kafka_config};
+use super::{OutputFormat, load_manifest, read_component, usage};
+
+/// A flag set by SIGTERM or SIGINT; a second signal exits at once.
+fn on_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    let shutdown = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register_conditional_shutdown(signal, 1, shutdown.clone())?;
+        signal_hook::flag::register(signal, shutdown.clone())?;
+    }
+    Ok(shutdown)
+}
+
+/// `onceflow host`: runs a fleet host until SIGTERM/SIGINT.
+pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
+    let tenants = Tenants::load(&a.tenants).map_err(|e| usage(error_chain(&e)))?;
+    if tenants.iter().next().is_none() {
+        return Err(usage(format!(
+            "{}: no [[tenant]] entries: nobody could deploy",
+            a.tenants.display()
+        )));
+    }
+    let run = a.kafka.run_options()?;
+    let shutdown = on_signals()?;
+    let config = HostConfig {
+        listen: a.listen,
+        tenants,
+        run,
+    };
+    let running = host::start(config, shutdown).map_err(|e| match e {
+        e @ HostError::Bind { .. } => usage(error_chain(&e)),
+        other => anyhow::Error::new(other),
+    })?;
+    running.wait()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `onceflow run`.
+pub fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
+    let manifest = load_manifest(&a.manifest)?;
+    let component_path = a
+        .component
+        .clone()
+        .unwrap_or_else(|| manifest.component_path());
+    let bytes = read_component(&component_path, Some(&manifest))?;
+    let options = a.kafka.run_options()?;
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let processor = sandbox
+        .load(&bytes, processor_policy(&manifest))
+        .with_context(|| format!("cannot load {}", component_path.display()))?;
+
+    let shutdown = on_signals()?;
+    tracing::info!(
+        instance = %options.instance_id,
+        state_dir = %options.state_dir.display(),
+        "onceflow run {}",
+        manifest.application_id()
+    );
+    match onceflow::stream::run(manifest, processor, options, shutdown) {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {}", error_chain(&e));
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// `onceflow verify`.
+pub fn cmd_verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let options = &VerifyOptions {
+        kafka: Connection {
+            bootstrap_servers: a.bootstrap_servers,
+            extra_config: kafka_config(&a.kafka_config)?,
+        },
+        input: a.input,
+        id_field: a.id,
+        key_field: a.key,
+        sum_field: a.sum,
+        echo: a.echo,
+        totals: a.totals,
+        total_field: a.total_field,
+        dead_letter: a.dead_letter,
+        read_uncommitted: a.read_uncommitted,
+        timeout: Duration::from_secs(a.timeout_secs),
+    };
+    let (show_totals, output) = (a.show_totals, a.output);
+    let report = verify(options)?;
+    match output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Text => {
+            println!(
+                "input {}: {} records, {} valid, {} invalid, {} keys",
+                options.input, report.inputs, report.valid, report.invalid, report.keys
+            );
+            if let Some(t) = &options.echo {
+                println!(
+                    "echo {t}: {} records, {} missing, {} duplicates, {} unexpected",
+                    report.echo_records, report.missing, report.duplicates, report.unexpected
+                );
+            }
+            if let Some(t) = &options.totals {
+                println!(
+                    "totals {t}: {} records, {} of {} keys wrong",
+                    report.totals_records, report.keys_wrong, report.keys
+                );
+            }
+            if let Some(t) = &options.dead_letter {
+                println!("dead letters {t}: {} records", report.dead_letters);
+            }
+            if show_totals > 0 {
+                println!("totals computed from the input (first {show_totals} keys):");
+                for (key, total) in report.key_totals.iter().take(show_totals) {
+                    println!("  {key:<20} {total:>12}");
+                }
+            }
+            if report.is_exact() {
+                println!(
+                    "verdict: exact (no gap, no duplicate, every total right, no open transaction)"
+                );
+            } else {
+                println!("verdict: {} findings", report.findings.len());
+                for f in &report.findings {
+                    println!("  - {f}");
+                }
+            }
+        }
+    }
+    Ok(if report.is_exact() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,382 @@
+//! The control plane's Kafka side: the internal topics that hold the
+//! deployment registry, the components, the hosts' status and the guest
+//! logs (see [`super::registry`] for their layout). Components are in
+//! `artifacts.rs`, guest logs in `logs.rs`; this file opens the topics,
+//! tails the registry and the statuses into memory, and writes records.
+//!
+//! Kafka is the only stateful dependency: every host tails the deployments
+//! and status topics into memory, and the admin API of any host can answer
+//! for all of them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use rdkafka::Message;
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::KafkaError as ClientError;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use serde::de::DeserializeOwned;
+
+use super::FleetError;
+use super::registry::{
+    ARTIFACTS_TOPIC, DEPLOYMENTS_TOPIC, DeploymentRecord, HostStatus, LOGS_TOPIC, STATUS_TOPIC,
+};
+use crate::kafka::{self, Connection, KafkaError, TopicSpec};
+
+/// How long a registry write may take to be acknowledged and read back.
+pub(super) const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(super) type Delivery = mpsc::SyncSender<Result<i64, ClientError>>;
+
+pub(super) struct PublishCtx;
+
+impl ClientContext for PublishCtx {}
+
+impl ProducerContext for PublishCtx {
+    type DeliveryOpaque = Box<Option<Delivery>>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        if let Some(tx) = *opaque {
+            let _ = tx.send(match result {
+                Ok(m) => Ok(m.offset()),
+                Err((e, _)) => Err(e.clone()),
+            });
+        }
+    }
+}
+
+/// A compacted topic read into memory and kept up to date.
+pub struct View<T> {
+    entries: RwLock<BTreeMap<String, T>>,
+    /// Next offset to read, and a signal when it moves.
+    progress: Mutex<i64>,
+    moved: Condvar,
+}
+
+impl<T: Clone> View<T> {
+    fn new() -> Self {
+        Self {
+            entries: RwLock::new(BTreeMap::new()),
+            progress: Mutex::new(0),
+            moved: Condvar::new(),
+        }
+    }
+
+    /// A copy of every entry.
+    pub fn all(&self) -> Vec<T> {
+        self.entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// One entry.
+    pub fn get(&self, key: &str) -> Option<T> {
+        self.entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Entries whose key starts with `prefix`.
+    pub fn with_prefix(&self, prefix: &str) -> Vec<T> {
+        self.entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// The next offset this view will read.
+    pub fn position(&self) -> i64 {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the view has read past `offset` (read-your-writes).
+    fn wait_past(&self, offset: i64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut at = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        while *at <= offset {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            at = self
+                .moved
+                .wait_timeout(at, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Waits until the view moves past `seen` or `timeout` passes; returns
+    /// the position.
+    pub fn wait_change(&self, seen: i64, timeout: Duration) -> i64 {
+        let at = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, _) = self
+            .moved
+            .wait_timeout_while(at, timeout, |at| *at <= seen)
+            .unwrap_or_else(|e| e.into_inner());
+        *at
+    }
+}
+
+/// The control plane's topics, as one host sees them.
+pub struct ControlPlane {
+    conn: Connection,
+    pub(super) producer: ThreadedProducer<PublishCtx>,
+    /// The registry.
+    pub deployments: Arc<View<DeploymentRecord>>,
+    /// Every host's status of every deployment.
+    pub statuses: Arc<View<HostStatus>>,
+    pub(super) artifact_cache: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+impl ControlPlane {
+    /// Creates the internal topics if needed and starts tailing the registry.
+    /// Returns once the registry has been read up to its current end.
+    pub fn connect(conn: Connection, artifact_cache: PathBuf) -> Result<Arc<Self>, FleetError> {
+        let week = (7 * 24 * 3600 * 1000u64).to_string();
+        kafka::create_topics(
+            &conn,
+            &[
+                TopicSpec {
+                    name: DEPLOYMENTS_TOPIC,
+                    partitions: 1,
+                    config: &[("cleanup.policy", "compact")],
+                },
+                TopicSpec {
+                    name: ARTIFACTS_TOPIC,
+                    partitions: 1,
+                    config: &[
+                        ("cleanup.policy", "compact"),
+                        ("max.message.bytes", "1048588"),
+                    ],
+                },
+                TopicSpec {
+                    name: STATUS_TOPIC,
+                    partitions: 1,
+                    config: &[
+                        ("cleanup.policy", "compact"),
+                        ("segment.ms", "600000"),
+                        ("min.cleanable.dirty.ratio", "0.1"),
+                    ],
+                },
+                TopicSpec {
+                    name: LOGS_TOPIC,
+                    partitions: 1,
+                    config: &[("cleanup.policy", "delete"), ("retention.ms", &week)],
+                },
+            ],
+        )?;
+        std::fs::create_dir_all(&artifact_cache).map_err(|source| FleetError::Io {
+            what: format!(
+                "cannot create the artifact cache {}",
+                artifact_cache.display()
+            ),
+            source,
+        })?;
+        let producer: ThreadedProducer<PublishCtx> = conn
+            .config()
+            .set("client.id", "onceflow-control")
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .set("message.max.bytes", "1048576")
+            .create_with_context(PublishCtx)
+            .map_err(|e| KafkaError::client("creating the control-plane producer", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let deployments = Arc::new(View::new());
+        let statuses = Arc::new(View::new());
+        let me = Arc::new(Self {
+            conn,
+            producer,
+            deployments: deployments.clone(),
+            statuses: statuses.clone(),
+            artifact_cache,
+            stop: stop.clone(),
+        });
+        let end_d = me.tail(DEPLOYMENTS_TOPIC, deployments.clone())?;
+        let end_s = me.tail(STATUS_TOPIC, statuses.clone())?;
+        if !deployments.wait_past(end_d - 1, PUBLISH_TIMEOUT)
+            || !statuses.wait_past(end_s - 1, PUBLISH_TIMEOUT)
+        {
+            return Err(FleetError::Unavailable(
+                "could not read the registry topics to their end within 30 s".to_owned(),
+            ));
+        }
+        Ok(me)
+    }
+
+    /// Stops the tailing threads.
+    pub fn close(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// The cluster this host uses.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// A reader of the control topics (read_committed, reports ends).
+    pub(super) fn reader(&self) -> Result<BaseConsumer<kafka::QuietContext>, KafkaError> {
+        self.conn.reader(
+            "onceflow-control-unused",
+            "read_committed",
+            50,
+            kafka::QuietContext::default(),
+        )
+    }
+
+    /// A reader of single-partition `topic` from offset `from` (`None`: its
+    /// beginning), and the topic's (low, high) watermarks when it started.
+    pub(super) fn read_from(
+        &self,
+        topic: &str,
+        from: impl FnOnce(i64, i64) -> Option<i64>,
+    ) -> Result<(BaseConsumer<kafka::QuietContext>, (i64, i64)), KafkaError> {
+        let consumer = self.reader()?;
+        let (low, high) = kafka::watermarks(&consumer, topic, 0)?;
+        kafka::assign(&consumer, &[(topic, 0, from(low, high))])?;
+        Ok((consumer, (low, high)))
+    }
+
+    /// Starts a thread that reads `topic` from the beginning into `view`
+    /// (JSON values; tombstones remove). Returns the end offset at start.
+    fn tail<T>(&self, topic: &'static str, view: Arc<View<T>>) -> Result<i64, FleetError>
+    where
+        T: DeserializeOwned + Clone + Send + Sync + 'static,
+    {
+        let (consumer, (_, end)) = self.read_from(topic, |_, _| None)?;
+        let stop = self.stop.clone();
+        std::thread::Builder::new()
+            .name(format!("tail-{topic}"))
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match consumer.poll(Duration::from_millis(100)) {
+                        Some(Ok(m)) => {
+                            let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok())
+                            else {
+                                continue;
+                            };
+                            let mut entries =
+                                view.entries.write().unwrap_or_else(|e| e.into_inner());
+                            match m.payload() {
+                                None => {
+                                    entries.remove(key);
+                                }
+                                Some(bytes) => match serde_json::from_slice::<T>(bytes) {
+                                    Ok(v) => {
+                                        entries.insert(key.to_owned(), v);
+                                    }
+                                    Err(e) => tracing::warn!(
+                                        topic,
+                                        key,
+                                        offset = m.offset(),
+                                        "ignoring an unreadable registry record: {e}"
+                                    ),
+                                },
+                            }
+                            drop(entries);
+                            *view.progress.lock().unwrap_or_else(|e| e.into_inner()) =
+                                m.offset() + 1;
+                            view.moved.notify_all();
+                        }
+                        Some(Err(ClientError::PartitionEOF(_))) => {}
+                        Some(Err(e)) => {
+                            tracing::debug!(topic, "registry consumer: {e}");
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        None => {}
+                    }
+                }
+            })
+            .map_err(|source| FleetError::Io {
+                what: "cannot start a registry thread".to_owned(),
+                source,
+            })?;
+        Ok(end)
+    }
+
+    /// Writes one record and waits for the broker's acknowledgement.
+    pub(super) fn publish(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: Option<&[u8]>,
+    ) -> Result<i64, KafkaError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let mut record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
+            BaseRecord::with_opaque_to(topic, Box::new(Some(tx))).key(key);
+        if let Some(p) = payload {
+            record = record.payload(p);
+        }
+        self.producer
+            .send(record)
+            .map_err(|(e, _)| KafkaError::client(format!("writing to {topic}"), e))?;
+        match rx.recv_timeout(PUBLISH_TIMEOUT) {
+            Ok(Ok(offset)) => Ok(offset),
+            Ok(Err(e)) => Err(KafkaError::client(format!("writing to {topic}"), e)),
+            Err(_) => Err(KafkaError::timeout(
+                format!("writing to {topic}"),
+                "no acknowledgement within 30 s: is the cluster reachable?",
+            )),
+        }
+    }
+
+    /// Writes a deployment record and returns once this host's view has it.
+    pub fn put_deployment(&self, record: &DeploymentRecord) -> Result<(), FleetError> {
+        // A record of strings and numbers always encodes.
+        let json = serde_json::to_vec(record).unwrap_or_default();
+        let offset = self.publish(DEPLOYMENTS_TOPIC, &record.key(), Some(&json))?;
+        if self.deployments.wait_past(offset, PUBLISH_TIMEOUT) {
+            Ok(())
+        } else {
+            Err(FleetError::Unavailable(
+                "the registry did not read back its own write within 30 s".to_owned(),
+            ))
+        }
+    }
+
+    /// Publishes this host's status of a deployment (fire and forget).
+    pub fn put_status(&self, status: &HostStatus) {
+        let key = format!("{}/{}/{}", status.tenant, status.name, status.host);
+        match serde_json::to_vec(status) {
+            Ok(json) => {
+                let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
+                    BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None))
+                        .key(key.as_str())
+                        .payload(json.as_slice());
+                if let Err((e, _)) = self.producer.send(record) {
+                    tracing::debug!("cannot publish status: {e}");
+                }
+            }
+            Err(e) => tracing::warn!("cannot encode status: {e}"),
+        }
+    }
+
+    /// Removes this host's status of the deployment `<tenant>/<name>`.
+    pub fn clear_status_of(&self, deployment_key: &str, host: &str) {
+        let key = format!("{deployment_key}/{host}");
+        let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
+            BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None)).key(key.as_str());
+        let _ = self.producer.send(record);
+    }
+
+    /// Flushes pending status and log writes.
+    pub fn flush(&self) {
+        let _ = self.producer.flush(Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,76 @@
+//! Why a fleet operation failed. The admin API picks the HTTP status from
+//! the variant (`admin::status_of`), and shows the whole chain of causes.
+
+use crate::kafka::KafkaError;
+use crate::manifest::ManifestError;
+use crate::sandbox::SandboxError;
+use crate::stream::StreamError;
+
+/// A failed fleet operation.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// The caller's tenant has no live deployment of that name (or it is
+    /// another tenant's: indistinguishable on purpose).
+    #[error("no deployment named {name:?} (see `onceflow list`)")]
+    NoDeployment {
+        /// The name asked for.
+        name: String,
+    },
+    /// The deployment has no such store.
+    #[error("deployment {name:?} has no store {store:?} (its stores: {stores})")]
+    NoStore {
+        /// The deployment.
+        name: String,
+        /// The store asked for.
+        store: String,
+        /// Its stores, comma-separated.
+        stores: String,
+    },
+    /// The key has no committed value.
+    #[error("key {key:?} has no committed value in store {store:?}")]
+    NoValue {
+        /// The store.
+        store: String,
+        /// The key.
+        key: String,
+    },
+    /// The manifest is not valid.
+    #[error("manifest refused")]
+    Manifest(#[source] ManifestError),
+    /// The sandbox refused the component (imports, exports, compilation).
+    #[error("component refused")]
+    Component(#[source] SandboxError),
+    /// The request does not make sense as sent (what to change is in the
+    /// message).
+    #[error("{0}")]
+    Invalid(String),
+    /// The tenant's namespace or quotas forbid it.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The component is not (or not wholly) in the artifacts topic.
+    #[error("component {sha256} {problem} in _onceflow.artifacts: deploy it again")]
+    Artifact {
+        /// The component's sha256.
+        sha256: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A Kafka call failed (a bad topic is [`KafkaError::Topic`]).
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// A deployment's runtime stopped with an error.
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    /// The control topics did not answer as expected in time.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A local file could not be written or read.
+    #[error("{what}")]
+    Io {
+        /// The file and what was being done.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,159 @@
+//! Guest logs: written by each host to the log topic (not transactional),
+//! read back by the admin API.
+
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::Message;
+use rdkafka::producer::BaseRecord;
+
+use super::control::{ControlPlane, Delivery};
+use super::registry::{LOGS_TOPIC, LogEntry, now_ms};
+use crate::kafka::{self, KafkaError};
+use crate::sandbox::log::{GuestLogLine, LogLabels, LogSink};
+
+/// Most lines one read returns.
+const MAX_LINES: usize = 1000;
+
+impl ControlPlane {
+    /// Appends a guest log line (not transactional: logs of aborted work
+    /// are kept too, which is what one wants when debugging).
+    pub fn append_log(&self, key: &str, entry: &LogEntry) {
+        if let Ok(json) = serde_json::to_vec(entry) {
+            let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
+                BaseRecord::with_opaque_to(LOGS_TOPIC, Box::new(None))
+                    .key(key)
+                    .payload(json.as_slice());
+            if let Err((e, _)) = self.producer.send(record) {
+                tracing::debug!("cannot write a guest log line: {e}");
+            }
+        }
+    }
+
+    /// Log lines of `key` from offset `from` (default: the last `tail`
+    /// records of the log topic): everything up to the topic's end, and
+    /// when that is nothing, waits up to `wait` for more. Returns the lines
+    /// and the offset to continue from.
+    pub fn read_logs(
+        &self,
+        key: &str,
+        from: Option<i64>,
+        tail: i64,
+        wait: Duration,
+    ) -> Result<(Vec<LogEntry>, i64), KafkaError> {
+        let started = Instant::now();
+        let (consumer, (_, start)) = self.read_from(LOGS_TOPIC, |low, end| {
+            Some(from.unwrap_or(end - tail).clamp(low, end.max(low)))
+        })?;
+        let mut lines = Vec::new();
+        let mut next = start;
+        // Up to the end as of now, then (with nothing to show) a long poll.
+        let at_end = started + Duration::from_secs(30);
+        kafka::read_to_end(&consumer, 1, LOGS_TOPIC, at_end, |m| {
+            collect(key, m, &mut lines, &mut next)
+        })?;
+        if lines.is_empty() && !wait.is_zero() {
+            let waited = kafka::read_to_end(&consumer, 1, LOGS_TOPIC, started + wait, |m| {
+                collect(key, m, &mut lines, &mut next)
+            });
+            match waited {
+                Ok(()) | Err(KafkaError::Timeout { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((lines, next))
+    }
+}
+
+/// Keeps `m` if it is a line of `key`; stops at [`MAX_LINES`].
+fn collect(
+    key: &str,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+    lines: &mut Vec<LogEntry>,
+    next: &mut i64,
+) -> ControlFlow<()> {
+    *next = m.offset() + 1;
+    if m.key() == Some(key.as_bytes())
+        && let Some(entry) = m.payload().and_then(|p| serde_json::from_slice(p).ok())
+    {
+        lines.push(entry);
+    }
+    if lines.len() >= MAX_LINES {
+        ControlFlow::Break(())
+    } else {
+        ControlFlow::Continue(())
+    }
+}
+
+/// Guest logs of one deployment on this host: to the log topic, to the
+/// host's own log, and the latest warnings kept for `describe`.
+pub struct DeploymentLogSink {
+    control: Arc<ControlPlane>,
+    key: String,
+    host: String,
+    recent_errors: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl DeploymentLogSink {
+    /// A sink for `<tenant>/<name>` on `host`, keeping warnings in `recent`.
+    pub fn new(
+        control: Arc<ControlPlane>,
+        key: String,
+        host: String,
+        recent_errors: Arc<Mutex<VecDeque<String>>>,
+    ) -> Self {
+        Self {
+            control,
+            key,
+            host,
+            recent_errors,
+        }
+    }
+}
+
+impl DeploymentLogSink {
+    fn append(&self, labels: &LogLabels, level: String, message: String) {
+        self.control.append_log(
+            &self.key,
+            &LogEntry {
+                ts_ms: now_ms(),
+                host: self.host.clone(),
+                partition: labels.partition,
+                level,
+                message,
+            },
+        );
+    }
+}
+
+/// Keeps the last few errors for `describe`.
+pub fn remember_error(recent: &Mutex<VecDeque<String>>, message: String) {
+    let mut r = recent.lock().unwrap_or_else(|e| e.into_inner());
+    if r.len() >= 5 {
+        r.pop_front();
+    }
+    r.push_back(message);
+}
+
+impl LogSink for DeploymentLogSink {
+    fn line(&self, labels: &LogLabels, line: &GuestLogLine) {
+        let level = format!("{:?}", line.level).to_lowercase();
+        if matches!(level.as_str(), "error" | "warn") {
+            remember_error(
+                &self.recent_errors,
+                format!("partition {}: {}", labels.partition, line.message),
+            );
+        }
+        self.append(labels, level, line.message.clone());
+    }
+
+    fn dropped(&self, labels: &LogLabels, count: u64) {
+        self.append(
+            labels,
+            "warn".to_owned(),
+            format!("{count} log lines dropped by the rate limit"),
+        );
+    }
+}

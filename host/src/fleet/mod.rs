@@ -1,0 +1,134 @@
+//! The control plane: `onceflow host`'s fleet. Each host reconciles the
+//! deployment registry (kept in Kafka, read by [`ControlPlane`]) into
+//! running deployments, and serves the tenants' operations ([`Fleet`]'s
+//! `deploy`, `set_desired`, `delete`, `describe`, `logs`, `query`, in
+//! `service.rs`) for the admin API.
+//!
+//! | file | what |
+//! |---|---|
+//! | `reconciler.rs` | starts, stops, pauses and upgrades deployments; publishes statuses |
+//! | `service.rs` | the tenants' operations, with typed results ([`crate::api`]) and errors ([`FleetError`]) |
+//! | `control.rs` | the control topics' I/O: opening them, tailing the registry and statuses |
+//! | `artifacts.rs`, `logs.rs` | components and guest logs in their topics |
+//! | `registry.rs` | the records in those topics |
+//! | `tenancy.rs` | tenants, tokens, namespaces and quotas |
+//!
+//! Hosts never talk to each other. Every host runs every deployment that
+//! should run, with its own host id as the instance id; Kafka's consumer
+//! groups spread the partitions over the hosts, so adding a host adds
+//! capacity, and a host that dies loses its partitions to the others when its
+//! session expires.
+//!
+//! An upgrade stops the running version (its workers commit their open
+//! transactions: a commit boundary), then starts the new one on the same
+//! application id, state directory and transactional ids, so state and
+//! offsets carry over with no gap and no duplicate.
+
+mod artifacts;
+pub mod control;
+mod error;
+mod logs;
+mod reconciler;
+pub mod registry;
+mod service;
+pub mod tenancy;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use control::ControlPlane;
+pub use error::FleetError;
+pub use logs::{DeploymentLogSink, remember_error};
+pub use reconciler::RunState;
+pub use service::Deployed;
+pub use tenancy::{Tenant, Tenants};
+
+use crate::manifest::{Manifest, ManifestError};
+use crate::metrics::Exposition;
+use crate::sandbox::Sandbox;
+use crate::stream::RunOptions;
+use reconciler::Running;
+use registry::DeploymentRecord;
+
+/// The manifest a record carries. Its `[build]` paths mean nothing on a
+/// host; the name is for messages.
+pub fn manifest_of(record: &DeploymentRecord) -> Result<Manifest, ManifestError> {
+    parse_manifest(&record.tenant, &record.name, &record.manifest)
+}
+
+/// Parses manifest text sent for `<tenant>/<name>` (the path is only for
+/// messages).
+pub fn parse_manifest(tenant: &str, name: &str, text: &str) -> Result<Manifest, ManifestError> {
+    Manifest::parse(
+        text,
+        PathBuf::from(format!("{tenant}/{name}/onceflow.toml")),
+    )
+}
+
+/// One host.
+pub struct Fleet {
+    /// This host's id: the instance id of every deployment it runs.
+    pub host_id: String,
+    /// The registry and internal topics.
+    pub control: Arc<ControlPlane>,
+    /// Who may do what.
+    pub tenants: Tenants,
+    /// Compiles and checks components.
+    pub sandbox: Sandbox,
+    options: RunOptions,
+    running: Mutex<BTreeMap<String, Running>>,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl Fleet {
+    /// A host over `control`, running deployments with `options` (its
+    /// `instance_id` is the host id).
+    pub fn new(
+        control: Arc<ControlPlane>,
+        tenants: Tenants,
+        sandbox: Sandbox,
+        options: RunOptions,
+        shutdown: Arc<AtomicBool>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            host_id: options.instance_id.clone(),
+            control,
+            tenants,
+            sandbox,
+            options,
+            running: Mutex::default(),
+            shutdown,
+        })
+    }
+
+    fn running(&self) -> MutexGuard<'_, BTreeMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The Prometheus view of the deployments this host runs, for one
+    /// tenant or (`None`) all of them.
+    pub fn exposition(&self, tenant: Option<&str>) -> Exposition {
+        Exposition {
+            deployments: self
+                .running()
+                .values()
+                .filter(|r| tenant.is_none_or(|t| t == r.record.tenant))
+                .map(|r| {
+                    (
+                        r.record.tenant.clone(),
+                        r.record.name.clone(),
+                        r.record.version,
+                        r.metrics.clone(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether this host still runs (or is stopping) a deployment.
+    pub fn is_running(&self, key: &str) -> bool {
+        self.running().get(key).is_some_and(|r| r.thread.is_some())
+    }
+}

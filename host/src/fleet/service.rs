@@ -1,0 +1,357 @@
+//! The tenants' operations on the fleet, as the admin API offers them: each
+//! takes the authenticated tenant and returns a typed answer
+//! ([`crate::api`]) or a [`FleetError`] whose variant decides the HTTP
+//! status. They block (Kafka, wasmtime): the admin API runs them on its
+//! blocking pool.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::registry::{DeploymentRecord, Desired, HostStatus, deployment_key, now_ms};
+use super::tenancy::{Existing, Tenant};
+use super::{Fleet, FleetError, manifest_of, parse_manifest};
+use crate::api::{
+    Deleted, DeployRequest, DeploymentSummary, HostSummary, LogLines, LogParams, QueryAnswer,
+    QueryValue, Uploaded,
+};
+use crate::sandbox::ProcessorPolicy;
+use crate::stream::{self, changelog};
+use crate::task::processor_policy;
+
+/// A status older than this is reported as stale (its host is likely gone).
+const STALE_AFTER_MS: i64 = 10_000;
+/// A status older than this is not shown at all (its host is gone).
+const FORGET_AFTER_MS: i64 = 60_000;
+/// Longest a log read waits for a first line.
+const MAX_LOG_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether a deploy created the deployment or upgraded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deployed {
+    /// A new deployment (or one deleted before).
+    Created,
+    /// A new version of a live deployment.
+    Upgraded,
+}
+
+impl Fleet {
+    /// Checks a component (parses, allowed imports, expected exports,
+    /// compiles) and stores it, chunked, in Kafka.
+    pub fn upload(&self, tenant: &Tenant, bytes: &[u8]) -> Result<Uploaded, FleetError> {
+        self.sandbox
+            .load(bytes, ProcessorPolicy::default())
+            .map_err(FleetError::Component)?;
+        let sha = self.control.put_artifact(bytes)?;
+        tracing::info!(tenant = %tenant.name, artifact = %sha, bytes = bytes.len(), "component stored");
+        Ok(Uploaded {
+            artifact: sha,
+            size: bytes.len() as u64,
+        })
+    }
+
+    /// Deploys (or upgrades) `name` after checking the manifest, the
+    /// tenant's namespace and quotas, the component and the topics.
+    pub fn deploy(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        req: DeployRequest,
+    ) -> Result<(Deployed, DeploymentSummary), FleetError> {
+        let manifest =
+            parse_manifest(&tenant.name, name, &req.manifest).map_err(FleetError::Manifest)?;
+        if manifest.name != name {
+            return Err(FleetError::Invalid(format!(
+                "the manifest's name is {:?} but the request deploys {name:?}",
+                manifest.name
+            )));
+        }
+        let others: Vec<Existing> = self
+            .live_records(tenant)
+            .into_iter()
+            .filter_map(|r| {
+                let m = manifest_of(&r).ok()?;
+                Some(Existing {
+                    name: r.name,
+                    worker_threads: m.processing.worker_threads,
+                })
+            })
+            .collect();
+        tenant
+            .admit(&manifest, &others)
+            .map_err(FleetError::Refused)?;
+        let bytes = self.control.artifact(&req.artifact).map_err(|e| match e {
+            FleetError::Artifact { .. } => {
+                FleetError::Invalid(format!("{e} (upload it with POST /v1/artifacts first)"))
+            }
+            other => other,
+        })?;
+        self.sandbox
+            .load(&bytes, processor_policy(&manifest))
+            .map_err(FleetError::Component)?;
+        stream::prepare_topics(&manifest, self.control.connection())?;
+        let previous = self
+            .control
+            .deployments
+            .get(&deployment_key(&tenant.name, name));
+        let record = DeploymentRecord {
+            tenant: tenant.name.clone(),
+            name: name.to_owned(),
+            version: previous.as_ref().map_or(1, |p| p.version + 1),
+            manifest: req.manifest,
+            artifact: req.artifact,
+            artifact_size: bytes.len() as u64,
+            desired: Desired::Running,
+            purge_state: false,
+            updated_ms: now_ms(),
+        };
+        self.control.put_deployment(&record)?;
+        tracing::info!(deployment = %record.key(), version = record.version, "deployed");
+        let deployed = if previous.is_some_and(|p| p.desired != Desired::Deleted) {
+            Deployed::Upgraded
+        } else {
+            Deployed::Created
+        };
+        Ok((deployed, summary(&record, &[])))
+    }
+
+    /// The tenant's deployments.
+    pub fn list(&self, tenant: &Tenant) -> Vec<DeploymentSummary> {
+        self.live_records(tenant)
+            .into_iter()
+            .map(|r| summary(&r, &self.statuses_of(&r)))
+            .collect()
+    }
+
+    /// One deployment, with its manifest and every live host's view.
+    pub fn describe(&self, tenant: &Tenant, name: &str) -> Result<DeploymentSummary, FleetError> {
+        let r = self.own_record(tenant, name)?;
+        let mut s = summary(&r, &self.statuses_of(&r));
+        s.manifest = Some(r.manifest);
+        Ok(s)
+    }
+
+    /// Pauses (`Paused`) or resumes (`Running`) a deployment: hosts stop or
+    /// start its workers at a commit boundary, keeping state and offsets.
+    pub fn set_desired(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        desired: Desired,
+    ) -> Result<DeploymentSummary, FleetError> {
+        let r = self.write_desired(tenant, name, desired, false)?;
+        Ok(summary(&r, &[]))
+    }
+
+    /// Deletes a deployment; with `purge_state`, once its workers have left
+    /// (this host's at once, the others' static memberships when their
+    /// sessions expire), drops its consumer group and changelogs too. Each
+    /// host drops its local stores itself.
+    pub fn delete(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        purge_state: bool,
+    ) -> Result<Deleted, FleetError> {
+        let r = self.write_desired(tenant, name, Desired::Deleted, purge_state)?;
+        if purge_state {
+            let key = r.key();
+            for _ in 0..600 {
+                if !self.is_running(&key) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let manifest = manifest_of(&r).map_err(FleetError::Manifest)?;
+            changelog::purge(
+                self.control.connection(),
+                &manifest.application_id(),
+                &stream::changelog_topics(&manifest),
+            )?;
+        }
+        Ok(Deleted {
+            deleted: r.name,
+            state_purged: purge_state,
+        })
+    }
+
+    /// Guest log lines of a deployment.
+    pub fn logs(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        params: &LogParams,
+    ) -> Result<LogLines, FleetError> {
+        let r = self.own_record(tenant, name)?;
+        let wait = Duration::from_millis(params.wait_ms).min(MAX_LOG_WAIT);
+        let (lines, next) =
+            self.control
+                .read_logs(&r.key(), params.from, params.tail.clamp(1, 1_000_000), wait)?;
+        Ok(LogLines { lines, next })
+    }
+
+    /// The committed value of `key` in a deployment's store.
+    pub fn query(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        store: &str,
+        key: &str,
+    ) -> Result<QueryAnswer, FleetError> {
+        let r = self.own_record(tenant, name)?;
+        let manifest = manifest_of(&r).map_err(FleetError::Manifest)?;
+        if !manifest.stores.iter().any(|s| s == store) {
+            return Err(FleetError::NoStore {
+                name: name.to_owned(),
+                store: store.to_owned(),
+                stores: manifest.stores.join(", "),
+            });
+        }
+        let topic = stream::changelog_topic(&manifest, store);
+        let found: Vec<(i32, Vec<u8>)> =
+            changelog::query(self.control.connection(), &topic, key.as_bytes())?;
+        if found.is_empty() {
+            return Err(FleetError::NoValue {
+                store: store.to_owned(),
+                key: key.to_owned(),
+            });
+        }
+        let values = found
+            .into_iter()
+            .map(|(partition, v)| match String::from_utf8(v) {
+                Ok(text) => QueryValue {
+                    partition,
+                    value: Some(text),
+                    value_base64: None,
+                },
+                Err(e) => QueryValue {
+                    partition,
+                    value: None,
+                    value_base64: Some(base64::Engine::encode(
+                        &base64::engine::general_purpose::STANDARD,
+                        e.as_bytes(),
+                    )),
+                },
+            })
+            .collect();
+        Ok(QueryAnswer {
+            store: store.to_owned(),
+            key: key.to_owned(),
+            values,
+        })
+    }
+
+    /// The tenant's live (not deleted) deployment `name`.
+    fn own_record(&self, tenant: &Tenant, name: &str) -> Result<DeploymentRecord, FleetError> {
+        self.control
+            .deployments
+            .get(&deployment_key(&tenant.name, name))
+            .filter(|r| r.desired != Desired::Deleted)
+            .ok_or_else(|| FleetError::NoDeployment {
+                name: name.to_owned(),
+            })
+    }
+
+    /// The tenant's live deployments.
+    fn live_records(&self, tenant: &Tenant) -> Vec<DeploymentRecord> {
+        self.control
+            .deployments
+            .with_prefix(&format!("{}/", tenant.name))
+            .into_iter()
+            .filter(|r| r.desired != Desired::Deleted)
+            .collect()
+    }
+
+    fn write_desired(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        desired: Desired,
+        purge_state: bool,
+    ) -> Result<DeploymentRecord, FleetError> {
+        let mut r = self.own_record(tenant, name)?;
+        r.desired = desired;
+        r.purge_state = purge_state;
+        r.updated_ms = now_ms();
+        self.control.put_deployment(&r)?;
+        tracing::info!(deployment = %r.key(), ?desired, "desired state changed");
+        Ok(r)
+    }
+
+    fn statuses_of(&self, r: &DeploymentRecord) -> Vec<HostStatus> {
+        let now = now_ms();
+        self.control
+            .statuses
+            .with_prefix(&format!("{}/{}/", r.tenant, r.name))
+            .into_iter()
+            .filter(|s| now - s.updated_ms <= FORGET_AFTER_MS)
+            .collect()
+    }
+}
+
+/// Rounded to one decimal, for people.
+fn tenth(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// What `list` and `describe` show of a deployment, from its record and
+/// the hosts' statuses.
+fn summary(r: &DeploymentRecord, statuses: &[HostStatus]) -> DeploymentSummary {
+    let now = now_ms();
+    let hosts = statuses
+        .iter()
+        .map(|s| HostSummary {
+            host: s.host.clone(),
+            version: s.version,
+            state: s.state.clone(),
+            partitions: s.partitions.clone(),
+            lag: s.lag,
+            records_per_s: tenth(s.records_per_s),
+            commits_per_s: tenth(s.commits_per_s),
+            commit_p99_ms: tenth(s.commit_p99_ms),
+            records: s.records,
+            aborts: s.aborts,
+            fenced: s.fenced,
+            dead_lettered: s.dead_lettered,
+            last_errors: s.last_errors.clone(),
+            stale: now - s.updated_ms > STALE_AFTER_MS,
+            age_ms: now - s.updated_ms,
+        })
+        .collect();
+    let live: Vec<&HostStatus> = statuses
+        .iter()
+        .filter(|s| now - s.updated_ms <= STALE_AFTER_MS)
+        .collect();
+    let running_versions: BTreeSet<u64> = live
+        .iter()
+        .filter(|s| s.state == "running")
+        .map(|s| s.version)
+        .collect();
+    let status = match r.desired {
+        Desired::Paused => "paused",
+        Desired::Deleted => "deleted",
+        Desired::Running if live.iter().any(|s| s.state == "failed") => "failed",
+        Desired::Running
+            if running_versions.contains(&r.version) && running_versions.len() == 1 =>
+        {
+            "running"
+        }
+        Desired::Running if !running_versions.is_empty() => "upgrading",
+        Desired::Running => "starting",
+    };
+    DeploymentSummary {
+        name: r.name.clone(),
+        tenant: r.tenant.clone(),
+        version: r.version,
+        status: status.to_owned(),
+        artifact: r.artifact.clone(),
+        artifact_size: r.artifact_size,
+        updated_ms: r.updated_ms,
+        running_versions: running_versions.into_iter().collect(),
+        partitions: live.iter().map(|s| s.partitions.len()).sum(),
+        lag: live.iter().map(|s| s.lag).sum(),
+        records_per_s: tenth(live.iter().map(|s| s.records_per_s).sum()),
+        commits_per_s: tenth(live.iter().map(|s| s.commits_per_s).sum()),
+        hosts,
+        manifest: None,
+    }
+}

@@ -1,0 +1,159 @@
+//! Starting a fleet host: the control topics, the sandbox, the admin API
+//! on its own small runtime, and the reconciler on its own thread.
+//! `onceflow host` calls [`start`] and then [`Host::wait`]; a test can do
+//! the same in-process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::fleet::{ControlPlane, Fleet, FleetError, Tenants};
+use crate::sandbox::{Sandbox, SandboxConfig, SandboxError};
+use crate::stream::RunOptions;
+
+/// What a host needs.
+#[derive(Debug)]
+pub struct HostConfig {
+    /// Where the admin API and `/metrics` listen (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Who may do what.
+    pub tenants: Tenants,
+    /// The cluster, the state directory and this host's id (its
+    /// `instance_id`), for every deployment it runs.
+    pub run: RunOptions,
+}
+
+/// Why a host could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The control-plane topics could not be created or read.
+    #[error("cannot open the control-plane topics")]
+    Control(#[source] FleetError),
+    /// The Wasm engine could not be set up.
+    #[error("cannot start the sandbox")]
+    Sandbox(#[source] SandboxError),
+    /// The admin API's address could not be bound.
+    #[error("cannot serve the admin API on {listen}")]
+    Bind {
+        /// The address.
+        listen: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A runtime or thread could not be started, or the server failed.
+    #[error("{what}")]
+    Io {
+        /// What failed.
+        what: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running host.
+pub struct Host {
+    /// The fleet it serves.
+    pub fleet: Arc<Fleet>,
+    listen: SocketAddr,
+    control: Arc<ControlPlane>,
+    shutdown: Arc<AtomicBool>,
+    runtime: tokio::runtime::Runtime,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    reconciler: JoinHandle<()>,
+}
+
+/// Opens the control topics (creating them if needed), binds the admin
+/// API and starts reconciling. The host runs until `shutdown` is set.
+pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, HostError> {
+    let HostConfig {
+        listen,
+        tenants,
+        run,
+    } = config;
+    tracing::info!(
+        host = %run.instance_id,
+        state_dir = %run.state_dir.display(),
+        tenants = tenants.iter().count(),
+        "onceflow host starting"
+    );
+    let artifacts = run.state_dir.join("artifacts");
+    let control =
+        ControlPlane::connect(run.kafka.clone(), artifacts).map_err(HostError::Control)?;
+    let sandbox = Sandbox::new(SandboxConfig::default()).map_err(HostError::Sandbox)?;
+    let fleet = Fleet::new(control.clone(), tenants, sandbox, run, shutdown.clone());
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| HostError::Io {
+            what: "cannot start the admin API's runtime",
+            source,
+        })?;
+    let listener = runtime
+        .block_on(crate::admin::bind(listen))
+        .map_err(|source| HostError::Bind { listen, source })?;
+    let listen = listener.local_addr().unwrap_or(listen);
+    let stop = shutdown.clone();
+    let server = runtime.spawn(crate::admin::serve(fleet.clone(), listener, async move {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }));
+    let reconciler = {
+        let fleet = fleet.clone();
+        std::thread::Builder::new()
+            .name("reconciler".into())
+            .spawn(move || fleet.run())
+            .map_err(|source| HostError::Io {
+                what: "cannot start the reconciler thread",
+                source,
+            })?
+    };
+    Ok(Host {
+        fleet,
+        listen,
+        control,
+        shutdown,
+        runtime,
+        server,
+        reconciler,
+    })
+}
+
+impl Host {
+    /// Where the admin API listens.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// Runs until `shutdown` is set (or the admin API fails), then stops
+    /// every deployment at a commit boundary and returns.
+    pub fn wait(self) -> Result<(), HostError> {
+        while !self.shutdown.load(Ordering::Relaxed) {
+            if self.server.is_finished() {
+                self.shutdown.store(true, Ordering::Relaxed);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let served = self.runtime.block_on(self.server);
+        let _ = self.reconciler.join();
+        self.control.close();
+        match served {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(source)) => Err(HostError::Io {
+                what: "the admin API stopped",
+                source,
+            }),
+            Err(e) => Err(HostError::Io {
+                what: "the admin API task failed",
+                source: std::io::Error::other(e.to_string()),
+            }),
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! The shared Kafka plumbing: client settings, topic admin, reading a topic
+//! to its end, sending records, and what a client error means.
+//!
+//! rdkafka is owned here, by `stream` (the EOS loop's consumer and
+//! transactional producer) and by `fleet::control` (the control topics). No
+//! `pub` signature outside these modules names an rdkafka type: callers see
+//! [`Connection`] and [`KafkaError`].
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Header as KHeader, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+
+use crate::types::{Header, InputRecord, OutputRecord};
+
+/// How long metadata and admin calls may take.
+pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the cluster is, and the extra librdkafka properties (`-X k=v`) every
+/// client of this process gets.
+#[derive(Debug, Clone, Default)]
+pub struct Connection {
+    /// Kafka bootstrap servers (`host:port,...`).
+    pub bootstrap_servers: String,
+    /// Extra librdkafka properties for every client, applied last.
+    pub extra_config: Vec<(String, String)>,
+}
+
+/// A Kafka operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// A client call failed; the source is the client's error.
+    #[error("kafka: {operation}")]
+    Client {
+        /// What was being done.
+        operation: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A call got no answer in time.
+    #[error("kafka: {operation}: {what}")]
+    Timeout {
+        /// What was being done.
+        operation: String,
+        /// What did not happen in time, and what to check.
+        what: String,
+    },
+    /// A topic is missing or unusable.
+    #[error("topic {topic:?}: {message}")]
+    Topic {
+        /// The topic.
+        topic: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+impl KafkaError {
+    /// A client error while doing `operation`.
+    pub(crate) fn client(operation: impl Into<String>, source: ClientError) -> Self {
+        Self::Client {
+            operation: operation.into(),
+            source: Box::new(source),
+        }
+    }
+
+    /// A call that timed out.
+    pub(crate) fn timeout(operation: impl Into<String>, what: impl Into<String>) -> Self {
+        Self::Timeout {
+            operation: operation.into(),
+            what: what.into(),
+        }
+    }
+
+    /// A topic problem.
+    pub(crate) fn topic(topic: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Topic {
+            topic: topic.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl Connection {
+    /// The settings every client shares: the bootstrap servers, then `-X`.
+    pub(crate) fn config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in &self.extra_config {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// A consumer that reads assigned partitions to their end: never in a
+    /// group (`group.id` only names it), never committing, reporting each
+    /// partition's end; `isolation` is `read_committed` or
+    /// `read_uncommitted`. An empty fetch returns after `fetch_wait_ms`.
+    pub(crate) fn reader<C: ConsumerContext>(
+        &self,
+        group: &str,
+        isolation: &str,
+        fetch_wait_ms: u32,
+        context: C,
+    ) -> Result<BaseConsumer<C>, KafkaError> {
+        let mut c = self.config();
+        c.set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", isolation)
+            .set("fetch.wait.max.ms", fetch_wait_ms.to_string());
+        // -X comes last, even over the reader's own settings.
+        for (k, v) in &self.extra_config {
+            c.set(k, v);
+        }
+        c.create_with_context(context)
+            .map_err(|e| KafkaError::client(format!("creating a consumer ({group})"), e))
+    }
+
+    /// The partitions of `topic`, or `None` when it does not exist.
+    pub(crate) fn partitions<C: ConsumerContext>(
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+    ) -> Result<Option<Vec<i32>>, KafkaError> {
+        let md = consumer
+            .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
+            .map_err(|e| KafkaError::client(format!("fetching metadata of {topic}"), e))?;
+        Ok(md.topics().first().and_then(|t| match t.error() {
+            Some(_) => None,
+            None if t.partitions().is_empty() => None,
+            None => Some(t.partitions().iter().map(|p| p.id()).collect()),
+        }))
+    }
+}
+
+/// Polls an assigned reader (see [`Connection::reader`]) until each of its
+/// `partitions` assigned partitions has reported its end, `on_record`
+/// returns `Break`, or `deadline` passes ([`KafkaError::Timeout`]). Client
+/// errors are logged (rate-limited) and polling goes on. With
+/// read_committed, a partition's end is its last stable offset.
+pub(crate) fn read_to_end<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: usize,
+    what: &str,
+    deadline: Instant,
+    mut on_record: impl FnMut(&BorrowedMessage<'_>) -> ControlFlow<()>,
+) -> Result<(), KafkaError> {
+    let errors = ErrorLog::default();
+    let mut ended = std::collections::HashSet::new();
+    while ended.len() < partitions {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                if on_record(&m).is_break() {
+                    return Ok(());
+                }
+            }
+            Some(Err(ClientError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => {
+                errors.report(what, &e, "reading to the end");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            None => {}
+        }
+        if ended.len() < partitions && Instant::now() >= deadline {
+            return Err(KafkaError::timeout(
+                format!("reading {what}"),
+                "did not reach the end of every partition in time: are the brokers reachable?",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Assigns `(topic, partition, from)` to a reader; `from: None` is the
+/// beginning.
+pub(crate) fn assign<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: &[(&str, i32, Option<i64>)],
+) -> Result<(), KafkaError> {
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (topic, partition, from) in partitions {
+        let offset = from.map_or(rdkafka::Offset::Beginning, rdkafka::Offset::Offset);
+        tpl.add_partition_offset(topic, *partition, offset)
+            .map_err(|e| KafkaError::client(format!("assigning {topic}/{partition}"), e))?;
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| KafkaError::client("assigning partitions", e))
+}
+
+/// A partition's (low, high) watermarks; for a read_committed client the
+/// high one is the last stable offset.
+pub(crate) fn watermarks<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+) -> Result<(i64, i64), KafkaError> {
+    consumer
+        .fetch_watermarks(topic, partition, ADMIN_TIMEOUT)
+        .map_err(|e| KafkaError::client(format!("reading the bounds of {topic}/{partition}"), e))
+}
+
+/// A topic the host creates for itself.
+pub(crate) struct TopicSpec<'a> {
+    pub name: &'a str,
+    pub partitions: i32,
+    pub config: &'a [(&'a str, &'a str)],
+}
+
+/// An admin client.
+pub(crate) fn admin(conn: &Connection) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
+    conn.config()
+        .create()
+        .map_err(|e| KafkaError::client("creating an admin client", e))
+}
+
+/// A client for metadata calls only.
+pub(crate) fn metadata_client(conn: &Connection) -> Result<BaseConsumer, KafkaError> {
+    conn.config()
+        .create()
+        .map_err(|e| KafkaError::client("creating a metadata client", e))
+}
+
+/// Creates topics that do not exist yet, replicated up to 3 times (as many
+/// as there are brokers).
+pub(crate) fn create_topics(conn: &Connection, specs: &[TopicSpec<'_>]) -> Result<(), KafkaError> {
+    let admin = admin(conn)?;
+    let probe = metadata_client(conn)?;
+    let brokers = probe
+        .fetch_metadata(None, ADMIN_TIMEOUT)
+        .map(|m| m.brokers().len())
+        .unwrap_or(1)
+        .clamp(1, 3) as i32;
+    let new: Vec<NewTopic<'_>> = specs
+        .iter()
+        .map(|spec| {
+            let mut t = NewTopic::new(spec.name, spec.partitions, TopicReplication::Fixed(brokers))
+                .set("min.insync.replicas", if brokers >= 3 { "2" } else { "1" });
+            for (k, v) in spec.config {
+                t = t.set(k, v);
+            }
+            t
+        })
+        .collect();
+    let results = futures::executor::block_on(admin.create_topics(
+        &new,
+        &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)),
+    ))
+    .map_err(|e| KafkaError::client("creating topics", e))?;
+    for r in results {
+        match r {
+            Ok(topic) => tracing::info!(%topic, "created topic"),
+            Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                tracing::debug!(%topic, "topic already exists")
+            }
+            Err((topic, code)) => {
+                return Err(KafkaError::topic(
+                    topic,
+                    format!("cannot create the topic: {code}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies a consumed message into an [`InputRecord`].
+pub(crate) fn to_input(m: &BorrowedMessage<'_>) -> InputRecord {
+    let headers = m
+        .headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| Header {
+                    key: h.key.to_owned(),
+                    value: h.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    InputRecord {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        timestamp: m.timestamp().to_millis().unwrap_or(0),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers,
+    }
+}
+
+/// A record to send.
+pub(crate) struct Outgoing<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition (`None`: from the key, Java's murmur2).
+    pub partition: Option<i32>,
+    /// Key.
+    pub key: Option<&'a [u8]>,
+    /// Value (`None`: tombstone).
+    pub value: Option<&'a [u8]>,
+    /// Headers.
+    pub headers: &'a [Header],
+    /// Timestamp, ms (`None`: the producer's clock).
+    pub timestamp: Option<i64>,
+}
+
+/// Sends one record, waiting for room in the producer's queue.
+pub(crate) fn send<C: ProducerContext<DeliveryOpaque = ()>>(
+    producer: &BaseProducer<C>,
+    out: Outgoing<'_>,
+) -> Result<(), ClientError> {
+    let Outgoing {
+        topic,
+        partition,
+        key,
+        value,
+        headers,
+        timestamp,
+    } = out;
+    let owned = (!headers.is_empty()).then(|| {
+        headers
+            .iter()
+            .fold(OwnedHeaders::new_with_capacity(headers.len()), |hs, h| {
+                hs.insert(KHeader {
+                    key: &h.key,
+                    value: Some(&h.value),
+                })
+            })
+    });
+    loop {
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        if let Some(t) = timestamp.filter(|t| *t > 0) {
+            record = record.timestamp(t);
+        }
+        if let Some(h) = &owned {
+            record = record.headers(h.clone());
+        }
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                producer.poll(Duration::from_millis(50));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
+/// Sends an output record (partition chosen from the key).
+pub(crate) fn send_output<C: ProducerContext<DeliveryOpaque = ()>>(
+    producer: &BaseProducer<C>,
+    o: &OutputRecord,
+) -> Result<(), ClientError> {
+    send(
+        producer,
+        Outgoing {
+            topic: &o.topic,
+            partition: None,
+            key: o.key.as_deref(),
+            value: o.value.as_deref(),
+            headers: &o.headers,
+            timestamp: o.timestamp,
+        },
+    )
+}
+
+/// Waits until every produced record is acknowledged (or failed) and its
+/// delivery report served. rdkafka's `flush` sleeps in 100 ms polls, which
+/// would add 100 ms to every commit; this polls in 1 ms steps.
+pub(crate) fn drain<C: ProducerContext<DeliveryOpaque = ()>>(
+    producer: &BaseProducer<C>,
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        producer.poll(Duration::ZERO);
+        if producer.in_flight_count() == 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(ClientError::Flush(RDKafkaErrorCode::OperationTimedOut));
+        }
+        producer.poll(Duration::from_millis(1));
+    }
+}
+
+/// Client-level errors (brokers down, transport failures) arrive on every
+/// poll while a broker is away; this logs them at most every 5 s, with a
+/// count, instead of thousands of lines a second.
+#[derive(Default)]
+pub(crate) struct ErrorLog {
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl ErrorLog {
+    /// Records an error from librdkafka's error callback.
+    pub(crate) fn report(&self, client: &str, error: &ClientError, reason: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.1 += 1;
+        if s.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+            tracing::warn!(
+                "{client}: {error}: {reason} ({} similar errors since the last report)",
+                s.1
+            );
+            *s = (Some(std::time::Instant::now()), 0);
+        }
+    }
+}
+
+/// The context of the helper consumers that read to a partition's end
+/// (restore, verify): the end-of-partition events they ask for are not
+/// errors, and other client errors are rate-limited.
+#[derive(Default)]
+pub(crate) struct QuietContext {
+    errors: ErrorLog,
+}
+
+impl rdkafka::client::ClientContext for QuietContext {
+    fn error(&self, error: ClientError, reason: &str) {
+        if !matches!(error, ClientError::PartitionEOF(_)) {
+            self.errors.report("consumer", &error, reason);
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
+/// What to do about a failed transactional call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxnFailure {
+    /// Call it again.
+    Retry,
+    /// Abort the transaction, rewind, carry on.
+    Abort,
+    /// The producer is unusable (fenced, fatal, or in an unknown state):
+    /// re-create it and rejoin.
+    Fatal,
+}
+
+/// Classifies a transactional error as librdkafka's transactional API
+/// documents: fatal, abortable, retriable; none of the three is fatal.
+pub(crate) fn classify(e: &ClientError) -> TxnFailure {
+    match e {
+        ClientError::Transaction(r) if r.is_fatal() => TxnFailure::Fatal,
+        ClientError::Transaction(r) if r.txn_requires_abort() => TxnFailure::Abort,
+        ClientError::Transaction(r) if r.is_retriable() => TxnFailure::Retry,
+        _ => TxnFailure::Fatal,
+    }
+}
+
+/// Whether an error means this producer or member was fenced by a newer
+/// one (a zombie caught).
+pub(crate) fn is_fencing(e: &ClientError) -> bool {
+    let code = e.rdkafka_error_code();
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::IllegalGeneration
+                | RDKafkaErrorCode::UnknownMemberId
+                | RDKafkaErrorCode::FencedInstanceId
+                | RDKafkaErrorCode::RebalanceInProgress
+        )
+    )
+}
+
+/// Next offsets per (topic, partition), as a partition list.
+pub(crate) fn offsets_list(next: &BTreeMap<(String, i32), i64>) -> rdkafka::TopicPartitionList {
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for ((topic, partition), offset) in next {
+        // Cannot fail: the offset is absolute.
+        let _ = tpl.add_partition_offset(topic, *partition, rdkafka::Offset::Offset(*offset));
+    }
+    tpl
+}

@@ -1,0 +1,146 @@
+//! The EOS loop's clients: the consumer and the transactional producer
+//! settings of a worker, and the topic checks before a deployment starts.
+
+use rdkafka::ClientConfig;
+
+use super::{RunOptions, changelog_topic};
+use crate::kafka::{self, Connection, KafkaError, TopicSpec};
+use crate::manifest::Manifest;
+
+/// A consumer that reads only committed data and commits nothing by itself.
+pub(crate) fn consumer_config(options: &RunOptions, group: &str, client_id: &str) -> ClientConfig {
+    let mut c = options.kafka.config();
+    c.set("group.id", group)
+        .set("client.id", client_id)
+        // Static membership (KIP-345): a restarted instance takes its
+        // partitions back at once instead of waiting for its previous
+        // incarnation's session to expire. The id is the instance's, so a
+        // paused zombie is still fenced when its session expires.
+        .set("group.instance.id", client_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set(
+            "session.timeout.ms",
+            options.session_timeout.as_millis().to_string(),
+        )
+        .set(
+            "heartbeat.interval.ms",
+            (options.session_timeout.as_millis() / 4)
+                .max(100)
+                .to_string(),
+        )
+        .set("max.poll.interval.ms", "300000");
+    c
+}
+
+/// An idempotent producer; transactional when `transactional_id` is given.
+pub(crate) fn producer_config(
+    options: &RunOptions,
+    transactional_id: Option<&str>,
+    client_id: &str,
+) -> ClientConfig {
+    let mut c = options.kafka.config();
+    c.set("client.id", client_id)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        // Java's partitioner, so keys land where Kafka Streams and Java
+        // producers put them.
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        // After a commit the coordinator is still writing markers; the next
+        // transaction's AddPartitionsToTxn gets CONCURRENT_TRANSACTIONS and
+        // is retried. librdkafka's default 100 ms backoff would hold every
+        // new transaction's records back by 100 ms.
+        .set("retry.backoff.ms", "5")
+        .set("retry.backoff.max.ms", "100")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "200000");
+    if let Some(id) = transactional_id {
+        let txn_ms = options.transaction_timeout.as_millis();
+        c.set("transactional.id", id)
+            .set("transaction.timeout.ms", txn_ms.to_string())
+            // librdkafka requires message.timeout.ms <= transaction.timeout.ms.
+            .set(
+                "message.timeout.ms",
+                (txn_ms.saturating_sub(1000)).max(1000).to_string(),
+            );
+    }
+    c
+}
+
+/// Checks the manifest's topics and creates missing changelog topics.
+/// Returns the input partition count.
+pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, KafkaError> {
+    let probe = kafka::metadata_client(conn)?;
+    let partitions_of = |topic: &str| -> Result<Option<i32>, KafkaError> {
+        Ok(Connection::partitions(&probe, topic)?.map(|p| p.len() as i32))
+    };
+
+    let mut input_partitions = None;
+    for topic in &manifest.inputs {
+        let n = partitions_of(topic)?.ok_or_else(|| {
+            KafkaError::topic(topic.clone(), "input topic does not exist: create it first")
+        })?;
+        match input_partitions {
+            None => input_partitions = Some(n),
+            Some(m) if m != n => {
+                return Err(KafkaError::topic(
+                    topic.clone(),
+                    format!(
+                        "has {n} partitions but {} has {m}: a task reads the same partition of every input, so inputs must be co-partitioned",
+                        manifest.inputs[0]
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let input_partitions = input_partitions.unwrap_or(1);
+
+    let outputs = manifest
+        .outputs
+        .values()
+        .map(String::as_str)
+        .chain(manifest.errors.dead_letter_topic());
+    for topic in outputs {
+        if partitions_of(topic)?.is_none() {
+            return Err(KafkaError::topic(
+                topic,
+                "output topic does not exist: create it first",
+            ));
+        }
+    }
+
+    let mut missing = Vec::new();
+    for store in &manifest.stores {
+        let topic = changelog_topic(manifest, store);
+        match partitions_of(&topic)? {
+            Some(n) if n == input_partitions => {}
+            Some(n) => {
+                return Err(KafkaError::topic(
+                    topic,
+                    format!(
+                        "changelog has {n} partitions, the inputs {input_partitions}: \
+                         the store cannot be restored partition by partition"
+                    ),
+                ));
+            }
+            None => missing.push(topic),
+        }
+    }
+    if !missing.is_empty() {
+        let specs: Vec<TopicSpec<'_>> = missing
+            .iter()
+            .map(|t| TopicSpec {
+                name: t,
+                partitions: input_partitions,
+                config: &[("cleanup.policy", "compact")],
+            })
+            .collect();
+        kafka::create_topics(conn, &specs)?;
+    }
+    Ok(input_partitions)
+}
