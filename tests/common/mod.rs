@@ -1,9 +1,14 @@
 //! Helpers shared by the integration tests: paths, building guests with the
-//! real `onceflow build`, and running the CLI.
+//! real `onceflow build`, and running the CLI; and, in the submodules, the
+//! rig of the broker tests.
 
+// Each test binary uses some of the helpers (this covers the submodules).
 #![allow(dead_code)]
 
-pub mod kafka;
+pub mod cluster;
+pub mod host_process;
+pub mod txn_probe;
+pub mod wallet;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -91,4 +96,8 @@ pub fn json_lines(bytes: &[u8]) -> Vec<serde_json::Value> {
 /// One input line for `onceflow test`.
 pub fn input_line(topic: &str, key: &str, value: &str) -> String {
     serde_json::json!({"topic": topic, "key": key, "value": value}).to_string()
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
 }

@@ -8,7 +8,7 @@
 #   examples/wallet-js/conformance/check.sh examples/wallet-js examples/wallet-python
 #
 # Needs the onceflow CLI ($ONCEFLOW, default ~/.cache/onceflow/target/debug/onceflow,
-# else `onceflow` on PATH) and every wallet's component, built with `onceflow build <dir>` (tests/languages.rs runs
+# else `onceflow` on PATH) and every wallet's component, built with `onceflow build <dir>` (tests/offline/languages.rs runs
 # the same comparison in CI).
 #
 # The `--big` input has payments of 0.6-1 MiB (over the host's 1 MiB state

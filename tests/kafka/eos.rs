@@ -4,19 +4,12 @@
 //!
 //! Figures are printed as `FIGURE name value` lines (run with --nocapture).
 
-mod common;
-
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::kafka::{Cluster, Wallet, assert_exact, restored_records};
-
-/// One test at a time: they share the broker and two cores.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::common;
+use crate::common::cluster::{Cluster, serial};
+use crate::common::host_process::restored_records;
+use crate::common::wallet::{Wallet, assert_exact};
 
 fn figure(name: &str, value: impl std::fmt::Display) {
     println!("FIGURE {name} {value}");
@@ -107,12 +100,12 @@ fn crash_loop(
     n: u64,
     kills: u32,
     seed: u64,
-) -> (common::kafka::Produced, Vec<Duration>) {
+) -> (common::wallet::Produced, Vec<Duration>) {
     let mut rng = Rng(seed);
     let mut recoveries = Vec::new();
     let chunk = n / (kills as u64 + 1);
-    let mut produced = common::kafka::Produced::default();
-    let probe = common::kafka::TxnProbe::new(w.cluster, &w.audit);
+    let mut produced = common::wallet::Produced::default();
+    let probe = common::txn_probe::TxnProbe::new(w.cluster, &w.audit);
     let transactional = w.guarantee == "exactly_once_v2";
     let mut host = w.start("a", &[]);
     for k in 0..kills as u64 {
@@ -374,7 +367,7 @@ fn wallet_through_broker_failure(cluster: &'static Cluster, label: &str, fail: i
 /// broker stays down `ONCEFLOW_SOAK_DOWN_SECS`, default 3), to find the rare
 /// interleavings one restart per CI run can miss.
 #[test]
-#[ignore = "a soak of repeated broker restarts, minutes long: cargo test --test eos soak_broker_restarts -- --ignored"]
+#[ignore = "a soak of repeated broker restarts, minutes long: cargo test --test kafka soak_broker_restarts -- --ignored"]
 fn soak_broker_restarts() {
     let _g = serial();
     let rounds: u32 = std::env::var("ONCEFLOW_SOAK_ROUNDS")

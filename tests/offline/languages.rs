@@ -8,12 +8,10 @@
 //! (`scripts/setup` installs them ahead: node/npm, python3-venv, Go 1.24+,
 //! clang + wasi-libc, `wit-bindgen`).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{build_guest, onceflow, repo};
+use crate::common::{self, build_guest, onceflow, repo};
 
 const WALLETS: [&str; 4] = [
     "examples/wallet-js/onceflow.toml",

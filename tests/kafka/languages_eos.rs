@@ -3,18 +3,14 @@
 //! the wallet verification must find every valid payment's effects exactly
 //! once and every malformed one dead-lettered exactly once.
 //!
-//! Uses the `Wallet` rig of tests/common/kafka.rs with the ported wallet's
+//! Uses the `Wallet` rig of tests/common/wallet.rs with the ported wallet's
 //! component and limits in place of the Rust one's.
 
-mod common;
-
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::kafka::{Cluster, Produced, TxnProbe, Wallet, assert_exact};
-
-/// One test at a time: they share the broker and two cores.
-static SERIAL: Mutex<()> = Mutex::new(());
+use crate::common::cluster::{Cluster, serial};
+use crate::common::txn_probe::TxnProbe;
+use crate::common::wallet::{Produced, Wallet, assert_exact};
 
 /// A wallet deployment on fresh topics running the wallet of `example`
 /// (e.g. `examples/wallet-js`) with that example's limits.
@@ -28,7 +24,7 @@ fn ported_wallet(cluster: &'static Cluster, example: &str, label: &str) -> Walle
 /// transaction holding outputs is open, restarts it, feeds `n / 2` more,
 /// and verifies the outputs.
 fn exactly_once_with_a_crash(example: &str, label: &str) {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = serial();
     let cluster = Cluster::shared();
     let w = ported_wallet(cluster, example, label);
     let probe = TxnProbe::new(w.cluster, &w.audit);

@@ -1,9 +1,7 @@
 //! `onceflow build` + `onceflow test` on the examples, with outputs checked
 //! against an independent model of what each example must do.
 
-mod common;
-
-use common::{build_guest, input_line, json_lines, offline_test, onceflow};
+use crate::common::{build_guest, input_line, json_lines, offline_test, onceflow};
 use serde_json::{Value, json};
 
 /// A tiny deterministic generator (no test may depend on luck).

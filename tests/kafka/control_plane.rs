@@ -12,22 +12,14 @@
 //!
 //! Figures are printed as `FIGURE name value` lines (run with --nocapture).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::kafka::{Cluster, Produced, Wallet, assert_exact};
-use common::{build_guest, onceflow, repo};
+use crate::common::cluster::{Cluster, serial};
+use crate::common::wallet::{Produced, Wallet, assert_exact};
+use crate::common::{self, build_guest, onceflow, repo};
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn figure(name: &str, value: impl std::fmt::Display) {
     println!("FIGURE {name} {value}");
@@ -253,7 +245,7 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Durat
 
 /// Committed (read_committed-visible) records in a topic.
 fn committed_records(topic: &str) -> i64 {
-    common::kafka::TxnProbe::new(cluster(), topic).committed_end()
+    common::txn_probe::TxnProbe::new(cluster(), topic).committed_end()
 }
 
 /// Produces `n` payments in chunks, spread over `over`.
@@ -574,9 +566,9 @@ fn c_tenant_isolation_and_refusals() {
     let produced = w.produce(0, 2_000, 100, Some(50));
     let evil = hostile(fleet.dir.path(), "globex", "iso");
     h.json(GLOBEX, &["deploy", path(&evil.manifest)]);
-    let producer = common::kafka::plain_producer(cluster());
+    let producer = common::cluster::plain_producer(cluster());
     for value in ["panic", "ok-1", "panic"] {
-        common::kafka::send(&producer, &evil.input, "k", value);
+        common::cluster::send(&producer, &evil.input, "k", value);
     }
     w.wait_done(Duration::from_secs(120));
     assert_exact(&w.verify(false), &produced, "isolation");
@@ -650,7 +642,7 @@ fn c_tenant_isolation_and_refusals() {
             .count()
     });
     std::thread::sleep(Duration::from_secs(2));
-    common::kafka::send(&producer, &evil.input, "k", "panic");
+    common::cluster::send(&producer, &evil.input, "k", "panic");
     wait_for(
         "logs --follow shows the new panic",
         Duration::from_secs(60),
@@ -831,15 +823,15 @@ fn d_hostile_neighbour_latency() {
     };
     let solo = run_phase("solo", &|| {});
 
-    let producer = common::kafka::plain_producer(cluster());
+    let producer = common::cluster::plain_producer(cluster());
     let mut beside = Vec::new();
     for kind in ["loop", "alloc", "panic"] {
         let evil = hostile(fleet.dir.path(), "globex", kind);
         h.json(GLOBEX, &["deploy", path(&evil.manifest)]);
         // Each feed: a hostile record and an ordinary one, 5 times a second.
         let p99 = run_phase(kind, &|| {
-            common::kafka::send(&producer, &evil.input, "k", kind);
-            common::kafka::send(&producer, &evil.input, "k", "ordinary");
+            common::cluster::send(&producer, &evil.input, "k", kind);
+            common::cluster::send(&producer, &evil.input, "k", "ordinary");
         });
         beside.push((kind, p99));
         let d = h.json(GLOBEX, &["describe", &evil.name]);

@@ -1,11 +1,9 @@
 //! Hostile guests: each is stopped with a clear reason, handled by the error
 //! policy, leaves no state behind, and the host keeps processing.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::{build_guest, onceflow};
+use crate::common::{build_guest, onceflow};
 use onceflow::deploy::Manifest;
 use onceflow::deploy::manifest::ErrorPolicy;
 use onceflow::offline::{OfflineRunner, RunOptions};

@@ -1,0 +1,228 @@
+//! A real Kafka for the broker tests, started through scripts/kafka in its
+//! own directory and ports, and plain clients on it.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::repo;
+
+/// One test at a time, across the modules of the Kafka test binary: they
+/// share the brokers and two cores.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A Kafka cluster run by scripts/kafka in its own directory and ports.
+pub struct Cluster {
+    pub bootstrap: String,
+    pub dir: PathBuf,
+    pub port: u16,
+    pub brokers: u32,
+}
+
+fn cache() -> PathBuf {
+    std::env::var_os("ONCEFLOW_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/onceflow")
+        })
+}
+
+impl Cluster {
+    fn script(&self, args: &[&str]) -> std::process::Output {
+        Command::new(repo().join("scripts/kafka"))
+            .args(args)
+            .env("ONCEFLOW_KAFKA_DIR", &self.dir)
+            .env("ONCEFLOW_KAFKA_PORT", self.port.to_string())
+            .env(
+                "ONCEFLOW_KAFKA_CONTROLLER_PORT",
+                (self.port + 1000).to_string(),
+            )
+            // Timed-out transactions are aborted within a second, so a
+            // paused zombie's transaction does not hold readers for long.
+            .env(
+                "ONCEFLOW_KAFKA_EXTRA_CONFIG",
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms=1000",
+            )
+            .stdin(Stdio::null())
+            .output()
+            .expect("run scripts/kafka")
+    }
+
+    /// Starts (or finds running) a cluster of `brokers` nodes from `port`.
+    ///
+    /// `ONCEFLOW_TEST_PORT_OFFSET` shifts every port and `ONCEFLOW_TEST_KAFKA_TAG`
+    /// renames the run directories, so two checkouts can run their broker
+    /// tests side by side on one machine.
+    pub fn start(name: &str, port: u16, brokers: u32) -> Cluster {
+        let offset: u16 = std::env::var("ONCEFLOW_TEST_PORT_OFFSET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let port = port + offset;
+        let dir = match std::env::var("ONCEFLOW_TEST_KAFKA_TAG") {
+            Ok(tag) if !tag.is_empty() => format!("kafka-tag-{tag}-{name}"),
+            _ => format!("kafka-test-{name}"),
+        };
+        let c = Cluster {
+            bootstrap: (0..brokers)
+                .map(|i| format!("127.0.0.1:{}", port + i as u16))
+                .collect::<Vec<_>>()
+                .join(","),
+            dir: cache().join(dir),
+            port,
+            brokers,
+        };
+        let out = c.script(&["up", "--brokers", &brokers.to_string()]);
+        assert!(
+            out.status.success(),
+            "scripts/kafka up failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        c
+    }
+
+    /// The single-node cluster most tests share (stopped by scripts/test).
+    pub fn shared() -> &'static Cluster {
+        static SHARED: OnceLock<Cluster> = OnceLock::new();
+        SHARED.get_or_init(|| Cluster::start("shared", 19092, 1))
+    }
+
+    pub fn stop_broker(&self, i: u32, signal: &str) {
+        let out = self.script(&["stop-broker", &i.to_string(), "--signal", signal]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn start_broker(&self, i: u32) {
+        let out = self.script(&["start-broker", &i.to_string()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The brokers' view of open and hanging transactions, for a failure
+    /// message.
+    pub fn transactions_report(&self) -> String {
+        let mut report = String::new();
+        let mut run = |args: &[&str]| {
+            let out = self.script(args);
+            report.push_str(&format!(
+                "$ scripts/kafka {}\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        };
+        run(&["transactions", "list"]);
+        for broker in 1..=self.brokers {
+            run(&[
+                "transactions",
+                "find-hanging",
+                "--broker-id",
+                &broker.to_string(),
+            ]);
+        }
+        report
+    }
+
+    pub fn down(&self) {
+        let out = self.script(&["down"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn create_topics(&self, topics: &[(&str, i32)]) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .expect("admin client");
+        let rf = self.brokers.min(3) as i32;
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(rf)))
+            .collect();
+        let res = futures::executor::block_on(admin.create_topics(&new, &AdminOptions::new()))
+            .expect("create topics");
+        for r in res {
+            r.expect("topic created");
+        }
+    }
+
+    /// The next offset to read of every partition of `topic` for `group`,
+    /// as committed (stable), and the partitions' ends.
+    pub fn progress(&self, group: &str, topic: &str) -> (i64, i64) {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .expect("consumer");
+        let md = c
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let mut tpl = TopicPartitionList::new();
+        let mut end = 0;
+        for p in md.topics()[0].partitions() {
+            tpl.add_partition(topic, p.id());
+            end += c
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .map(|(_, h)| h)
+                .unwrap_or(0);
+        }
+        let committed = c
+            .committed_offsets(tpl, Duration::from_secs(30))
+            .map(|tpl| {
+                tpl.elements()
+                    .iter()
+                    .map(|e| match e.offset() {
+                        Offset::Offset(o) => o,
+                        _ => 0,
+                    })
+                    .sum()
+            })
+            .unwrap_or(0);
+        (committed, end)
+    }
+}
+
+/// A plain idempotent producer on `cluster`.
+pub fn plain_producer(cluster: &Cluster) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .create()
+        .expect("producer")
+}
+
+/// Sends one record and waits for it to be acknowledged.
+pub fn send(producer: &BaseProducer, topic: &str, key: &str, value: &str) {
+    loop {
+        match producer.send(BaseRecord::to(topic).key(key).payload(value)) {
+            Ok(()) => break,
+            Err(_) => producer.poll(Duration::from_millis(10)),
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+}

@@ -1,0 +1,105 @@
+//! `onceflow run` as a child process of the test, on a wallet's manifest.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::wallet::Wallet;
+
+/// A running `onceflow run`, killed on drop.
+pub struct Host {
+    pub child: Child,
+    pub log: PathBuf,
+    pub instance: String,
+}
+
+impl Host {
+    pub(super) fn start(w: &Wallet, instance: &str, extra: &[&str]) -> Host {
+        let log = w.dir.path().join(format!("{instance}.log"));
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+            .arg("run")
+            .arg(&w.manifest)
+            .args(["--bootstrap-servers", &w.cluster.bootstrap])
+            .arg("--state-dir")
+            .arg(w.dir.path().join(format!("state-{instance}")))
+            .args(["--instance-id", instance])
+            .args(["--report-interval-ms", "1000"])
+            .args(extra)
+            .env("ONCEFLOW_LOG", "info,onceflow::stream=info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log"))
+            .stderr(log_file)
+            .spawn()
+            .expect("start onceflow run");
+        Host {
+            child,
+            log,
+            instance: instance.to_owned(),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child's PID.
+        unsafe {
+            libc::kill(self.pid(), sig);
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                self.signal(libc::SIGKILL);
+                panic!(
+                    "onceflow run did not stop within 60 s of SIGTERM; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Sums `restored N changelog records` over a log.
+pub fn restored_records(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| {
+            let i = l.find("restored ")?;
+            l[i + 9..].split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}

@@ -1,0 +1,18 @@
+//! The integration tests on a real Kafka (clusters started through
+//! scripts/kafka, see tests/common/cluster.rs), one at a time: `cargo test
+//! -p onceflow --test kafka -- --test-threads=1 --nocapture`. Figures are
+//! printed as `FIGURE name value` lines (hence --nocapture).
+//!
+//! Single-threaded, libtest runs the tests in the alphabetical order of their
+//! full names; the modules' letters keep the suite's order: exactly-once with
+//! the Rust wallet, then the ported wallets (both on the shared cluster),
+//! then the control plane (on its own cluster).
+
+mod common;
+
+#[path = "kafka/eos.rs"]
+mod a_eos;
+#[path = "kafka/languages_eos.rs"]
+mod b_languages_eos;
+#[path = "kafka/control_plane.rs"]
+mod c_control_plane;
