@@ -127,7 +127,7 @@ dead-letter-topic = "{dlq}"
     /// tenant's quota).
     pub fn use_example(&self, example: &str, max_fuel: Option<u64>) {
         let manifest = build_guest(&format!("{example}/onceflow.toml"));
-        let own = onceflow::deploy::Manifest::load(&manifest).expect("the example's manifest");
+        let own = onceflow::manifest::Manifest::load(&manifest).expect("the example's manifest");
         let text = std::fs::read_to_string(&self.manifest).expect("the rig's manifest");
         let mut lines: Vec<String> = text
             .lines()
@@ -257,7 +257,10 @@ dead-letter-topic = "{dlq}"
 
     pub fn verify(&self, read_uncommitted: bool) -> onceflow::stream::verify::VerifyReport {
         onceflow::stream::verify::verify(&onceflow::stream::verify::VerifyOptions {
-            bootstrap_servers: self.cluster.bootstrap.clone(),
+            kafka: onceflow::kafka::Connection {
+                bootstrap_servers: self.cluster.bootstrap.clone(),
+                extra_config: Vec::new(),
+            },
             input: self.payments.clone(),
             id_field: "payment_id".into(),
             key_field: "account".into(),

@@ -44,7 +44,7 @@ struct Fleet {
 impl Fleet {
     fn new() -> Fleet {
         let dir = tempfile::tempdir().expect("temp dir");
-        let hash = onceflow::tenancy::hash_token;
+        let hash = onceflow::fleet::tenancy::hash_token;
         let tenants = dir.path().join("tenants.toml");
         std::fs::write(
             &tenants,
@@ -871,8 +871,9 @@ fn e_a_python_processor_through_the_control_plane() {
     // The Python wallet (an ~18 MiB component) in place of the Rust one,
     // within acme's fuel quota.
     w.use_example("examples/wallet-python", Some(50_000_000));
-    let own = onceflow::deploy::Manifest::load(repo().join("examples/wallet-python/onceflow.toml"))
-        .expect("the example's manifest");
+    let own =
+        onceflow::manifest::Manifest::load(repo().join("examples/wallet-python/onceflow.toml"))
+            .expect("the example's manifest");
     let size = std::fs::metadata(own.component_path())
         .expect("component")
         .len();

@@ -152,7 +152,7 @@ fn every_wallet_prints_exactly_what_the_rust_wallet_prints() {
 
 /// The imports of a built component.
 fn imports_of(manifest: &Path) -> Vec<String> {
-    let m = onceflow::deploy::Manifest::load(manifest).expect("load the manifest");
+    let m = onceflow::manifest::Manifest::load(manifest).expect("load the manifest");
     let bytes = std::fs::read(m.component_path()).expect("read the component");
     onceflow::sandbox::policy::inspect(&bytes)
         .expect("inspect the component")

@@ -4,12 +4,11 @@
 use std::sync::{Arc, Mutex};
 
 use crate::common::{build_guest, onceflow};
-use onceflow::deploy::Manifest;
-use onceflow::deploy::manifest::ErrorPolicy;
+use onceflow::manifest::{ErrorPolicy, Manifest};
 use onceflow::offline::{OfflineRunner, RunOptions};
 use onceflow::sandbox::log::{GuestLogLine, LogLabels, LogSink};
 use onceflow::sandbox::{ProcessorPolicy, Sandbox, SandboxConfig};
-use onceflow::task::dead_letter_headers;
+use onceflow::task::{dead_letter_headers, processor_policy};
 use onceflow::types::{Header, InputRecord, OutputRecord};
 
 fn record(topic: &str, offset: i64, key: &str, value: &str) -> InputRecord {
@@ -36,17 +35,16 @@ fn error_of(o: &OutputRecord) -> Option<String> {
 fn load(manifest: &str, fuel: bool) -> (Manifest, onceflow::sandbox::Processor) {
     let path = build_guest(manifest);
     let mut m = Manifest::load(&path).unwrap();
-    m.errors.policy = ErrorPolicy::DeadLetter;
-    m.errors.dead_letter_topic = Some("dlq".to_owned());
+    m.errors = ErrorPolicy::DeadLetter {
+        topic: "dlq".to_owned(),
+    };
     let bytes = std::fs::read(m.component_path()).unwrap();
     let sandbox = Sandbox::new(SandboxConfig {
         fuel,
         ..SandboxConfig::default()
     })
     .unwrap();
-    let processor = sandbox
-        .load(&bytes, ProcessorPolicy::from_manifest(&m))
-        .unwrap();
+    let processor = sandbox.load(&bytes, processor_policy(&m)).unwrap();
     (m, processor)
 }
 
