@@ -437,10 +437,20 @@ pub(crate) struct QuietContext {
 
 impl rdkafka::client::ClientContext for QuietContext {
     fn error(&self, error: ClientError, reason: &str) {
-        if !matches!(error, ClientError::PartitionEOF(_)) {
+        if !is_end_of_partition(&error) {
             self.errors.report("consumer", &error, reason);
         }
     }
+}
+
+/// Whether an error only says that a consumer reached a partition's end:
+/// it comes with the message stream, and also (as a "global" error) to the
+/// client's error callback.
+fn is_end_of_partition(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::PartitionEOF(_) | ClientError::Global(RDKafkaErrorCode::PartitionEOF)
+    )
 }
 
 impl rdkafka::consumer::ConsumerContext for QuietContext {}
@@ -494,4 +504,20 @@ pub(crate) fn offsets_list(next: &BTreeMap<(String, i32), i64>) -> rdkafka::Topi
         let _ = tpl.add_partition_offset(topic, *partition, rdkafka::Offset::Offset(*offset));
     }
     tpl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_end_of_a_partition_is_not_an_error() {
+        assert!(is_end_of_partition(&ClientError::PartitionEOF(3)));
+        assert!(is_end_of_partition(&ClientError::Global(
+            RDKafkaErrorCode::PartitionEOF
+        )));
+        assert!(!is_end_of_partition(&ClientError::Global(
+            RDKafkaErrorCode::BrokerTransportFailure
+        )));
+    }
 }

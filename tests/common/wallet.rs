@@ -255,6 +255,16 @@ dead-letter-topic = "{dlq}"
         self.cluster.progress(&self.app, &self.payments).0
     }
 
+    /// `onceflow verify` on this wallet's topics, as a user runs it.
+    pub fn verify_cli(&self) -> std::process::Output {
+        super::onceflow()
+            .args(["verify", "--bootstrap-servers", &self.cluster.bootstrap])
+            .args(["--input", &self.payments, "--echo", &self.audit])
+            .args(["--totals", &self.balances, "--dead-letter", &self.dlq])
+            .output()
+            .expect("run onceflow verify")
+    }
+
     pub fn verify(&self, read_uncommitted: bool) -> onceflow::stream::verify::VerifyReport {
         onceflow::stream::verify::verify(&onceflow::stream::verify::VerifyOptions {
             kafka: onceflow::kafka::Connection {

@@ -54,6 +54,21 @@ fn a_wallet_end_to_end_exactly_once() {
     let host = warmup.start("a", &[]);
     warmup.wait_done(Duration::from_secs(300));
     assert!(host.stop().success());
+    // A successful check looks successful: reaching the end of a partition
+    // is not a warning (it printed `WARN … PartitionEOF` per partition).
+    let checked = warmup.verify_cli();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr),
+    );
+    assert!(
+        checked.status.success() && stdout.contains("verdict: exact"),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        !stderr.contains("WARN") && !stderr.contains("ERROR"),
+        "a healthy verify printed warnings:\n{stderr}"
+    );
     for guarantee in ["exactly_once_v2", "at_least_once"] {
         let w = Wallet::new(cluster, "e2e", guarantee, 6);
         let produced = w.produce(0, 100_000, 1_000, None);
