@@ -51,26 +51,32 @@ pub struct DeployRequest {
     pub artifact: String,
 }
 
-/// One host's view of a deployment.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct HostSummary {
+/// A host's view of one deployment: what each host publishes every few
+/// seconds to the status topic (`_onceflow.status`), and the per-host part
+/// of [`DeploymentSummary`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostStatus {
     /// The host.
     pub host: String,
-    /// The version it runs.
+    /// Tenant.
+    pub tenant: String,
+    /// Processor name.
+    pub name: String,
+    /// The version this host runs (or last ran).
     pub version: u64,
     /// `starting`, `running`, `stopping` or `failed`.
     pub state: String,
-    /// Input partitions its workers own.
+    /// Input partitions this host's workers own.
     pub partitions: Vec<i32>,
-    /// Records behind, summed over its partitions.
+    /// Records behind the last stable offset, summed over its partitions.
     pub lag: i64,
-    /// Records per second, lately.
+    /// Records processed (committed) per second, lately.
     pub records_per_s: f64,
     /// Commits per second, lately.
     pub commits_per_s: f64,
-    /// Commit latency p99, lately, in ms.
+    /// Commit latency p99 lately, in ms.
     pub commit_p99_ms: f64,
-    /// Records processed since it started here.
+    /// Totals since the deployment started on this host.
     pub records: u64,
     /// Aborted transactions.
     pub aborts: u64,
@@ -78,8 +84,18 @@ pub struct HostSummary {
     pub fenced: u64,
     /// Records dead-lettered.
     pub dead_lettered: u64,
-    /// Its most recent errors, newest last.
+    /// The most recent errors (newest last).
     pub last_errors: Vec<String>,
+    /// When published (ms since the epoch).
+    pub updated_ms: i64,
+}
+
+/// One host's view of a deployment, as answered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostSummary {
+    /// What the host published (rates rounded to one decimal).
+    #[serde(flatten)]
+    pub status: HostStatus,
     /// Whether its status is old (the host is likely gone).
     pub stale: bool,
     /// The status's age in ms.

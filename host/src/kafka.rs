@@ -159,11 +159,8 @@ pub(crate) fn read_to_end<C: ConsumerContext>(
     let mut ended = std::collections::HashSet::new();
     while ended.len() < partitions {
         match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                if on_record(&m).is_break() {
-                    return Ok(());
-                }
-            }
+            Some(Ok(m)) if on_record(&m).is_break() => return Ok(()),
+            Some(Ok(_)) => {}
             Some(Err(ClientError::PartitionEOF(p))) => {
                 ended.insert(p);
             }

@@ -181,7 +181,7 @@ pub fn cmd_bench_guest(
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let manifest = load_manifest(manifest_path)?;
-    if records == 0 || batch_sizes.iter().any(|&b| b == 0) {
+    if records == 0 || batch_sizes.contains(&0) {
         bail!(usage(
             "--records and every --batch-sizes value must be at least 1"
         ));

@@ -292,11 +292,12 @@ pub fn describe(name: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
         .hosts
         .iter()
         .map(|h| {
+            let (stale, h) = (h.stale, &h.status);
             let parts: Vec<String> = h.partitions.iter().map(i32::to_string).collect();
             vec![
                 h.host.clone(),
                 h.version.to_string(),
-                if h.stale {
+                if stale {
                     format!("{} (stale)", h.state)
                 } else {
                     h.state.clone()
@@ -331,7 +332,12 @@ pub fn describe(name: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
     let errors: Vec<String> = v
         .hosts
         .iter()
-        .flat_map(|h| h.last_errors.iter().map(|e| format!("{}: {e}", h.host)))
+        .flat_map(|h| {
+            let h = &h.status;
+            h.last_errors
+                .iter()
+                .map(move |e| format!("{}: {e}", h.host))
+        })
         .collect();
     if !errors.is_empty() {
         println!("\nlast errors:");

@@ -86,42 +86,9 @@ pub fn parse_chunk_key(key: &str) -> Option<(&str, usize)> {
     Some((sha, index.parse().ok()?))
 }
 
-/// A host's view of one deployment, published every few seconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostStatus {
-    /// The host.
-    pub host: String,
-    /// Tenant.
-    pub tenant: String,
-    /// Processor name.
-    pub name: String,
-    /// The version this host runs (or last ran).
-    pub version: u64,
-    /// `starting`, `running`, `paused`, `failed`, `stopped`.
-    pub state: String,
-    /// Input partitions this host's workers own.
-    pub partitions: Vec<i32>,
-    /// Records behind the last stable offset, summed over its partitions.
-    pub lag: i64,
-    /// Records processed (committed) per second, lately.
-    pub records_per_s: f64,
-    /// Commits per second, lately.
-    pub commits_per_s: f64,
-    /// Commit latency p99 lately, in ms.
-    pub commit_p99_ms: f64,
-    /// Totals since the deployment started on this host.
-    pub records: u64,
-    /// Aborted transactions.
-    pub aborts: u64,
-    /// Producer fencings.
-    pub fenced: u64,
-    /// Records dead-lettered.
-    pub dead_lettered: u64,
-    /// The most recent errors (newest last).
-    pub last_errors: Vec<String>,
-    /// When published (ms since the epoch).
-    pub updated_ms: i64,
-}
+/// A host's view of one deployment, published every few seconds (the admin
+/// API answers with it too).
+pub use crate::api::HostStatus;
 
 /// One guest log line in the log topic (the admin API answers with the
 /// same type).

@@ -300,19 +300,12 @@ fn summary(r: &DeploymentRecord, statuses: &[HostStatus]) -> DeploymentSummary {
     let hosts = statuses
         .iter()
         .map(|s| HostSummary {
-            host: s.host.clone(),
-            version: s.version,
-            state: s.state.clone(),
-            partitions: s.partitions.clone(),
-            lag: s.lag,
-            records_per_s: tenth(s.records_per_s),
-            commits_per_s: tenth(s.commits_per_s),
-            commit_p99_ms: tenth(s.commit_p99_ms),
-            records: s.records,
-            aborts: s.aborts,
-            fenced: s.fenced,
-            dead_lettered: s.dead_lettered,
-            last_errors: s.last_errors.clone(),
+            status: HostStatus {
+                records_per_s: tenth(s.records_per_s),
+                commits_per_s: tenth(s.commits_per_s),
+                commit_p99_ms: tenth(s.commit_p99_ms),
+                ..s.clone()
+            },
             stale: now - s.updated_ms > STALE_AFTER_MS,
             age_ms: now - s.updated_ms,
         })

@@ -1,22 +1,26 @@
 //! One worker thread: the exactly-once loop, top to bottom.
 //!
 //! ```text
-//! loop {
-//!     poll a batch                      (rebalance callbacks run in here)
-//!     restore newly assigned tasks      (stable offsets, then changelog tail)
-//!     begin the transaction if none is open
-//!     each task: guest.process(batch)   state -> call/txn layers, outputs -> produce
-//!     at the commit interval: commit    (see Core::commit)
+//! loop {                                               Session::run
+//!     poll up to max-batch-records                     Session::poll_batch (rebalance callbacks run in here)
+//!     restore newly assigned tasks                     Core::restore_pending (stable offsets, then changelog tail)
+//!     drop records of partitions revoked meanwhile
+//!     begin the transaction if none is open            Core::process
+//!     per partition, in order: task.process_batch      state -> call/txn layers; outputs -> produce
+//!     commit when commit-interval-ms has passed        Core::commit
+//!         or 20 batches are pending
 //! }
 //! ```
 //!
 //! `Core::commit` is the protocol: changelog records for every dirty key,
 //! flush, `send_offsets_to_transaction(offsets, group metadata)`,
-//! `commit_transaction`, and only then the overlays go to RocksDB together
-//! with the changelog positions. Abortable errors abort and rewind to the
-//! committed offsets with fresh guests; anything else (fenced, fatal, a
-//! timeout, an unknown state) ends the session: producer, consumer and tasks
-//! are dropped and the worker rejoins with new ones.
+//! `commit_transaction` (each call retried within one 30 s budget), and only
+//! then the overlays go to RocksDB together with the changelog positions.
+//! Abortable errors abort, drop every task's guest and pending changes, and
+//! rewind to the committed offsets (inside a rebalance callback, where a
+//! rewind is not allowed, the session restarts instead); anything else
+//! (fenced, fatal, a timeout, an unknown state) ends the session: producer,
+//! consumer and tasks are dropped and the worker rejoins with new ones.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
