@@ -67,6 +67,15 @@ impl Host {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
+                if !status.success() {
+                    // The callers assert success; leave them the reason.
+                    let log = self.log_text();
+                    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                    eprintln!(
+                        "onceflow run exited with {status} after SIGTERM; last log lines:\n{}",
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    );
+                }
                 return status;
             }
             if Instant::now() > deadline {
