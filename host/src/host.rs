@@ -95,7 +95,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
             source,
         })?;
     let listener = runtime
-        .block_on(crate::admin::bind(listen))
+        .block_on(tokio::net::TcpListener::bind(listen))
         .map_err(|source| HostError::Bind { listen, source })?;
     let listen = listener.local_addr().unwrap_or(listen);
     let stop = shutdown.clone();

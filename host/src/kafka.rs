@@ -92,8 +92,16 @@ impl KafkaError {
 impl Connection {
     /// The settings every client shares: the bootstrap servers, then `-X`.
     pub(crate) fn config(&self) -> ClientConfig {
+        self.config_with(&[])
+    }
+
+    /// The bootstrap servers, then `settings`, then `-X` (which wins).
+    fn config_with(&self, settings: &[(&str, &str)]) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in settings {
+            c.set(*k, *v);
+        }
         for (k, v) in &self.extra_config {
             c.set(k, v);
         }
@@ -111,36 +119,34 @@ impl Connection {
         fetch_wait_ms: u32,
         context: C,
     ) -> Result<BaseConsumer<C>, KafkaError> {
-        let mut c = self.config();
-        c.set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", isolation)
-            .set("fetch.wait.max.ms", fetch_wait_ms.to_string());
-        // -X comes last, even over the reader's own settings.
-        for (k, v) in &self.extra_config {
-            c.set(k, v);
-        }
+        let fetch_wait = fetch_wait_ms.to_string();
+        let c = self.config_with(&[
+            ("group.id", group),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("enable.partition.eof", "true"),
+            ("auto.offset.reset", "earliest"),
+            ("isolation.level", isolation),
+            ("fetch.wait.max.ms", &fetch_wait),
+        ]);
         c.create_with_context(context)
             .map_err(|e| KafkaError::client(format!("creating a consumer ({group})"), e))
     }
+}
 
-    /// The partitions of `topic`, or `None` when it does not exist.
-    pub(crate) fn partitions<C: ConsumerContext>(
-        consumer: &BaseConsumer<C>,
-        topic: &str,
-    ) -> Result<Option<Vec<i32>>, KafkaError> {
-        let md = consumer
-            .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
-            .map_err(|e| KafkaError::client(format!("fetching metadata of {topic}"), e))?;
-        Ok(md.topics().first().and_then(|t| match t.error() {
-            Some(_) => None,
-            None if t.partitions().is_empty() => None,
-            None => Some(t.partitions().iter().map(|p| p.id()).collect()),
-        }))
-    }
+/// The partitions of `topic`, or `None` when it does not exist.
+pub(crate) fn partitions<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+) -> Result<Option<Vec<i32>>, KafkaError> {
+    let md = consumer
+        .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
+        .map_err(|e| KafkaError::client(format!("fetching metadata of {topic}"), e))?;
+    Ok(md.topics().first().and_then(|t| match t.error() {
+        Some(_) => None,
+        None if t.partitions().is_empty() => None,
+        None => Some(t.partitions().iter().map(|p| p.id()).collect()),
+    }))
 }
 
 /// Polls an assigned reader (see [`Connection::reader`]) until each of its

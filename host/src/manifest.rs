@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::types::default_limits;
+
 /// The file name `onceflow` looks for when given a directory.
 pub const MANIFEST_FILE: &str = "onceflow.toml";
 
@@ -241,16 +243,16 @@ impl Default for Limits {
 }
 
 fn default_memory_mb() -> u64 {
-    128
+    default_limits::MEMORY_MB
 }
 fn default_fuel() -> u64 {
-    50_000_000
+    default_limits::FUEL_PER_RECORD
 }
 fn default_timeout_ms() -> u64 {
-    10_000
+    default_limits::TIMEOUT_MS
 }
 fn default_log_rate() -> u32 {
-    100
+    default_limits::LOG_LINES_PER_SECOND
 }
 
 /// The raw file, exactly as written.

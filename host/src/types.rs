@@ -241,3 +241,16 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+/// The default per-processor limits: `[limits]` in the manifest and the
+/// sandbox's `ProcessorPolicy::default()` both take them from here.
+pub mod default_limits {
+    /// Linear memory per instance, MiB.
+    pub const MEMORY_MB: u64 = 128;
+    /// Fuel per input record.
+    pub const FUEL_PER_RECORD: u64 = 50_000_000;
+    /// Deadline per `process` call, ms.
+    pub const TIMEOUT_MS: u64 = 10_000;
+    /// Guest log lines per second per instance.
+    pub const LOG_LINES_PER_SECOND: u32 = 100;
+}

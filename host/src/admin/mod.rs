@@ -11,7 +11,6 @@
 //! Prometheus text: the caller tenant's series (all with the operator
 //! token).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -158,11 +157,6 @@ pub async fn serve(
     axum::serve(listener, router(fleet))
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-/// Binds the admin API's address.
-pub async fn bind(listen: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(listen).await
 }
 
 async fn healthz(State(fleet): State<Arc<Fleet>>) -> axum::Json<Health> {

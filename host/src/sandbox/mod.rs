@@ -127,15 +127,15 @@ pub struct ProcessorPolicy {
 }
 
 impl Default for ProcessorPolicy {
-    /// The manifest's defaults: 128 MiB, 50 M fuel per record, 10 s per
-    /// call, 100 log lines per second (`manifest::Limits::default`, checked
-    /// by a test in `task`).
+    /// The manifest's defaults (`types::default_limits`): 128 MiB, 50 M fuel
+    /// per record, 10 s per call, 100 log lines per second.
     fn default() -> Self {
+        use crate::types::default_limits as d;
         Self {
-            memory_bytes: 128 << 20,
-            fuel_per_record: 50_000_000,
-            timeout: Duration::from_secs(10),
-            log_lines_per_second: 100,
+            memory_bytes: (d::MEMORY_MB as usize) << 20,
+            fuel_per_record: d::FUEL_PER_RECORD,
+            timeout: Duration::from_millis(d::TIMEOUT_MS),
+            log_lines_per_second: d::LOG_LINES_PER_SECOND,
             config: Vec::new(),
             tenant: String::new(),
             processor: String::new(),

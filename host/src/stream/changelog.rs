@@ -169,7 +169,7 @@ pub fn query(
         10,
         kafka::QuietContext::default(),
     )?;
-    let partitions = Connection::partitions(&consumer, topic)?.unwrap_or_default();
+    let partitions = kafka::partitions(&consumer, topic)?.unwrap_or_default();
     let mut found = Vec::new();
     for p in partitions {
         let (low, high) = kafka::watermarks(&consumer, topic, p)?;

@@ -76,7 +76,7 @@ pub(crate) fn producer_config(
 pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, KafkaError> {
     let probe = kafka::metadata_client(conn)?;
     let partitions_of = |topic: &str| -> Result<Option<i32>, KafkaError> {
-        Ok(Connection::partitions(&probe, topic)?.map(|p| p.len() as i32))
+        Ok(kafka::partitions(&probe, topic)?.map(|p| p.len() as i32))
     };
 
     let mut input_partitions = None;

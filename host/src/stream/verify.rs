@@ -339,8 +339,7 @@ fn client(o: &VerifyOptions, isolation: &str) -> Result<Client, KafkaError> {
 }
 
 fn partitions(consumer: &Client, topic: &str) -> Result<Vec<i32>, KafkaError> {
-    Connection::partitions(consumer, topic)?
-        .ok_or_else(|| KafkaError::topic(topic, "does not exist"))
+    kafka::partitions(consumer, topic)?.ok_or_else(|| KafkaError::topic(topic, "does not exist"))
 }
 
 /// Partitions whose last stable offset is behind the high watermark.
