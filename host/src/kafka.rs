@@ -229,6 +229,44 @@ pub(crate) fn admin(conn: &Connection) -> Result<AdminClient<DefaultClientContex
         .map_err(|e| KafkaError::client("creating an admin client", e))
 }
 
+/// The configuration of `topic` as the brokers report it (every entry,
+/// defaults included), and its replication factor.
+pub(crate) fn topic_config(
+    conn: &Connection,
+    topic: &str,
+) -> Result<(std::collections::BTreeMap<String, String>, usize), KafkaError> {
+    use rdkafka::admin::ResourceSpecifier;
+    let admin = admin(conn)?;
+    let opts = rdkafka::admin::AdminOptions::new().request_timeout(Some(ADMIN_TIMEOUT));
+    let results = futures::executor::block_on(
+        admin.describe_configs(&[ResourceSpecifier::Topic(topic)], &opts),
+    )
+    .map_err(|e| KafkaError::client(format!("describing topic {topic}"), e))?;
+    let mut config = std::collections::BTreeMap::new();
+    for r in results {
+        let resource = r.map_err(|code| {
+            KafkaError::topic(topic, format!("cannot read its configuration: {code}"))
+        })?;
+        for e in resource.entries {
+            if let Some(v) = e.value {
+                config.insert(e.name, v);
+            }
+        }
+    }
+    let md = admin
+        .inner()
+        .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
+        .map_err(|e| KafkaError::client(format!("reading the metadata of {topic}"), e))?;
+    let replicas = md
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions())
+        .map(|p| p.replicas().len())
+        .min()
+        .unwrap_or(0);
+    Ok((config, replicas))
+}
+
 /// A client for metadata calls only.
 pub(crate) fn metadata_client(conn: &Connection) -> Result<BaseConsumer, KafkaError> {
     conn.config()
@@ -491,11 +529,19 @@ pub(crate) fn is_fencing(e: &ClientError) -> bool {
             RDKafkaErrorCode::Fenced
                 | RDKafkaErrorCode::ProducerFenced
                 | RDKafkaErrorCode::InvalidProducerEpoch
-                | RDKafkaErrorCode::IllegalGeneration
                 | RDKafkaErrorCode::UnknownMemberId
                 | RDKafkaErrorCode::FencedInstanceId
-                | RDKafkaErrorCode::RebalanceInProgress
         )
+    )
+}
+
+/// Whether an offset commit was refused because the group moved to a new
+/// generation (a rebalance began): not fencing, the member is still in the
+/// group and gets its new assignment on the next poll.
+pub(crate) fn is_stale_generation(e: &ClientError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress)
     )
 }
 
@@ -512,6 +558,31 @@ pub(crate) fn offsets_list(next: &BTreeMap<(String, i32), i64>) -> rdkafka::Topi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A commit refused for a stale generation (a rebalance began) used to
+    /// count as fencing: the worker dropped producer and consumer and
+    /// rejoined under its static id, which gets the old assignment back
+    /// without a rebalance (issue 16, item 9).
+    #[test]
+    fn a_stale_generation_is_not_fencing() {
+        for code in [
+            RDKafkaErrorCode::IllegalGeneration,
+            RDKafkaErrorCode::RebalanceInProgress,
+        ] {
+            let e = ClientError::Global(code);
+            assert!(!is_fencing(&e), "{code:?} is not fencing");
+            assert!(is_stale_generation(&e), "{code:?} is a stale generation");
+        }
+        for code in [
+            RDKafkaErrorCode::ProducerFenced,
+            RDKafkaErrorCode::FencedInstanceId,
+            RDKafkaErrorCode::UnknownMemberId,
+        ] {
+            let e = ClientError::Global(code);
+            assert!(is_fencing(&e), "{code:?} is fencing");
+            assert!(!is_stale_generation(&e));
+        }
+    }
 
     #[test]
     fn the_end_of_a_partition_is_not_an_error() {

@@ -347,6 +347,20 @@ impl Manifest {
         for topic in &raw.inputs {
             check_topic(topic).map_err(|m| invalid("inputs", m))?;
         }
+        if raw.inputs.len() > 1 {
+            // A task is keyed by partition number, but the group's assignor
+            // does not keep partition 3 of every input on one worker: two
+            // workers would write one changelog partition.
+            return Err(invalid(
+                "inputs",
+                format!(
+                    "{} topics listed, but a processor reads one input for now (several inputs \
+                     need co-partitioned assignment, which is not built yet): deploy one \
+                     processor per input, or merge the inputs into one topic",
+                    raw.inputs.len()
+                ),
+            ));
+        }
         let mut seen = std::collections::BTreeSet::new();
         for store in &raw.stores {
             check_identifier(store).map_err(|m| invalid("stores", m))?;

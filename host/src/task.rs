@@ -8,7 +8,8 @@
 //! trapped), else the halves of the batch. A record is poison only when it
 //! fails alone; the records before and after it are processed normally. So
 //! a batch with one bad record costs a few extra calls, never a lost or
-//! doubled effect. A trap kills the instance; the next call gets a fresh one.
+//! doubled effect. Any failed call drops the instance; the next call gets a
+//! fresh one, so a re-run record never meets memory that saw it.
 //!
 //! Used by the offline runner and by the EOS loop, which adds the commit.
 
@@ -22,7 +23,10 @@ use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBat
 use crate::types::{AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord};
 
 /// Largest output record (key + value + headers) accepted, in bytes.
-pub const MAX_OUTPUT_BYTES: u64 = 1 << 20;
+pub const MAX_OUTPUT_BYTES: u64 = crate::types::MAX_RECORD_BYTES;
+
+/// Longest reason a dead letter carries, in bytes (the rest is cut).
+const MAX_REASON_BYTES: usize = 4096;
 
 /// Header names on dead-lettered records.
 pub mod dead_letter_headers {
@@ -36,6 +40,10 @@ pub mod dead_letter_headers {
     pub const OFFSET: &str = "onceflow.error.offset";
     /// The application id (`tenant.processor`).
     pub const PROCESSOR: &str = "onceflow.error.processor";
+    /// Present when the record's value was too large to go with it: the
+    /// value's size in bytes (decimal). Read the original from the input
+    /// topic at the given offset.
+    pub const VALUE_DROPPED: &str = "onceflow.error.value-dropped";
 }
 
 /// How a task handles failures, from the manifest.
@@ -170,22 +178,17 @@ impl Effects for TaskEffects {
             .find(|(a, _)| a == alias)
             .map(|(_, t)| t.clone())
             .ok_or_else(|| EmitError::UnknownAlias(alias.to_owned()))?;
-        let size = key.as_ref().map_or(0, Vec::len)
-            + value.as_ref().map_or(0, Vec::len)
-            + headers
-                .iter()
-                .map(|h| h.key.len() + h.value.len())
-                .sum::<usize>();
-        if size as u64 > MAX_OUTPUT_BYTES {
-            return Err(EmitError::TooLarge(MAX_OUTPUT_BYTES));
-        }
-        self.call_outputs.push(OutputRecord {
+        let record = OutputRecord {
             topic,
             key,
             value,
             headers,
             timestamp: Some(timestamp),
-        });
+        };
+        if record.size() as u64 > MAX_OUTPUT_BYTES {
+            return Err(EmitError::TooLarge(MAX_OUTPUT_BYTES));
+        }
+        self.call_outputs.push(record);
         Ok(())
     }
 }
@@ -271,6 +274,9 @@ impl Task {
         let fx = self.fx();
         fx.state.discard_call();
         fx.call_outputs.clear();
+        // The records are run again (in parts): on a fresh instance, since
+        // this one's memory saw them once already.
+        self.guest = None;
         if let CallFailure::Host(message) = failure {
             return Err(TaskError::Host(message));
         }
@@ -387,6 +393,32 @@ impl Task {
         Ok(self.fx_ref().state.committed().changelog_position(store)?)
     }
 
+    /// Deletes every committed entry of `store` and sets its changelog
+    /// position to 0 (the store is then restored in full). Returns the
+    /// entries deleted.
+    pub fn wipe_store(&mut self, store: &str) -> Result<u64, TaskError> {
+        let keys: Vec<Vec<u8>> = self
+            .fx_ref()
+            .state
+            .committed()
+            .range(
+                store,
+                std::ops::Bound::Unbounded,
+                std::ops::Bound::Unbounded,
+            )
+            .map(|e| e.map(|(k, _)| k))
+            .collect::<Result<_, StateError>>()?;
+        let wiped = keys.len() as u64;
+        self.fx().state.write_committed(&WriteBatch {
+            changes: vec![StoreChanges {
+                store: store.to_owned(),
+                changes: keys.into_iter().map(|k| (k, None)).collect(),
+            }],
+            positions: vec![(store.to_owned(), 0)],
+        })?;
+        Ok(wiped)
+    }
+
     /// Writes restored changelog records straight to the committed stores.
     pub fn write_restored(&mut self, batch: &WriteBatch) -> Result<(), TaskError> {
         Ok(self.fx().state.write_committed(batch)?)
@@ -407,14 +439,24 @@ impl Task {
 }
 
 /// The dead-letter record for `record`: its key, value and headers, plus
-/// the reason and its coordinates as headers.
+/// the reason and its coordinates as headers. The reason is cut to 4 KiB;
+/// if the record would still be larger than Kafka takes, its value is
+/// dropped and header `onceflow.error.value-dropped` gives its size.
 pub fn dead_letter(
     record: &InputRecord,
     topic: String,
     application_id: &str,
-    reason: String,
+    mut reason: String,
 ) -> OutputRecord {
     use dead_letter_headers as h;
+    if reason.len() > MAX_REASON_BYTES {
+        let mut cut = MAX_REASON_BYTES;
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        reason.truncate(cut);
+        reason.push_str(" [cut]");
+    }
     let mut headers = record.headers.clone();
     let mut add = |key: &str, value: String| {
         headers.push(Header {
@@ -427,13 +469,27 @@ pub fn dead_letter(
     add(h::PARTITION, record.partition.to_string());
     add(h::OFFSET, record.offset.to_string());
     add(h::PROCESSOR, application_id.to_owned());
-    OutputRecord {
+    let mut out = OutputRecord {
         topic,
         key: record.key.clone(),
         value: record.value.clone(),
         headers,
         timestamp: Some(record.timestamp),
+    };
+    if out.size() as u64 > MAX_OUTPUT_BYTES {
+        let dropped = out.value.take().map_or(0, |v| v.len());
+        out.headers.push(Header {
+            key: h::VALUE_DROPPED.to_owned(),
+            value: dropped.to_string().into_bytes(),
+        });
     }
+    if out.size() as u64 > MAX_OUTPUT_BYTES {
+        // The input's own key and headers are too large: keep only what
+        // says where the record was.
+        out.key = None;
+        out.headers.retain(|x| x.key.starts_with("onceflow.error."));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -49,6 +49,27 @@ pub struct OutputRecord {
     pub timestamp: Option<i64>,
 }
 
+impl OutputRecord {
+    /// Bytes of key, value and headers: what counts against
+    /// [`MAX_RECORD_BYTES`].
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.value.as_ref().map_or(0, Vec::len)
+            + self
+                .headers
+                .iter()
+                .map(|h| h.key.len() + h.value.len())
+                .sum::<usize>()
+    }
+}
+
+/// Largest record (key, value and headers together) the host writes to
+/// Kafka: an output, a state change (one changelog record), a dead letter.
+/// The producer's `message.max.bytes` is set to 1 MiB and a topic's default
+/// `max.message.bytes` is 1 MiB + 12; the rest is left for the record and
+/// batch framing, so a record the host accepted is never refused by Kafka.
+pub const MAX_RECORD_BYTES: u64 = 1_000_000;
+
 /// A state operation the processor asked for that the host refused. The
 /// processor sees it as a `state-error`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +87,7 @@ impl fmt::Display for StoreAccessError {
                 f,
                 "unknown state store {name:?}: declare it under `stores` in onceflow.toml"
             ),
-            Self::TooLarge(limit) => write!(f, "key or value larger than {limit} bytes"),
+            Self::TooLarge(limit) => write!(f, "key and value together larger than {limit} bytes"),
         }
     }
 }

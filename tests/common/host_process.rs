@@ -15,7 +15,25 @@ pub struct Host {
 
 impl Host {
     pub(super) fn start(w: &Wallet, instance: &str, extra: &[&str]) -> Host {
-        let log = w.dir.path().join(format!("{instance}.log"));
+        Self::run(
+            &w.manifest,
+            &w.cluster.bootstrap,
+            w.dir.path(),
+            instance,
+            extra,
+        )
+    }
+
+    /// `onceflow run <manifest>` as instance `instance`, with its state and
+    /// log (`<instance>.log`) in `dir`.
+    pub fn run(
+        manifest: &std::path::Path,
+        bootstrap: &str,
+        dir: &std::path::Path,
+        instance: &str,
+        extra: &[&str],
+    ) -> Host {
+        let log = dir.join(format!("{instance}.log"));
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -23,10 +41,10 @@ impl Host {
             .expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
             .arg("run")
-            .arg(&w.manifest)
-            .args(["--bootstrap-servers", &w.cluster.bootstrap])
+            .arg(manifest)
+            .args(["--bootstrap-servers", bootstrap])
             .arg("--state-dir")
-            .arg(w.dir.path().join(format!("state-{instance}")))
+            .arg(dir.join(format!("state-{instance}")))
             .args(["--instance-id", instance])
             .args(["--report-interval-ms", "1000"])
             .args(extra)
@@ -42,6 +60,11 @@ impl Host {
             log,
             instance: instance.to_owned(),
         }
+    }
+
+    /// Whether the process has exited (and how).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("wait")
     }
 
     pub fn pid(&self) -> i32 {

@@ -395,3 +395,25 @@ fn a_looping_record_burns_one_records_fuel_not_the_batchs() {
         "burned {burned}: fuel is not being counted"
     );
 }
+
+/// A failed call's records are run again (around the failing one) on a
+/// fresh instance: memory that saw them once (a guest's globals) never sees
+/// them twice. Before, the instance of a call that returned an error was
+/// kept, and the re-run records counted 3 and 4.
+#[test]
+fn records_run_again_after_a_failed_call_meet_a_fresh_instance() {
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    let records: Vec<_> = ["global", "global", "fail", "global"]
+        .iter()
+        .enumerate()
+        .map(|(i, v)| record("hostile-in", i as i64, &format!("k{i}"), v))
+        .collect();
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let outputs = run(&mut runner, &records, 4);
+    let counts: Vec<String> = outputs
+        .iter()
+        .filter(|o| o.topic != "dlq")
+        .map(|o| String::from_utf8_lossy(o.value.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    assert_eq!(counts, ["1", "2", "1"], "{outputs:?}");
+}

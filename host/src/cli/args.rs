@@ -233,6 +233,11 @@ pub struct KafkaArgs {
     /// How often to log throughput, commit latency and failures (ms).
     #[arg(long, default_value_t = 5_000)]
     pub report_interval_ms: u64,
+    /// How long the local stores of a partition this instance no longer
+    /// owns are kept before they are removed (ms; Kafka Streams'
+    /// state.cleanup.delay.ms).
+    #[arg(long, default_value_t = 600_000)]
+    pub state_cleanup_delay_ms: u64,
 }
 
 /// `-X key=value` pairs.
@@ -289,6 +294,7 @@ impl KafkaArgs {
             session_timeout: Duration::from_millis(self.session_timeout_ms),
             transaction_timeout: Duration::from_millis(self.transaction_timeout_ms),
             report_interval: Duration::from_millis(self.report_interval_ms.max(100)),
+            state_cleanup_delay: Duration::from_millis(self.state_cleanup_delay_ms),
         })
     }
 }

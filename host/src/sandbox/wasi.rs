@@ -126,10 +126,10 @@ struct RecordRandom(Determinism);
 impl TryRng for RecordRandom {
     type Error = std::convert::Infallible;
     fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
-        Ok(self.0.with_rng(|r| rand::Rng::next_u32(r)))
+        Ok(self.0.with_rng(rand::Rng::next_u32))
     }
     fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
-        Ok(self.0.with_rng(|r| rand::Rng::next_u64(r)))
+        Ok(self.0.with_rng(rand::Rng::next_u64))
     }
     fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
         self.0.with_rng(|r| rand::Rng::fill_bytes(r, dst));

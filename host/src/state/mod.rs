@@ -21,10 +21,9 @@ use std::ops::Bound;
 
 use crate::types::{AccessError, Entry, StoreAccessError};
 
-/// Largest key or value the host accepts, in bytes. Kafka's default
-/// `max.message.bytes` is about 1 MiB, and a state change is one changelog
-/// record.
-pub const MAX_ENTRY_BYTES: u64 = 1 << 20;
+/// Largest key and value together the host accepts, in bytes: a state
+/// change is one changelog record ([`crate::types::MAX_RECORD_BYTES`]).
+pub const MAX_ENTRY_BYTES: u64 = crate::types::MAX_RECORD_BYTES;
 
 /// A failure of the store backend itself (not of the processor).
 #[derive(Debug, thiserror::Error)]
@@ -306,7 +305,7 @@ impl TaskState {
 
     /// Writes a key in the call layer.
     pub fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
-        if key.len() as u64 > MAX_ENTRY_BYTES || value.len() as u64 > MAX_ENTRY_BYTES {
+        if (key.len() + value.len()) as u64 > MAX_ENTRY_BYTES {
             return Err(StoreAccessError::TooLarge(MAX_ENTRY_BYTES).into());
         }
         self.store_mut(store)?.call.insert(key, Some(value));

@@ -30,7 +30,11 @@ fn backend(store: &str, e: impl std::fmt::Display) -> StateError {
 
 impl RocksPartition {
     /// Opens (or creates) the database at `path` with a column family per
-    /// store.
+    /// store. Column families of stores no longer declared (an upgrade
+    /// removed or renamed a store) are dropped, with their changelog
+    /// positions: RocksDB refuses to open a database without all of its
+    /// column families, and a renamed store starts empty and restores from
+    /// its own changelog.
     pub fn open(path: &Path, stores: &[String]) -> Result<Self, StateError> {
         std::fs::create_dir_all(path).map_err(|e| backend(&path.display().to_string(), e))?;
         let mut opts = Options::default();
@@ -40,17 +44,37 @@ impl RocksPartition {
         opts.set_write_buffer_size(8 << 20);
         opts.set_max_open_files(64);
         opts.set_keep_log_file_num(2);
+        let existing = DB::list_cf(&opts, path).unwrap_or_default();
+        let declared = |name: &str| name == META_CF || stores.iter().any(|s| s == name);
+        let stale: Vec<String> = existing
+            .into_iter()
+            .filter(|name| name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME && !declared(name))
+            .collect();
         let cfs = stores
             .iter()
             .map(String::as_str)
             .chain([META_CF])
+            .chain(stale.iter().map(String::as_str))
             .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
-        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| {
+        let mut db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| {
             backend(
                 &path.display().to_string(),
                 format!("cannot open RocksDB: {e} (is another onceflow using this --state-dir?)"),
             )
         })?;
+        for name in &stale {
+            let meta = db
+                .cf_handle(META_CF)
+                .ok_or_else(|| backend(META_CF, "no such column family"))?;
+            db.delete_cf(meta, format!("{POSITION_PREFIX}{name}"))
+                .map_err(|e| backend(name, e))?;
+            db.drop_cf(name).map_err(|e| backend(name, e))?;
+            tracing::info!(
+                path = %path.display(),
+                store = %name,
+                "dropped the local copy of store {name}: the manifest no longer declares it"
+            );
+        }
         Ok(Self {
             db,
             path: path.to_path_buf(),
@@ -227,5 +251,33 @@ mod tests {
             vec![b"k1".to_vec(), b"k3".to_vec()]
         );
         assert!(keys(Bound::Included(b"z"), Bound::Included(b"a")).is_empty());
+    }
+
+    #[test]
+    fn a_store_no_longer_declared_is_dropped_with_its_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let both = vec!["a".to_owned(), "b".to_owned()];
+        {
+            let mut p = RocksPartition::open(dir.path(), &both).unwrap();
+            p.write(&WriteBatch {
+                changes: vec![StoreChanges {
+                    store: "b".into(),
+                    changes: vec![(b"x".to_vec(), Some(b"y".to_vec()))],
+                }],
+                positions: vec![("a".into(), 5), ("b".into(), 7)],
+            })
+            .unwrap();
+        }
+        // An upgrade removed store b: the database still opens.
+        {
+            let p = RocksPartition::open(dir.path(), &["a".to_owned()]).unwrap();
+            assert_eq!(p.changelog_position("a").unwrap(), Some(5));
+            assert!(p.get("b", b"x").is_err(), "b is gone");
+        }
+        // Declared again later: empty, restored from the start.
+        let p = RocksPartition::open(dir.path(), &both).unwrap();
+        assert_eq!(p.get("b", b"x").unwrap(), None);
+        assert_eq!(p.changelog_position("b").unwrap(), None);
+        assert_eq!(p.changelog_position("a").unwrap(), Some(5));
     }
 }

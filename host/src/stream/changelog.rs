@@ -49,39 +49,87 @@ pub struct RestoreStats {
     pub records: u64,
     /// Time taken.
     pub elapsed: Duration,
+    /// Whether every store reached its changelog's end (otherwise the slice
+    /// ran out: call again).
+    pub finished: bool,
 }
 
-/// The restore consumer's type.
-pub(crate) type RestoreConsumer = BaseConsumer<kafka::QuietContext>;
+/// The clients a worker restores with: a read_committed reader, and a
+/// read_uncommitted probe for each changelog partition's high watermark.
+pub(crate) struct Restorer {
+    reader: BaseConsumer<kafka::QuietContext>,
+    probe: BaseConsumer<kafka::QuietContext>,
+}
 
-/// A consumer for restoring: assigned partitions only, never in a group,
-/// never committing; reads committed data and reports partition ends.
-pub(crate) fn restore_consumer(d: &Deployment) -> Result<RestoreConsumer, StreamError> {
+/// A restorer: assigned partitions only, never in a group, never
+/// committing; the reader reads committed data and reports partition ends.
+pub(crate) fn restorer(d: &Deployment) -> Result<Restorer, StreamError> {
     let group = format!("{}-restore", d.manifest.application_id());
     // The end of a changelog is usually near: do not let the broker hold an
     // empty fetch for the default 500 ms before reporting it.
-    Ok(d.options
-        .kafka
-        .reader(&group, "read_committed", 10, kafka::QuietContext::default())?)
+    let reader =
+        d.options
+            .kafka
+            .reader(&group, "read_committed", 10, kafka::QuietContext::default())?;
+    let probe = d.options.kafka.reader(
+        &group,
+        "read_uncommitted",
+        10,
+        kafka::QuietContext::default(),
+    )?;
+    Ok(Restorer { reader, probe })
 }
 
-/// Replays each store's changelog tail into the task's committed stores.
+/// Replays each store's changelog tail into the task's committed stores,
+/// for up to `slice` (then returns with `finished: false`; the next call
+/// goes on from the stores' positions, so the worker can poll its consumer
+/// in between).
+///
+/// The end is the changelog's last stable offset once it has reached the
+/// high watermark sampled first (KAFKA-10167): the group coordinator makes
+/// the committed offsets stable as soon as its own marker is written, but
+/// the previous owner's last transaction may still lack its marker on this
+/// changelog partition (another broker); restoring only to the stable offset
+/// would leave that transaction out, and the task would process past it.
+///
+/// A local store whose position this changelog cannot continue (past the
+/// end: the topic was deleted and recreated, or the store belongs to another
+/// changelog; before the log start: records were deleted) is wiped and
+/// restored in full.
 pub(crate) fn restore(
     d: &Deployment,
-    consumer: &RestoreConsumer,
+    restorer: &Restorer,
     task: &mut Task,
+    slice: Duration,
 ) -> Result<RestoreStats, StreamError> {
     let started = Instant::now();
     let partition = task.partition();
+    let consumer = &restorer.reader;
     let mut total = 0u64;
     for (store, topic) in &d.changelogs {
         let position = task
             .changelog_position(store)
             .map_err(StreamError::Task)?
             .unwrap_or(0);
-        // For a read_committed client this is the last stable offset.
-        let (low, end) = kafka::watermarks(consumer, topic, partition)?;
-        let from = position.max(low);
+        let high = kafka::watermarks(&restorer.probe, topic, partition)?.1;
+        let (low, end) = stable_end(d, consumer, topic, partition, high)?;
+        let from = if position > high || (position < low && position > 0) {
+            let wiped = task.wipe_store(store).map_err(StreamError::Task)?;
+            tracing::warn!(
+                %topic,
+                partition,
+                position,
+                low,
+                high,
+                wiped,
+                "the local store {store} does not match its changelog (its position is outside \
+                 the changelog's offsets: the topic was recreated or truncated); wiped it and \
+                 restoring it in full"
+            );
+            low
+        } else {
+            position.max(low)
+        };
         if from >= end {
             continue;
         }
@@ -99,6 +147,7 @@ pub(crate) fn restore(
         let mut next = from;
         let mut last_progress = Instant::now();
         let mut failed = None;
+        let mut out_of_time = false;
         // The fetcher reaching the partition's (stable) end means every
         // committed record before it has been delivered.
         kafka::read_to_end(consumer, 1, topic, Instant::now() + RESTORE_TIMEOUT, |m| {
@@ -119,6 +168,9 @@ pub(crate) fn restore(
             }
             if next >= end {
                 ControlFlow::Break(())
+            } else if started.elapsed() >= slice {
+                out_of_time = true;
+                ControlFlow::Break(())
             } else {
                 ControlFlow::Continue(())
             }
@@ -130,11 +182,61 @@ pub(crate) fn restore(
         consumer
             .unassign()
             .map_err(|e| StreamError::kafka("unassigning the changelog", e))?;
+        if out_of_time {
+            return Ok(RestoreStats {
+                records: total,
+                elapsed: started.elapsed(),
+                finished: false,
+            });
+        }
     }
     Ok(RestoreStats {
         records: total,
         elapsed: started.elapsed(),
+        finished: true,
     })
+}
+
+/// The changelog partition's (log start, last stable offset), once the
+/// last stable offset has reached `high`: every transaction that had
+/// written to it when `high` was sampled is then resolved. A transaction
+/// left open by a crashed or paused owner is aborted by the broker after
+/// the transaction timeout, so this waits at most about that long.
+fn stable_end(
+    d: &Deployment,
+    consumer: &BaseConsumer<kafka::QuietContext>,
+    topic: &str,
+    partition: i32,
+    high: i64,
+) -> Result<(i64, i64), StreamError> {
+    let limit = d.options.transaction_timeout + Duration::from_secs(30);
+    let started = Instant::now();
+    let mut logged = false;
+    loop {
+        let (low, end) = kafka::watermarks(consumer, topic, partition)?;
+        if end >= high {
+            return Ok((low, end));
+        }
+        if started.elapsed() >= limit {
+            return Err(StreamError::Restart(format!(
+                "{topic}/{partition}: a transaction has been open on the changelog for over {} s \
+                 (stable offset {end}, high watermark {high}); look for a hanging transaction \
+                 with `kafka-transactions.sh find-hanging`",
+                limit.as_secs()
+            )));
+        }
+        if !logged && started.elapsed() >= Duration::from_secs(1) {
+            tracing::info!(
+                %topic,
+                partition,
+                stable = end,
+                high,
+                "waiting for the previous owner's last transaction to be resolved on the changelog"
+            );
+            logged = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn write(

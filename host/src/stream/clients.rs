@@ -57,6 +57,8 @@ pub(crate) fn producer_config(
         .set("retry.backoff.ms", "5")
         .set("retry.backoff.max.ms", "100")
         .set("batch.num.messages", "10000")
+        // The host caps every record at types::MAX_RECORD_BYTES, under this.
+        .set("message.max.bytes", "1048576")
         .set("queue.buffering.max.messages", "200000");
     if let Some(id) = transactional_id {
         let txn_ms = options.transaction_timeout.as_millis();
@@ -69,6 +71,48 @@ pub(crate) fn producer_config(
             );
     }
     c
+}
+
+/// Checks the configuration of the deployment's changelog topics (they
+/// exist: [`prepare_topics`] ran) and returns the shortest
+/// `delete.retention.ms` among them: a local store last in sync longer ago
+/// than that may have missed a tombstone that compaction removed since.
+pub(crate) fn check_changelogs(
+    manifest: &Manifest,
+    conn: &Connection,
+) -> Result<Option<std::time::Duration>, KafkaError> {
+    let mut shortest: Option<u64> = None;
+    for store in &manifest.stores {
+        let topic = changelog_topic(manifest, store);
+        let (config, replicas) = kafka::topic_config(conn, &topic)?;
+        let policy = config
+            .get("cleanup.policy")
+            .map_or("delete", String::as_str);
+        if !policy.split(',').any(|p| p.trim() == "compact") {
+            return Err(KafkaError::topic(
+                topic,
+                format!(
+                    "changelog has cleanup.policy={policy}: retention would delete state that \
+                     is still current, and the store could not be restored. Set it to compact \
+                     (kafka-configs.sh --alter --add-config cleanup.policy=compact)"
+                ),
+            ));
+        }
+        if replicas == 1 {
+            tracing::warn!(
+                %topic,
+                "changelog has one replica: losing that broker loses the store's state; \
+                 reassign it to more replicas"
+            );
+        }
+        if let Some(ms) = config
+            .get("delete.retention.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            shortest = Some(shortest.map_or(ms, |s| s.min(ms)));
+        }
+    }
+    Ok(shortest.map(std::time::Duration::from_millis))
 }
 
 /// Checks the manifest's topics and creates missing changelog topics.

@@ -14,6 +14,7 @@ mod clients;
 pub mod verify;
 mod worker;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +45,19 @@ pub enum StreamError {
     /// A task failed outside a record's processing (its state, its guest).
     #[error("task")]
     Task(#[source] crate::task::TaskError),
+    /// A record that Kafka refuses whatever is tried (larger than the
+    /// topic's `max.message.bytes`): retrying would loop on it forever.
+    #[error(
+        "a record cannot be written: {message}; raise the topic's max.message.bytes or make \
+         the processor's outputs and state values smaller"
+    )]
+    Unsendable {
+        /// The record's topic and Kafka's answer.
+        message: String,
+    },
+    /// The deployment's settings cannot work together.
+    #[error("{0}")]
+    Settings(String),
     /// A worker must restart its session (producer, consumer, tasks):
     /// fencing, a fatal producer error, a timeout.
     #[error("worker session must restart: {0}")]
@@ -60,7 +74,10 @@ impl StreamError {
     pub fn stops_deployment(&self) -> bool {
         matches!(
             self,
-            Self::ProcessorFailed(_) | Self::Kafka(KafkaError::Topic { .. })
+            Self::ProcessorFailed(_)
+                | Self::Kafka(KafkaError::Topic { .. })
+                | Self::Unsendable { .. }
+                | Self::Settings(_)
         )
     }
 }
@@ -83,7 +100,15 @@ pub struct RunOptions {
     pub transaction_timeout: Duration,
     /// How often to log the figures.
     pub report_interval: Duration,
+    /// How long the local stores of a partition this instance no longer
+    /// owns are kept (Kafka Streams' `state.cleanup.delay.ms`): long enough
+    /// for a rebalance to give the partition back without a full restore.
+    pub state_cleanup_delay: Duration,
 }
+
+/// Kafka's default `delete.retention.ms` (one day), when a changelog's
+/// cannot be read.
+const DEFAULT_DELETE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Everything the workers of one deployment share.
 pub(crate) struct Deployment {
@@ -94,6 +119,23 @@ pub(crate) struct Deployment {
     pub changelogs: Vec<(String, String)>,
     pub metrics: Arc<Metrics>,
     pub shutdown: Arc<AtomicBool>,
+    /// Partitions whose task is open on this instance: their local stores
+    /// are in use. Held while a task's store is opened or a store removed.
+    pub open_tasks: std::sync::Mutex<std::collections::BTreeSet<i32>>,
+    /// A local store last written longer ago than this (the changelogs'
+    /// shortest `delete.retention.ms`) is not trusted: a tombstone may
+    /// have been compacted away meanwhile. It is wiped and restored.
+    pub trust_horizon: Duration,
+}
+
+impl Deployment {
+    /// Where the stores of `partition` live.
+    pub(crate) fn store_dir(&self, partition: i32) -> PathBuf {
+        self.options
+            .state_dir
+            .join(self.manifest.application_id())
+            .join(partition.to_string())
+    }
 }
 
 impl Deployment {
@@ -128,7 +170,10 @@ pub fn run_with_metrics(
     shutdown: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
 ) -> Result<Arc<Metrics>, StreamError> {
+    check_settings(&manifest, &options)?;
     let partitions = prepare_topics(&manifest, &options.kafka)?;
+    let trust_horizon =
+        clients::check_changelogs(&manifest, &options.kafka)?.unwrap_or(DEFAULT_DELETE_RETENTION);
     tracing::info!(
         app = %manifest.application_id(),
         partitions,
@@ -149,6 +194,8 @@ pub fn run_with_metrics(
         changelogs,
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
+        open_tasks: Default::default(),
+        trust_horizon,
     });
 
     let mut handles = Vec::new();
@@ -165,8 +212,14 @@ pub fn run_with_metrics(
     let mut last_report = Instant::now();
     let mut last = metrics.snapshot();
     let mut result = Ok(());
+    let mut unowned_since = std::collections::BTreeMap::new();
+    let mut last_cleanup = Instant::now();
     while handles.iter().any(|h| !h.is_finished()) {
         std::thread::sleep(Duration::from_millis(50));
+        if last_cleanup.elapsed() >= Duration::from_secs(10) {
+            last_cleanup = Instant::now();
+            remove_unowned_stores(&deployment, &mut unowned_since);
+        }
         if handles.iter().any(|h| h.is_finished()) && !shutdown.load(Ordering::Relaxed) {
             // A worker stopped on its own: the deployment failed. Stop the
             // others cleanly.
@@ -202,6 +255,83 @@ pub fn run_with_metrics(
         "deployment stopped"
     );
     result.map(|()| metrics)
+}
+
+/// Removes the local stores of partitions no task of this instance has had
+/// open for [`RunOptions::state_cleanup_delay`] (counted from when this
+/// scan first saw them unowned, so a restarted instance keeps its stores
+/// that long too). A store kept forever could later be reopened after
+/// compaction removed a tombstone it never saw.
+fn remove_unowned_stores(d: &Deployment, unowned_since: &mut BTreeMap<i32, Instant>) {
+    let root = d.options.state_dir.join(d.manifest.application_id());
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    let on_disk: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let open = d.open_tasks.lock().unwrap_or_else(|e| e.into_inner());
+    unowned_since.retain(|p, _| on_disk.contains(p) && !open.contains(p));
+    for p in on_disk {
+        if open.contains(&p) {
+            continue;
+        }
+        let since = *unowned_since.entry(p).or_insert_with(Instant::now);
+        if since.elapsed() < d.options.state_cleanup_delay {
+            continue;
+        }
+        let dir = d.store_dir(p);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                tracing::info!(
+                    partition = p,
+                    dir = %dir.display(),
+                    "removed the local stores of a partition not owned for {} s",
+                    d.options.state_cleanup_delay.as_secs()
+                );
+                unowned_since.remove(&p);
+            }
+            Err(e) => tracing::warn!(
+                partition = p,
+                dir = %dir.display(),
+                "cannot remove the local stores of a partition no longer owned: {e}"
+            ),
+        }
+    }
+}
+
+/// Refuses settings that cannot work together: under exactly-once, a
+/// transaction must commit well within the transaction timeout, or the
+/// broker aborts it and nothing ever commits.
+fn check_settings(manifest: &Manifest, options: &RunOptions) -> Result<(), StreamError> {
+    if manifest.processing.guarantee != Guarantee::ExactlyOnceV2 {
+        return Ok(());
+    }
+    let txn_ms = options.transaction_timeout.as_millis() as u64;
+    let commit_ms = manifest.processing.commit_interval_ms;
+    if commit_ms * 2 > txn_ms {
+        return Err(StreamError::Settings(format!(
+            "processing.commit-interval-ms = {commit_ms} in {} is more than half the \
+             transaction timeout ({txn_ms} ms, --transaction-timeout-ms): transactions would \
+             time out before they commit. Lower commit-interval-ms to at most {} or raise \
+             --transaction-timeout-ms to at least {}",
+            manifest.path.display(),
+            txn_ms / 2,
+            commit_ms * 2
+        )));
+    }
+    let call_ms = manifest.limits.timeout_ms;
+    if call_ms > txn_ms {
+        return Err(StreamError::Settings(format!(
+            "limits.timeout-ms = {call_ms} in {} is longer than the transaction timeout \
+             ({txn_ms} ms, --transaction-timeout-ms): one slow call would outlast the \
+             transaction. Lower limits.timeout-ms or raise --transaction-timeout-ms to at \
+             least {call_ms}",
+            manifest.path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Logs the figures since `last`.

@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::clients::{consumer_config, producer_config};
-use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use super::{Deployment, StreamError, changelog};
@@ -40,13 +40,15 @@ use crate::kafka::{self, TxnFailure};
 use crate::metrics::{Metrics, WorkerLoad};
 use crate::state::rocks::RocksPartition;
 use crate::task::{BatchOutcome, Task, TaskError};
-use crate::types::InputRecord;
+use crate::types::{InputRecord, error_chain};
 
 /// How long a blocking transactional call may take before the producer is
 /// considered to be in an unknown state.
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Retries of a retriable transactional call.
 const TXN_RETRIES: u32 = 5;
+/// Longest a worker restores before it polls its consumer again.
+const RESTORE_SLICE: Duration = Duration::from_secs(5);
 
 /// Runs worker `n` until shutdown, restarting its session after errors that
 /// do not stop the deployment.
@@ -67,13 +69,14 @@ pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError>
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.stops_deployment() => {
-                tracing::error!(worker = n, "{e}");
+                tracing::error!(worker = n, "{}", error_chain(&e));
                 return Err(e);
             }
             Err(e) => {
                 tracing::warn!(
                     worker = n,
-                    "{e}; re-creating the producer and rejoining the group"
+                    "{}; re-creating the producer and rejoining the group",
+                    error_chain(&e)
                 );
                 Metrics::add(&d.metrics.restarts, 1);
                 std::thread::sleep(backoff);
@@ -89,7 +92,7 @@ pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError>
 struct Deliveries {
     changelog_offsets: HashMap<(String, i32), i64>,
     failures: u64,
-    first_failure: Option<String>,
+    first_failure: Option<(Option<RDKafkaErrorCode>, String)>,
 }
 
 struct ProducerCtx {
@@ -125,10 +128,11 @@ impl ProducerContext for ProducerCtx {
                     *slot = (*slot).max(m.offset());
                 }
             }
-            Err((e, _)) => {
+            Err((e, m)) => {
                 d.failures += 1;
                 if d.first_failure.is_none() {
-                    d.first_failure = Some(e.to_string());
+                    d.first_failure =
+                        Some((e.rdkafka_error_code(), format!("{e} (topic {})", m.topic())));
                 }
             }
         }
@@ -142,7 +146,13 @@ struct Pending {
     outputs: u64,
     dead_lettered: u64,
     skipped: u64,
+    /// Bytes of the outputs produced (held by the producer until acked).
+    output_bytes: u64,
 }
+
+/// A transaction commits once its outputs reach this many bytes, whatever
+/// the commit interval: the producer holds them until the commit.
+const MAX_TXN_OUTPUT_BYTES: u64 = 64 << 20;
 
 /// What the poll loop and the rebalance callbacks share.
 struct Core {
@@ -166,7 +176,24 @@ struct Core {
     /// batch from them are not ours any more (even if reassigned since, the
     /// consumer reads them again from the committed offset).
     revoked_during_poll: BTreeSet<i32>,
-    restore_consumer: Option<changelog::RestoreConsumer>,
+    /// The open transaction was aborted inside a rebalance callback (where
+    /// seeking is not allowed): the loop rewinds the partitions it keeps to
+    /// the committed offsets before it processes anything else.
+    rewind_pending: bool,
+    /// Transactions aborted by this session: a batch polled before an
+    /// abort is stale (the input was rewound) and must not be processed.
+    aborts: u64,
+    restore_consumer: Option<changelog::Restorer>,
+}
+
+impl Drop for Core {
+    /// The session ended: its tasks close.
+    fn drop(&mut self) {
+        let mut open = self.d.open_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        for p in self.tasks.keys() {
+            open.remove(p);
+        }
+    }
 }
 
 struct WorkerContext {
@@ -251,15 +278,22 @@ impl ConsumerContext for WorkerContext {
         );
         core.in_callback = true;
         if core.in_txn {
-            let result = if consumer.assignment_lost() {
+            let result = if std::thread::panicking() {
+                // The consumer is being dropped while a panic unwinds (a
+                // bug in processing): the transaction is half built. Never
+                // commit it.
+                tracing::error!(
+                    worker = core.worker,
+                    "aborting the open transaction: the worker panicked"
+                );
+                core.abort(None)
+            } else if consumer.assignment_lost() {
                 tracing::warn!(
                     worker = core.worker,
                     "assignment lost: aborting the open transaction"
                 );
-                core.abort(None).and_then(|()| {
-                    // The partitions we keep must be rewound too: rejoin.
-                    Err(StreamError::Restart("assignment lost".to_owned()))
-                })
+                // The partitions we keep are rewound by the loop.
+                core.abort(Some(consumer))
             } else {
                 core.commit(consumer)
             };
@@ -270,7 +304,7 @@ impl ConsumerContext for WorkerContext {
         core.in_callback = false;
         for p in partitions_of(tpl) {
             core.revoked_during_poll.insert(p);
-            if core.tasks.remove(&p).is_some() {
+            if core.close_task(p) {
                 tracing::info!(
                     worker = core.worker,
                     partition = p,
@@ -341,6 +375,44 @@ fn partitions_of(tpl: &TopicPartitionList) -> BTreeSet<i32> {
     tpl.elements().iter().map(|e| e.partition()).collect()
 }
 
+/// Worker `n`'s client id, also its transactional id.
+fn client_id(d: &Deployment, n: u32) -> String {
+    format!(
+        "{}-{}-{n}",
+        d.manifest.application_id(),
+        d.options.instance_id
+    )
+}
+
+/// Worker `n`'s producer, transactional under exactly-once: its
+/// `init_transactions` fences any earlier producer with the same
+/// transactional id (a crashed incarnation of this worker, or this worker's
+/// previous producer) and aborts its open transaction.
+fn new_producer(d: &Deployment, n: u32) -> Result<BaseProducer<ProducerCtx>, StreamError> {
+    let client_id = client_id(d, n);
+    let transactional_id = d.exactly_once().then(|| client_id.clone());
+    let producer: BaseProducer<ProducerCtx> =
+        producer_config(&d.options, transactional_id.as_deref(), &client_id)
+            .create_with_context(ProducerCtx {
+                changelog_topics: d.changelogs.iter().map(|(_, t)| t.clone()).collect(),
+                deliveries: Mutex::default(),
+                errors: kafka::ErrorLog::default(),
+            })
+            .map_err(|e| StreamError::kafka("creating the producer", e))?;
+    if d.exactly_once() {
+        producer
+            .init_transactions(TXN_CALL_TIMEOUT)
+            .map_err(|e| StreamError::Restart(format!("init_transactions: {e}")))?;
+    }
+    Ok(producer)
+}
+
+/// Whether the group is steady as librdkafka last reported it (`up/steady`
+/// in its statistics; `None` before the first report).
+fn group_steady(state: &str) -> bool {
+    state == "init" || state.ends_with("/steady")
+}
+
 /// One membership of the group with one producer.
 struct Session {
     d: Arc<Deployment>,
@@ -354,24 +426,8 @@ struct Session {
 impl Session {
     fn start(d: &Arc<Deployment>, n: u32) -> Result<Self, StreamError> {
         let app = d.manifest.application_id();
-        let client_id = format!("{app}-{}-{n}", d.options.instance_id);
-        let transactional_id = d.exactly_once().then(|| client_id.clone());
-        let producer: BaseProducer<ProducerCtx> =
-            producer_config(&d.options, transactional_id.as_deref(), &client_id)
-                .create_with_context(ProducerCtx {
-                    changelog_topics: d.changelogs.iter().map(|(_, t)| t.clone()).collect(),
-                    deliveries: Mutex::default(),
-                    errors: kafka::ErrorLog::default(),
-                })
-                .map_err(|e| StreamError::kafka("creating the producer", e))?;
-        if d.exactly_once() {
-            // Fences any previous producer with this transactional id (a
-            // crashed incarnation of this instance) and aborts its open
-            // transaction.
-            producer
-                .init_transactions(TXN_CALL_TIMEOUT)
-                .map_err(|e| StreamError::Restart(format!("init_transactions: {e}")))?;
-        }
+        let client_id = client_id(d, n);
+        let producer = new_producer(d, n)?;
         let core = Arc::new(Mutex::new(Core {
             d: d.clone(),
             worker: n,
@@ -385,6 +441,8 @@ impl Session {
             failure: None,
             in_callback: false,
             revoked_during_poll: BTreeSet::new(),
+            rewind_pending: false,
+            aborts: 0,
             restore_consumer: None,
         }));
         let consumer: BaseConsumer<WorkerContext> = consumer_config(&d.options, &app, &client_id)
@@ -433,12 +491,36 @@ impl Session {
             };
             let batch = self.poll_batch(wait.min(Duration::from_millis(100)), max_batch)?;
 
+            let steady = group_steady(
+                &self
+                    .consumer
+                    .context()
+                    .membership
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .state,
+            );
             let mut core = lock(&self.core);
             if let Some(e) = core.failure.take() {
                 return Err(e);
             }
+            if core.rewind_pending {
+                // A rebalance callback aborted the transaction: what was
+                // polled after it is past the committed offsets.
+                core.rewind(&self.consumer)?;
+                continue;
+            }
             if !core.restoring.is_empty() {
+                // Restoring takes a while: nothing may stay open meanwhile
+                // (the transaction timeout runs).
+                let aborts = core.aborts;
+                if core.in_txn {
+                    core.commit(&self.consumer)?;
+                }
                 core.restore_pending(&self.consumer)?;
+                if core.rewind_pending || core.aborts != aborts {
+                    continue;
+                }
             }
             let batch: Vec<InputRecord> = if core.revoked_during_poll.is_empty() {
                 batch
@@ -452,9 +534,16 @@ impl Session {
             if !batch.is_empty() {
                 core.process(&self.consumer, batch)?;
             }
+            // Kafka Streams does not commit while a rebalance is in
+            // progress: the offsets would carry a generation that is about
+            // to change. Interval commits wait for the group to settle, up
+            // to half the transaction timeout.
+            let open_for = core.txn_started.elapsed();
             let due = core.in_txn
-                && (core.txn_started.elapsed() >= interval
-                    || core.pending.records >= 20 * max_batch as u64);
+                && ((open_for >= interval && steady)
+                    || open_for >= self.d.options.transaction_timeout / 2
+                    || core.pending.records >= 20 * max_batch as u64
+                    || core.pending.output_bytes >= MAX_TXN_OUTPUT_BYTES);
             if due {
                 core.commit(&self.consumer)?;
             }
@@ -547,6 +636,9 @@ impl Session {
     fn discard(&mut self) {
         let mut core = lock(&self.core);
         if core.in_txn && self.d.exactly_once() {
+            core.producer
+                .purge(PurgeConfig::default().queue().inflight());
+            let _ = kafka::drain(&core.producer, Duration::from_secs(5));
             let _ = core.producer.abort_transaction(Duration::from_secs(5));
         }
         core.in_txn = false;
@@ -574,15 +666,33 @@ impl Session {
 }
 
 impl Core {
+    /// Opens `partition`'s task over its local stores. Stores last written
+    /// longer ago than the changelogs' `delete.retention.ms` are removed
+    /// first: compaction may have dropped a tombstone they never saw.
     fn open_task(&self, partition: i32) -> Result<Task, StreamError> {
-        let path = self
-            .d
-            .options
-            .state_dir
-            .join(self.d.manifest.application_id())
-            .join(partition.to_string());
+        let path = self.d.store_dir(partition);
+        let mut open = self.d.open_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(age) = last_written(&path).and_then(|t| t.elapsed().ok())
+            && age > self.d.trust_horizon
+        {
+            tracing::warn!(
+                partition,
+                dir = %path.display(),
+                "the local stores were last written {} h ago, longer than the changelogs' \
+                 delete.retention.ms ({} h): removing them and restoring in full",
+                age.as_secs() / 3600,
+                self.d.trust_horizon.as_secs() / 3600
+            );
+            std::fs::remove_dir_all(&path).map_err(|e| {
+                StreamError::State(crate::state::StateError::Backend {
+                    store: path.display().to_string(),
+                    message: format!("cannot remove stale local stores: {e}"),
+                })
+            })?;
+        }
         let store =
             RocksPartition::open(&path, &self.d.manifest.stores).map_err(StreamError::State)?;
+        open.insert(partition);
         Ok(Task::new(
             partition,
             self.d.processor.clone(),
@@ -591,7 +701,23 @@ impl Core {
         ))
     }
 
-    /// Restores the paused, newly assigned tasks, then resumes them.
+    /// Closes `partition`'s task (its stores stay on disk for
+    /// `state_cleanup_delay`).
+    fn close_task(&mut self, partition: i32) -> bool {
+        let closed = self.tasks.remove(&partition).is_some();
+        if closed {
+            self.d
+                .open_tasks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&partition);
+        }
+        closed
+    }
+
+    /// Restores the paused, newly assigned tasks, then resumes them: for
+    /// up to [`RESTORE_SLICE`] per call, so that the loop goes on polling
+    /// (and processing the partitions that are ready) during a long restore.
     fn restore_pending(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
@@ -621,14 +747,21 @@ impl Core {
                 ))
             })?;
         if self.restore_consumer.is_none() {
-            self.restore_consumer = Some(changelog::restore_consumer(&self.d)?);
+            self.restore_consumer = Some(changelog::restorer(&self.d)?);
         }
         let restorer = self.restore_consumer.as_ref().expect("created above");
         let restoring = &self.d.metrics.restoring;
         restoring.fetch_add(partitions.len() as u64, Ordering::Relaxed);
+        let started = Instant::now();
+        let mut done = TopicPartitionList::new();
         for p in &partitions {
+            let left = RESTORE_SLICE.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                restoring.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
             let task = self.tasks.get_mut(p).expect("restoring tasks exist");
-            let stats = changelog::restore(&self.d, restorer, task);
+            let stats = changelog::restore(&self.d, restorer, task, left);
             restoring.fetch_sub(1, Ordering::Relaxed);
             let stats = match stats {
                 Ok(stats) => stats,
@@ -639,47 +772,65 @@ impl Core {
                 }
             };
             Metrics::add(&self.d.metrics.restored, stats.records);
-            Metrics::add(&self.d.metrics.restores, 1);
             tracing::info!(
                 worker = self.worker,
                 partition = p,
                 records = stats.records,
                 ms = stats.elapsed.as_millis() as u64,
+                finished = stats.finished,
                 "restored {} changelog records",
                 stats.records
             );
+            if stats.finished {
+                Metrics::add(&self.d.metrics.restores, 1);
+                self.restoring.remove(p);
+                for topic in &self.d.manifest.inputs {
+                    done.add_partition(topic, *p);
+                }
+            }
         }
-        consumer
-            .resume(&tpl)
-            .map_err(|e| StreamError::kafka("resuming restored partitions", e))?;
-        self.restoring.clear();
+        if done.count() > 0 {
+            consumer
+                .resume(&done)
+                .map_err(|e| StreamError::kafka("resuming restored partitions", e))?;
+        }
+        Ok(())
+    }
+
+    /// Begins a transaction if none is open.
+    fn ensure_txn(&mut self) -> Result<(), StreamError> {
+        if self.in_txn {
+            return Ok(());
+        }
+        if self.d.exactly_once() {
+            self.producer
+                .begin_transaction()
+                .map_err(|e| StreamError::Restart(format!("begin_transaction: {e}")))?;
+        }
+        self.in_txn = true;
+        self.txn_started = Instant::now();
         Ok(())
     }
 
     /// Runs a polled batch through the tasks and produces their outputs
-    /// inside the open transaction.
+    /// inside the open transaction. A transaction that has been open so
+    /// long that one more guest call could outlast the transaction timeout
+    /// is committed first, and the batch goes on in a new one.
     fn process(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
         batch: Vec<InputRecord>,
     ) -> Result<(), StreamError> {
-        if self.d.exactly_once() && !self.in_txn {
-            self.producer
-                .begin_transaction()
-                .map_err(|e| StreamError::Restart(format!("begin_transaction: {e}")))?;
-        }
-        if !self.in_txn {
-            self.in_txn = true;
-            self.txn_started = Instant::now();
-        }
         // Records of one partition, in order; partitions in order of first
         // appearance.
         let mut by_partition: BTreeMap<i32, Vec<InputRecord>> = BTreeMap::new();
         for r in batch {
             by_partition.entry(r.partition).or_default().push(r);
         }
+        let budget = self.d.options.transaction_timeout * 3 / 4;
+        let call_limit = Duration::from_millis(self.d.manifest.limits.timeout_ms);
         for (partition, records) in by_partition {
-            let Some(task) = self.tasks.get_mut(&partition) else {
+            if !self.tasks.contains_key(&partition) {
                 // Fetched before a revoke took the partition away: not ours
                 // to process; the new owner reads it from the committed
                 // offset.
@@ -688,7 +839,18 @@ impl Core {
                     "dropping records of a partition no longer assigned"
                 );
                 continue;
-            };
+            }
+            if self.in_txn && self.txn_started.elapsed() + call_limit >= budget {
+                let aborts = self.aborts;
+                self.commit(consumer)?;
+                if self.aborts != aborts {
+                    // The commit failed and the input was rewound: the rest
+                    // of this batch is read again.
+                    return Ok(());
+                }
+            }
+            self.ensure_txn()?;
+            let task = self.tasks.get_mut(&partition).expect("checked above");
             let mut outcome = BatchOutcome::default();
             let result = task.process_batch(&records, &mut outcome);
             Metrics::add(&self.d.metrics.fuel, task.take_fuel_used());
@@ -699,6 +861,7 @@ impl Core {
                 if let Err(e) = kafka::send_output(&self.producer, o) {
                     return self.on_txn_error(consumer, "producing an output", e);
                 }
+                self.pending.output_bytes += o.size() as u64;
             }
             self.producer.poll(Duration::ZERO);
             // Only each input topic's last record moves its offset (records
@@ -762,8 +925,22 @@ impl Core {
             d.failures = 0;
             failed
         };
-        if let Some((count, first)) = failed {
+        if let Some((count, (code, first))) = failed {
+            if let Some(code) = code.filter(|c| is_unsendable(*c)) {
+                // Retrying cannot help: the same record would be refused
+                // again, forever.
+                let _ = self.abort(None);
+                return Err(StreamError::Unsendable {
+                    message: format!("{first}: {code}"),
+                });
+            }
             tracing::warn!("{count} records failed delivery (first: {first}); aborting");
+            if code.is_some_and(is_timeout) {
+                // A produce request whose outcome is unknown may still land:
+                // only a new producer epoch keeps it out of later
+                // transactions.
+                return self.abort_unknown(consumer, "a delivery timed out");
+            }
             return self.abort(Some(consumer));
         }
 
@@ -791,12 +968,17 @@ impl Core {
             if let Err(e) = retry("commit_transaction", |timeout| {
                 self.producer.commit_transaction(timeout)
             }) {
-                return self.on_txn_error(consumer, "commit_transaction", e);
+                if kafka::is_fencing(&e) {
+                    return self.on_txn_error(consumer, "commit_transaction", e);
+                }
+                // Whatever librdkafka calls it, the outcome of an EndTxn
+                // that failed is not known here: it may have committed.
+                return self.abort_unknown(consumer, &format!("commit_transaction: {e}"));
             }
-        } else if !self.next_offsets.is_empty() {
-            if let Err(e) = consumer.commit(&offsets, CommitMode::Sync) {
-                return Err(StreamError::Restart(format!("committing offsets: {e}")));
-            }
+        } else if !self.next_offsets.is_empty()
+            && let Err(e) = consumer.commit(&offsets, CommitMode::Sync)
+        {
+            return Err(StreamError::Restart(format!("committing offsets: {e}")));
         }
         self.in_txn = false;
 
@@ -840,8 +1022,33 @@ impl Core {
             tracing::warn!(worker = self.worker, "{operation}: fenced: {e}");
             return Err(StreamError::Restart(format!("{operation}: fenced: {e}")));
         }
+        if let Some(code) = e.rdkafka_error_code().filter(|c| is_unsendable(*c)) {
+            let _ = self.abort(None);
+            return Err(StreamError::Unsendable {
+                message: format!("{operation}: {e}: {code}"),
+            });
+        }
+        if !self.d.exactly_once() {
+            return Err(StreamError::Restart(format!("{operation}: {e}")));
+        }
+        if kafka::is_stale_generation(&e) {
+            // A rebalance began while this transaction was open: its
+            // offsets carry the old generation. Abort and read the input
+            // again from the committed offsets; the producer and the
+            // membership stay (a static member rejoining under the same id
+            // would get its old assignment back without a rebalance, and a
+            // partition revoked meanwhile would be owned by nobody).
+            tracing::info!(
+                worker = self.worker,
+                "{operation}: {e}: the group is rebalancing; aborting and rewinding"
+            );
+            return self.abort(Some(consumer));
+        }
+        if e.rdkafka_error_code().is_some_and(is_timeout) {
+            return self.abort_unknown(consumer, &format!("{operation}: {e}"));
+        }
         match kafka::classify(&e) {
-            TxnFailure::Abort if self.d.exactly_once() => {
+            TxnFailure::Abort => {
                 tracing::warn!(
                     worker = self.worker,
                     "{operation}: {e}; aborting the transaction"
@@ -852,15 +1059,74 @@ impl Core {
         }
     }
 
+    /// Aborts after an error whose outcome is unknown (a timed-out request,
+    /// a failed EndTxn): the producer is replaced, so that a late request of
+    /// this transaction can never join a later one (librdkafka 2.12 does
+    /// not speak transaction version 2, KIP-890), and every task restores
+    /// its stores from the changelogs, which hold this transaction's state
+    /// changes if it committed after all.
+    fn abort_unknown(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        why: &str,
+    ) -> Result<(), StreamError> {
+        tracing::warn!(
+            worker = self.worker,
+            "{why}: the transaction's outcome is unknown; aborting, re-creating the producer \
+             and restoring the stores from their changelogs"
+        );
+        // The abort may fail (the transaction may be complete): the new
+        // producer's init_transactions resolves it either way.
+        let aborted = self.abort(None);
+        if let Err(e) = &aborted {
+            tracing::info!(worker = self.worker, "{e}");
+        }
+        let fresh = new_producer(&self.d, self.worker)?;
+        let old = std::mem::replace(&mut self.producer, fresh);
+        old.purge(PurgeConfig::default().queue().inflight());
+        drop(old);
+        self.reload(consumer)?;
+        if self.in_callback {
+            self.rewind_pending = true;
+            return Ok(());
+        }
+        self.rewind(consumer)
+    }
+
+    /// Every task restores its stores again (from the position of its
+    /// committed store) before it processes anything more.
+    fn reload(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
+        let mut pause = TopicPartitionList::new();
+        for p in self.tasks.keys() {
+            self.restoring.insert(*p);
+            for topic in &self.d.manifest.inputs {
+                pause.add_partition(topic, *p);
+            }
+        }
+        if pause.count() > 0 {
+            consumer
+                .pause(&pause)
+                .map_err(|e| StreamError::kafka("pausing partitions to restore", e))?;
+        }
+        Ok(())
+    }
+
     /// Aborts the open transaction: pending state dropped, guests replaced,
     /// and (given the consumer) the input rewound to the committed offsets.
     fn abort(&mut self, consumer: Option<&BaseConsumer<WorkerContext>>) -> Result<(), StreamError> {
         if self.d.exactly_once() && self.in_txn {
+            // librdkafka's abort waits until every outstanding record's
+            // delivery report is served, and on this thread nobody would
+            // serve them while it waits: purge and serve them first.
+            self.producer
+                .purge(PurgeConfig::default().queue().inflight());
+            let _ = kafka::drain(&self.producer, Duration::from_secs(5));
             self.producer
                 .abort_transaction(TXN_CALL_TIMEOUT)
                 .map_err(|e| StreamError::Restart(format!("abort_transaction: {e}")))?;
         }
         Metrics::add(&self.d.metrics.aborts, 1);
+        self.aborts += 1;
         for task in self.tasks.values_mut() {
             task.abort();
         }
@@ -872,15 +1138,23 @@ impl Core {
             return Ok(());
         };
         if self.in_callback {
-            // Rewinding inside a rebalance callback is not allowed: rejoin,
-            // which reads everything again from the committed offsets.
-            return Err(StreamError::Restart(
-                "transaction aborted during a rebalance".to_owned(),
-            ));
+            // Seeking inside a rebalance callback is not allowed: the loop
+            // rewinds right after the poll returns.
+            self.rewind_pending = true;
+            return Ok(());
         }
+        self.rewind(consumer)
+    }
+
+    /// Seeks every assigned partition back to its committed offset.
+    fn rewind(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
+        self.rewind_pending = false;
         let assignment = consumer
             .assignment()
             .map_err(|e| StreamError::Restart(format!("reading the assignment: {e}")))?;
+        if assignment.count() == 0 {
+            return Ok(());
+        }
         let committed = consumer
             .committed_offsets(assignment, TXN_CALL_TIMEOUT)
             .map_err(|e| StreamError::Restart(format!("reading committed offsets: {e}")))?;
@@ -919,6 +1193,37 @@ impl Core {
             .map(|(_, t)| t.clone())
             .unwrap_or_else(|| super::changelog_topic(&self.d.manifest, store))
     }
+}
+
+/// When anything in a task's store directory was last modified (RocksDB
+/// writes its log on every write batch).
+fn last_written(dir: &std::path::Path) -> Option<std::time::SystemTime> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.metadata().ok()?.modified().ok())
+        .max()
+}
+
+/// Errors that sending the same record again cannot cure.
+fn is_unsendable(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+    )
+}
+
+/// Errors that leave a request's outcome unknown.
+fn is_timeout(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::MessageTimedOut
+            | RDKafkaErrorCode::TimedOutQueue
+    )
 }
 
 /// Calls a transactional operation again while it fails retriably, within

@@ -10,6 +10,11 @@
 //! - `meta`: emits `topic/partition/offset/timestamp` as the value, with the
 //!   record's key and headers, to alias `out` (the host's lowering, field by
 //!   field);
+//! - `output:N`: emits one output of N bytes (value) to alias `out`;
+//! - `global`: increments a counter in the instance's memory (not in a
+//!   store) and emits its value: what a re-run record would see of memory
+//!   that already saw it;
+//! - `state:N`: puts an N-byte value under key `big` of store `seen`;
 //! - anything else: increments key `count` of store `seen` and emits the
 //!   record's key, value and headers unchanged to alias `out`.
 
@@ -21,6 +26,9 @@ use onceflow_sdk::{Context, Error, Processor, Record};
 pub struct Hostile;
 
 const MIB: usize = 1 << 20;
+
+/// Records seen by `global` in this instance.
+static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Processor for Hostile {
     fn process(ctx: &mut Context, record: &Record) -> Result<(), Error> {
@@ -45,6 +53,23 @@ impl Processor for Hostile {
                     &headers_of(record),
                 )
             }
+            Some(b"global") => {
+                let n = SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                ctx.emit_with(
+                    "out",
+                    record.key.as_deref(),
+                    Some(n.to_string().as_bytes()),
+                    &[],
+                )
+            }
+            Some(v) if v.starts_with(b"output:") => {
+                let n = size_of(&v[7..])?;
+                ctx.emit_with("out", record.key.as_deref(), Some(&vec![b'o'; n]), &[])
+            }
+            Some(v) if v.starts_with(b"state:") => {
+                let n = size_of(&v[6..])?;
+                ctx.store("seen").put("big", vec![b's'; n])
+            }
             _ => {
                 let seen = ctx.store("seen");
                 let count = seen.get_i64("count")?.unwrap_or(0) + 1;
@@ -61,6 +86,13 @@ impl Processor for Hostile {
 }
 
 onceflow_sdk::export_processor!(Hostile);
+
+fn size_of(digits: &[u8]) -> Result<usize, Error> {
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(|| Error::new("expected a size in bytes"))
+}
 
 fn headers_of(record: &Record) -> Vec<(&str, &[u8])> {
     record

@@ -1,0 +1,723 @@
+//! Exactly-once where the first drills did not reach (issue 16): each test
+//! shows one hole of the EOS path on a real broker. Named `hNN_…` after the
+//! issue's item numbers.
+//!
+//! Figures are printed as `FIGURE name value` lines (run with --nocapture).
+
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Message, TopicPartitionList};
+
+use crate::common::cluster::{Cluster, serial};
+use crate::common::host_process::Host;
+use crate::common::wallet::{Produced, Wallet, assert_exact};
+use crate::common::{build_guest, onceflow};
+
+fn figure(name: &str, value: impl std::fmt::Display) {
+    println!("FIGURE {name} {value}");
+}
+
+/// Rewrites the wallet's manifest with `edit`.
+fn edit_manifest(w: &Wallet, edit: impl FnOnce(String) -> String) {
+    let text = std::fs::read_to_string(&w.manifest).expect("manifest");
+    std::fs::write(&w.manifest, edit(text)).expect("write manifest");
+}
+
+/// Waits up to `limit` for `host` to exit; its status and how long it took.
+fn wait_exit(host: &mut Host, limit: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some(status) = host.exited() {
+            return Some((status, started.elapsed()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Item 3: a task reads the same partition number of every input, but the
+/// group's assignor does not keep `a-3` and `b-3` on one worker: two owners
+/// would write one changelog partition. Refused until co-partitioned
+/// assignment exists.
+#[test]
+fn h03_several_inputs_are_refused() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "two-inputs", "exactly_once_v2", 2);
+    let second = format!("{}-more", w.payments);
+    cluster.create_topics(&[(&second, 2)]);
+    edit_manifest(&w, |t| {
+        t.replace(
+            &format!("inputs = [\"{}\"]", w.payments),
+            &format!("inputs = [\"{}\", \"{second}\"]", w.payments),
+        )
+    });
+    let validated = onceflow()
+        .arg("validate")
+        .arg(&w.manifest)
+        .output()
+        .expect("run onceflow validate");
+    let stderr = String::from_utf8_lossy(&validated.stderr);
+    assert!(
+        !validated.status.success() && stderr.contains("inputs") && stderr.contains("one input"),
+        "validate accepted a manifest with two inputs:\n{stderr}"
+    );
+    let mut host = w.start("a", &[]);
+    let Some((status, _)) = wait_exit(&mut host, Duration::from_secs(30)) else {
+        panic!(
+            "onceflow run accepted two inputs and is running:\n{}",
+            host.log_text()
+        );
+    };
+    let log = host.log_text();
+    assert!(
+        !status.success() && log.contains("one input"),
+        "run did not refuse two inputs with the reason:\n{log}"
+    );
+}
+
+/// The hostile guest's topics and manifest, with `policy`.
+struct HostileRig {
+    cluster: &'static Cluster,
+    dir: tempfile::TempDir,
+    manifest: std::path::PathBuf,
+    input: String,
+    output: String,
+    dlq: String,
+    app: String,
+}
+
+impl HostileRig {
+    fn new(cluster: &'static Cluster, label: &str) -> HostileRig {
+        let guest = build_guest("tests/guests/hostile/onceflow.toml");
+        let component = guest
+            .parent()
+            .expect("guest dir")
+            .join("target/onceflow/hostile.wasm");
+        let suffix = format!("{label}-{}", std::process::id());
+        let (input, output, dlq) = (
+            format!("hostile-in-{suffix}"),
+            format!("hostile-out-{suffix}"),
+            format!("hostile-dlq-{suffix}"),
+        );
+        cluster.create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let name = format!("hostile-{suffix}");
+        let manifest = dir.path().join("onceflow.toml");
+        std::fs::write(
+            &manifest,
+            format!(
+                r#"name = "{name}"
+tenant = "test"
+inputs = ["{input}"]
+stores = ["seen"]
+
+[build]
+language = "rust"
+component = "{component}"
+
+[outputs]
+out = "{output}"
+
+[processing]
+guarantee = "exactly_once_v2"
+commit-interval-ms = 100
+
+[errors]
+policy = "dead-letter"
+dead-letter-topic = "{dlq}"
+
+[limits]
+memory-mb = 64
+"#,
+                component = component.display()
+            ),
+        )
+        .expect("write manifest");
+        HostileRig {
+            cluster,
+            dir,
+            manifest,
+            input,
+            output,
+            dlq,
+            app: format!("test.{name}"),
+        }
+    }
+
+    fn produce(&self, values: &[Vec<u8>]) {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.cluster.bootstrap)
+            .set("enable.idempotence", "true")
+            .set("message.max.bytes", "1048576")
+            .create()
+            .expect("producer");
+        for (i, v) in values.iter().enumerate() {
+            let key = format!("k{i}");
+            producer
+                .send(BaseRecord::to(&self.input).key(&key).payload(v))
+                .expect("send");
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+    }
+
+    fn start(&self, instance: &str) -> Host {
+        Host::run(
+            &self.manifest,
+            &self.cluster.bootstrap,
+            self.dir.path(),
+            instance,
+            &[],
+        )
+    }
+
+    /// Committed records of `topic` (read_committed): (value length,
+    /// header names) of each.
+    fn read(&self, topic: &str) -> Vec<(usize, Vec<String>)> {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.cluster.bootstrap)
+            .set("group.id", "hardening-reader")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .create()
+            .expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, 0, rdkafka::Offset::Beginning)
+            .expect("offset");
+        c.assign(&tpl).expect("assign");
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            match c.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    use rdkafka::message::Headers;
+                    let names = m
+                        .headers()
+                        .map(|h| h.iter().map(|h| h.key.to_owned()).collect())
+                        .unwrap_or_default();
+                    out.push((m.payload().map_or(0, <[u8]>::len), names));
+                }
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// Item 4: records the client cannot send (over the producer's
+/// `message.max.bytes`, 1,000,000) used to reach the producer, fail as
+/// fatal, and restart the session into the same record forever. Now an
+/// oversized output or state value fails inside the guest call (so the
+/// record's error policy applies), and an oversized dead letter is sent
+/// without its value, with a header saying so.
+#[test]
+fn h04_oversized_records_go_to_the_error_policy() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let rig = HostileRig::new(cluster, "oversized");
+    // Under the old 1 MiB caps, over the producer's limit.
+    let big = 1_040_000;
+    let mut unparsable = b"state:".to_vec();
+    unparsable.extend(std::iter::repeat_n(b'x', 999_950));
+    rig.produce(&[
+        b"first".to_vec(),
+        format!("output:{big}").into_bytes(),
+        format!("state:{big}").into_bytes(),
+        // Fails in the guest; its dead letter carries ~1 MB of value plus
+        // the error headers.
+        unparsable,
+        b"last".to_vec(),
+    ]);
+    let host = rig.start("a");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (committed, end) = cluster.progress(&rig.app, &rig.input);
+        if committed >= end && end == 5 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the partition is wedged: committed {committed} of {end}; restarts in the log: {}\n{}",
+            host.log_text().matches("rejoining the group").count(),
+            tail(&host.log_text(), 40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(host.stop().success());
+    let outputs = rig.read(&rig.output);
+    assert_eq!(
+        outputs.iter().map(|(len, _)| *len).collect::<Vec<_>>(),
+        vec![5, 4],
+        "the two small records echoed, nothing else"
+    );
+    let dead = rig.read(&rig.dlq);
+    assert_eq!(dead.len(), 3, "three records dead-lettered: {dead:?}");
+    let (len, headers) = &dead[2];
+    assert_eq!(*len, 0, "the oversized dead letter's value is dropped");
+    assert!(
+        headers.iter().any(|h| h == "onceflow.error.value-dropped"),
+        "a header says the value was dropped: {headers:?}"
+    );
+}
+
+/// Item 5: a commit interval longer than the transaction timeout means the
+/// broker aborts every transaction before it commits: nothing ever
+/// commits. Refused at start, naming both settings.
+#[test]
+fn h05_a_commit_interval_beyond_the_transaction_timeout_is_refused() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "long-commit", "exactly_once_v2", 2);
+    edit_manifest(&w, |t| {
+        t.replace("commit-interval-ms = 100", "commit-interval-ms = 20000")
+    });
+    w.produce(0, 1_000, 50, None);
+    let mut host = w.start("a", &[]);
+    let Some((status, _)) = wait_exit(&mut host, Duration::from_secs(40)) else {
+        panic!(
+            "a 20 s commit interval against a 10 s transaction timeout was accepted; \
+             committed after 40 s: {}",
+            w.committed()
+        );
+    };
+    let log = host.log_text();
+    assert!(
+        !status.success()
+            && log.contains("commit-interval-ms")
+            && log.contains("--transaction-timeout-ms"),
+        "not refused with the reason:\n{log}"
+    );
+}
+
+/// Item 6: an abort outside `commit` (here: a record failing under the
+/// `fail` policy, after other partitions' outputs were produced) waited
+/// for delivery reports nobody served: ~30 s, then failed.
+#[test]
+fn h06_an_abort_outside_commit_does_not_stall() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "abort-stall", "exactly_once_v2", 6);
+    edit_manifest(&w, |t| {
+        let at = t.find("[errors]").expect("errors section");
+        format!("{}[errors]\npolicy = \"fail\"\n", &t[..at])
+    });
+    // The poison record is the last of 20,000: many outputs of the same
+    // batch are in flight when it fails.
+    w.produce(0, 20_000, 1_000, Some(20_000));
+    let mut host = w.start("a", &[]);
+    let Some((status, took)) = wait_exit(&mut host, Duration::from_secs(120)) else {
+        panic!("the host did not stop on the poison record within 120 s");
+    };
+    let log = host.log_text();
+    figure(
+        "abort_outside_commit_exit_s",
+        format!("{:.1}", took.as_secs_f64()),
+    );
+    assert!(!status.success(), "the fail policy stops the deployment");
+    assert!(
+        !log.contains("abort_transaction:"),
+        "the abort failed:\n{}",
+        log.lines()
+            .filter(|l| l.contains("abort"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        log.contains("processing stopped"),
+        "stopped for the poison record:\n{}",
+        tail(&log, 30)
+    );
+}
+
+/// Item 7: an upgrade that removes a store left its column family in every
+/// task's RocksDB, which then refused to open ("Column families not
+/// opened"): a restart loop on every host.
+#[test]
+fn h07_an_upgrade_that_removes_a_store() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "drop-store", "exactly_once_v2", 3);
+    edit_manifest(&w, |t| {
+        t.replace(
+            "stores = [\"balances\"]",
+            "stores = [\"balances\", \"scratch\"]",
+        )
+    });
+    let mut produced = w.produce(0, 3_000, 100, None);
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(120));
+    assert!(host.stop().success());
+    edit_manifest(&w, |t| {
+        t.replace(
+            "stores = [\"balances\", \"scratch\"]",
+            "stores = [\"balances\"]",
+        )
+    });
+    produced.absorb(w.produce(3_000, 3_000, 100, None));
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(60));
+    let log = host.log_text();
+    assert!(host.stop().success());
+    assert!(
+        !log.contains("rejoining"),
+        "the upgraded host restarted its sessions:\n{}",
+        tail(&log, 30)
+    );
+    assert_exact(&w.verify(false), &produced, "after removing a store");
+}
+
+/// Item 9: at the default 100 ms commit interval, a killed instance
+/// rejoining made the others' offset commits fail with "Specified group
+/// generation id is not valid"; that was handled as fencing: drop producer
+/// and consumer, rejoin under the same static id, and a partition revoked
+/// in the first round of the cooperative rebalance could stay unowned.
+/// Three instances, continuous input, SIGKILLs and restarts; every
+/// partition must drain, no session may restart over a generation error,
+/// and the outputs must be exact.
+#[test]
+fn h09_rejoins_strand_no_partition() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "rejoins", "exactly_once_v2", 6);
+    let instances = ["a", "b", "c"];
+    // A short session, and restarts after it expired: each kill and each
+    // restart is a rebalance (a static member back within its session
+    // would take its partitions back without one).
+    let session = ["--session-timeout-ms", "6000"];
+    let mut hosts: Vec<Option<Host>> = instances
+        .iter()
+        .map(|i| Some(w.start(i, &session)))
+        .collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let produced = std::thread::scope(|s| {
+        let producer = s.spawn(|| {
+            let mut all = Produced::default();
+            let mut next = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                all.absorb(w.produce(next, 2_000, 500, None));
+                next += 2_000;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            all
+        });
+        std::thread::sleep(Duration::from_secs(8));
+        for round in 0..4 {
+            let i = round % instances.len();
+            if let Some(h) = hosts[i].take() {
+                h.kill();
+            }
+            std::thread::sleep(Duration::from_secs(9));
+            hosts[i] = Some(w.start(instances[i], &session));
+            std::thread::sleep(Duration::from_secs(6));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        producer.join().expect("producer thread")
+    });
+    let drained = w.wait_done(Duration::from_secs(120));
+    figure(
+        "rejoin_drill_drain_s",
+        format!("{:.1}", drained.as_secs_f64()),
+    );
+    let mut generation_restarts = 0;
+    let mut generation_aborts = 0;
+    let mut logs = String::new();
+    for h in hosts.into_iter().flatten() {
+        let log = h.log_text();
+        generation_aborts += log
+            .lines()
+            .filter(|l| l.contains("the group is rebalancing; aborting and rewinding"))
+            .count();
+        generation_restarts += log
+            .lines()
+            .filter(|l| l.contains("rejoining the group") && l.contains("generation"))
+            .count();
+        logs.push_str(&tail(&log, 10));
+        assert!(h.stop().success());
+    }
+    figure("rejoin_drill_generation_restarts", generation_restarts);
+    // How often the case arose (0 before the fix, which restarted instead).
+    figure("rejoin_drill_stale_generation_aborts", generation_aborts);
+    assert_eq!(
+        generation_restarts, 0,
+        "sessions restarted over a generation error (a commit during a rebalance):\n{logs}"
+    );
+    assert_exact(&w.verify(false), &produced, "rejoins");
+}
+
+fn tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.contains(" figures ")).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The last `balance` per key in the wallet's balances topic
+/// (read_committed).
+fn last_balances(w: &Wallet) -> std::collections::BTreeMap<String, i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &w.cluster.bootstrap)
+        .set("group.id", "hardening-balances")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .expect("consumer");
+    let md = c
+        .fetch_metadata(Some(&w.balances), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = md.topics()[0].partitions().len();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(&w.balances, p, rdkafka::Offset::Beginning)
+            .expect("offset");
+    }
+    c.assign(&tpl).expect("assign");
+    let mut last = std::collections::BTreeMap::new();
+    let mut ended = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ended < partitions && Instant::now() < deadline {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                let value: serde_json::Value =
+                    serde_json::from_slice(m.payload().unwrap_or_default()).expect("JSON balance");
+                last.insert(key, value["balance"].as_i64().expect("balance"));
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => ended += 1,
+            _ => {}
+        }
+    }
+    last
+}
+
+/// Item 1, a changelog deleted and recreated: the deployment was purged
+/// (group and changelogs deleted) and deployed again, on a host that kept
+/// its local stores. The old store's position lies beyond the new
+/// changelog's end; it used to be trusted, and every balance came out
+/// doubled (the input is read again from the start onto the old balances).
+#[test]
+fn h01_a_recreated_changelog_is_not_trusted() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "recreated", "exactly_once_v2", 3);
+    let produced = w.produce(0, 3_000, 50, None);
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(120));
+    assert!(host.stop().success());
+    let conn = onceflow::kafka::Connection {
+        bootstrap_servers: cluster.bootstrap.clone(),
+        extra_config: Vec::new(),
+    };
+    let manifest = onceflow::manifest::Manifest::load(&w.manifest).expect("manifest");
+    onceflow::stream::changelog::purge(
+        &conn,
+        &w.app,
+        &onceflow::stream::changelog_topics(&manifest),
+    )
+    .expect("purge");
+    // Deleting a topic is asynchronous: the run recreates the changelog
+    // once the deletion is through.
+    std::thread::sleep(Duration::from_secs(3));
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(120));
+    let log = host.log_text();
+    assert!(host.stop().success());
+    let balances = last_balances(&w);
+    let wrong: Vec<_> = produced
+        .totals
+        .iter()
+        .filter(|(k, v)| balances.get(*k) != Some(v))
+        .take(5)
+        .map(|(k, v)| format!("{k}: expected {v}, got {:?}", balances.get(k)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "balances after the redeploy are not the input's sums (the old local store was \
+         trusted): {wrong:?}\n{}",
+        tail(&log, 20)
+    );
+    assert!(
+        log.contains("wiped it and restoring it in full"),
+        "the host says it wiped the store:\n{}",
+        tail(&log, 20)
+    );
+}
+
+/// Item 1, stores of partitions no longer owned: they used to stay on disk
+/// forever (and could be reopened much later, after compaction dropped a
+/// tombstone they never saw). Removed after `--state-cleanup-delay-ms`.
+#[test]
+fn h01_stores_of_partitions_not_owned_are_removed() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "cleanup", "exactly_once_v2", 4);
+    let mut produced = w.produce(0, 2_000, 100, None);
+    let cleanup = [
+        "--state-cleanup-delay-ms",
+        "1000",
+        "--session-timeout-ms",
+        "6000",
+    ];
+    let a = w.start("a", &cleanup);
+    w.wait_done(Duration::from_secs(120));
+    let a_dir = w.dir.path().join("state-a").join(&w.app);
+    let dirs =
+        |dir: &std::path::Path| -> usize { std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0) };
+    assert_eq!(dirs(&a_dir), 4, "a owns every partition");
+    let b = w.start("b", &cleanup);
+    produced.absorb(w.produce(2_000, 2_000, 100, None));
+    // The rebalance gives b half the partitions; a removes their stores
+    // after the delay (scans run every 10 s).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while dirs(&a_dir) > 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    figure("cleanup_stores_left_on_a", dirs(&a_dir));
+    assert_eq!(
+        dirs(&a_dir),
+        2,
+        "a kept the stores of partitions it gave away:\n{}",
+        tail(&a.log_text(), 20)
+    );
+    w.wait_done(Duration::from_secs(120));
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+    assert_exact(&w.verify(false), &produced, "cleanup");
+}
+
+/// Item 1, a store last in sync longer ago than its changelog's
+/// `delete.retention.ms`: compaction may since have removed a tombstone it
+/// never saw, so resuming from its position could bring a deleted key
+/// back. It is removed and restored in full.
+#[test]
+fn h01_a_store_older_than_the_tombstone_horizon_is_restored_in_full() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "horizon", "exactly_once_v2", 2);
+    // The changelog, created ahead with a short delete.retention.ms.
+    let changelog = format!("{}-balances-changelog", w.app);
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new()
+            .set("bootstrap.servers", &cluster.bootstrap)
+            .create()
+            .expect("admin");
+    let topic =
+        rdkafka::admin::NewTopic::new(&changelog, 2, rdkafka::admin::TopicReplication::Fixed(1))
+            .set("cleanup.policy", "compact")
+            .set("delete.retention.ms", "3000");
+    for r in futures::executor::block_on(
+        admin.create_topics(&[topic], &rdkafka::admin::AdminOptions::new()),
+    )
+    .expect("create the changelog")
+    {
+        r.expect("changelog created");
+    }
+    let mut produced = w.produce(0, 2_000, 100, None);
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(120));
+    assert!(host.stop().success());
+    std::thread::sleep(Duration::from_secs(5));
+    produced.absorb(w.produce(2_000, 1_000, 100, None));
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(120));
+    let log = host.log_text();
+    assert!(host.stop().success());
+    // Every account's last changelog record: 100 keys, over 2 partitions.
+    let second_run = log
+        .split("worker session started")
+        .last()
+        .expect("a second session");
+    let restored = crate::common::host_process::restored_records(second_run);
+    figure("horizon_restored_records", restored);
+    assert!(
+        restored >= 100,
+        "the stale store was trusted: {restored} changelog records restored\n{}",
+        tail(&log, 20)
+    );
+    assert_exact(&w.verify(false), &produced, "horizon");
+}
+
+/// Item 2 (KAFKA-10167): the group coordinator makes the committed offsets
+/// stable as soon as its own marker is written, but the previous owner's
+/// last transaction may still lack its marker on a changelog partition (led
+/// by another broker). Restoring to the last stable offset then leaves that
+/// transaction out, and the task processes on top of a state without it.
+///
+/// The window is made wide and deterministic: a transaction of the test's
+/// own holds a changelog record of account `acct-h02` (balance 1,000,000)
+/// open while a new instance restores, and commits 4 s later, as the late
+/// marker would. The group's offsets are stable all along. The restored
+/// state must include it: the account's final balance is 1,000,000 plus the
+/// payments after.
+#[test]
+fn h02_restore_waits_for_the_changelog_high_watermark() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "late-marker", "exactly_once_v2", 1);
+    w.produce(0, 1_000, 20, None);
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(120));
+    assert!(host.stop().success());
+
+    let changelog = format!("{}-balances-changelog", w.app);
+    let txn: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("transactional.id", format!("{}-late-marker", w.app))
+        .create()
+        .expect("transactional producer");
+    txn.init_transactions(Duration::from_secs(30))
+        .expect("init_transactions");
+    txn.begin_transaction().expect("begin");
+    txn.send(
+        BaseRecord::to(&changelog)
+            .partition(0)
+            .key("acct-h02")
+            .payload("1000000"),
+    )
+    .expect("send");
+    txn.flush(Duration::from_secs(30)).expect("flush");
+
+    // The same instance without its local state (a new machine): as a
+    // static member it takes its partition back at once, and restores the
+    // whole changelog while the transaction is open.
+    std::fs::remove_dir_all(w.dir.path().join("state-a")).expect("remove the local state");
+    let host = w.start("a", &[]);
+    std::thread::sleep(Duration::from_secs(5));
+    txn.commit_transaction(Duration::from_secs(30))
+        .expect("commit");
+
+    // Payments to the account after the restore.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    let mut sum = 0;
+    for i in 0..10 {
+        let amount = 10 * (i + 1);
+        sum += amount;
+        let value = format!(r#"{{"payment_id":"h02-{i}","account":"acct-h02","amount":{amount}}}"#);
+        producer
+            .send(BaseRecord::to(&w.payments).key("acct-h02").payload(&value))
+            .expect("send");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    w.wait_done(Duration::from_secs(120));
+    let log = host.log_text();
+    assert!(host.stop().success());
+    let balance = last_balances(&w).get("acct-h02").copied();
+    figure("late_marker_final_balance", format!("{balance:?}"));
+    let waited = log.contains("waiting for the previous owner's last transaction");
+    assert_eq!(
+        balance,
+        Some(1_000_000 + sum),
+        "the restore left out the transaction whose changelog marker came late:\n{}",
+        tail(&log, 20)
+    );
+    assert!(
+        waited,
+        "the restore did not overlap the open transaction (the window was missed):\n{}",
+        tail(&log, 20)
+    );
+}
