@@ -23,6 +23,9 @@ pub struct HostConfig {
     /// The cluster, the state directory and this host's id (its
     /// `instance_id`), for every deployment it runs.
     pub run: RunOptions,
+    /// How long to wait at start for the brokers and the control topics
+    /// (a cluster that is starting, or topics just created).
+    pub kafka_wait: Duration,
 }
 
 /// Why a host could not start or stopped with an error.
@@ -73,6 +76,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         listen,
         tenants,
         run,
+        kafka_wait,
     } = config;
     tracing::info!(
         host = %run.instance_id,
@@ -81,8 +85,8 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         "onceflow host starting"
     );
     let artifacts = run.state_dir.join("artifacts");
-    let control =
-        ControlPlane::connect(run.kafka.clone(), artifacts).map_err(HostError::Control)?;
+    let control = ControlPlane::connect(run.kafka.clone(), artifacts, kafka_wait)
+        .map_err(HostError::Control)?;
     let sandbox = Sandbox::new(SandboxConfig::default()).map_err(HostError::Sandbox)?;
     let fleet = Fleet::new(control.clone(), tenants, sandbox, run, shutdown.clone());
 

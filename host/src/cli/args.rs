@@ -351,6 +351,10 @@ pub struct HostArgs {
     /// The tenants file (names, token hashes, topic prefixes, quotas).
     #[arg(long)]
     pub tenants: PathBuf,
+    /// How long to wait at start for the brokers and the control topics
+    /// (s), logging what is awaited; then exit with an error.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub kafka_wait_secs: u64,
     /// Kafka and state settings.
     #[command(flatten)]
     pub kafka: KafkaArgs,
@@ -364,3 +368,4 @@ fn default_state_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
         .join("onceflow/state")
 }
+

@@ -42,6 +42,7 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
         listen: a.listen,
         tenants,
         run,
+        kafka_wait: Duration::from_secs(a.kafka_wait_secs),
     };
     let running = host::start(config, shutdown).map_err(|e| match e {
         e @ HostError::Bind { .. } => usage(error_chain(&e)),

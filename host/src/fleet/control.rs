@@ -145,41 +145,62 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    /// Creates the internal topics if needed and starts tailing the registry.
-    /// Returns once the registry has been read up to its current end.
-    pub fn connect(conn: Connection, artifact_cache: PathBuf) -> Result<Arc<Self>, FleetError> {
+    /// Waits (up to `wait`, logging what for) until the brokers answer,
+    /// creates the internal topics if needed, waits until they have leaders,
+    /// and starts tailing the registry. Returns once the registry has been
+    /// read up to its current end.
+    pub fn connect(
+        conn: Connection,
+        artifact_cache: PathBuf,
+        wait: Duration,
+    ) -> Result<Arc<Self>, FleetError> {
+        let deadline = Instant::now() + wait;
+        kafka::wait_for_brokers(&conn, deadline)?;
         let week = (7 * 24 * 3600 * 1000u64).to_string();
-        kafka::create_topics(
+        let specs = [
+            TopicSpec {
+                name: DEPLOYMENTS_TOPIC,
+                partitions: 1,
+                config: &[("cleanup.policy", "compact")],
+            },
+            TopicSpec {
+                name: ARTIFACTS_TOPIC,
+                partitions: 1,
+                config: &[
+                    ("cleanup.policy", "compact"),
+                    ("max.message.bytes", "1048588"),
+                ],
+            },
+            TopicSpec {
+                name: STATUS_TOPIC,
+                partitions: 1,
+                config: &[
+                    ("cleanup.policy", "compact"),
+                    ("segment.ms", "600000"),
+                    ("min.cleanable.dirty.ratio", "0.1"),
+                ],
+            },
+            TopicSpec {
+                name: LOGS_TOPIC,
+                partitions: 1,
+                config: &[("cleanup.policy", "delete"), ("retention.ms", &week)],
+            },
+        ];
+        // A cluster that is still starting may refuse (too few brokers
+        // registered yet) or time out: try again until the deadline.
+        kafka::wait_until(
+            &format!(
+                "the control topics to be created on {}",
+                conn.bootstrap_servers
+            ),
+            "can this host create topics (ACLs, enough brokers for the replication factor)?",
+            deadline,
+            |_| kafka::create_topics(&conn, &specs).map_err(|e| crate::types::error_chain(&e)),
+        )?;
+        kafka::wait_for_topics(
             &conn,
-            &[
-                TopicSpec {
-                    name: DEPLOYMENTS_TOPIC,
-                    partitions: 1,
-                    config: &[("cleanup.policy", "compact")],
-                },
-                TopicSpec {
-                    name: ARTIFACTS_TOPIC,
-                    partitions: 1,
-                    config: &[
-                        ("cleanup.policy", "compact"),
-                        ("max.message.bytes", "1048588"),
-                    ],
-                },
-                TopicSpec {
-                    name: STATUS_TOPIC,
-                    partitions: 1,
-                    config: &[
-                        ("cleanup.policy", "compact"),
-                        ("segment.ms", "600000"),
-                        ("min.cleanable.dirty.ratio", "0.1"),
-                    ],
-                },
-                TopicSpec {
-                    name: LOGS_TOPIC,
-                    partitions: 1,
-                    config: &[("cleanup.policy", "delete"), ("retention.ms", &week)],
-                },
-            ],
+            &[DEPLOYMENTS_TOPIC, STATUS_TOPIC, ARTIFACTS_TOPIC, LOGS_TOPIC],
+            deadline,
         )?;
         std::fs::create_dir_all(&artifact_cache).map_err(|source| FleetError::Io {
             what: format!(
@@ -208,8 +229,8 @@ impl ControlPlane {
             artifact_cache,
             stop: stop.clone(),
         });
-        let end_d = me.tail(DEPLOYMENTS_TOPIC, deployments.clone())?;
-        let end_s = me.tail(STATUS_TOPIC, statuses.clone())?;
+        let end_d = me.tail(DEPLOYMENTS_TOPIC, deployments.clone(), deadline)?;
+        let end_s = me.tail(STATUS_TOPIC, statuses.clone(), deadline)?;
         if !deployments.wait_past(end_d - 1, PUBLISH_TIMEOUT)
             || !statuses.wait_past(end_s - 1, PUBLISH_TIMEOUT)
         {
@@ -255,11 +276,26 @@ impl ControlPlane {
 
     /// Starts a thread that reads `topic` from the beginning into `view`
     /// (JSON values; tombstones remove). Returns the end offset at start.
-    fn tail<T>(&self, topic: &'static str, view: Arc<View<T>>) -> Result<i64, FleetError>
+    fn tail<T>(
+        &self,
+        topic: &'static str,
+        view: Arc<View<T>>,
+        deadline: Instant,
+    ) -> Result<i64, FleetError>
     where
         T: DeserializeOwned + Clone + Send + Sync + 'static,
     {
-        let (consumer, (_, end)) = self.read_from(topic, |_, _| None)?;
+        // Its leader is known (`connect` waited), but this new client may
+        // ask a broker whose metadata is a moment behind.
+        let (consumer, (_, end)) = kafka::wait_until(
+            &format!("the end of {topic}"),
+            "are the brokers healthy?",
+            deadline.max(Instant::now() + Duration::from_secs(5)),
+            |_| {
+                self.read_from(topic, |_, _| None)
+                    .map_err(|e| crate::types::error_chain(&e))
+            },
+        )?;
         let stop = self.stop.clone();
         std::thread::Builder::new()
             .name(format!("tail-{topic}"))
