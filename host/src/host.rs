@@ -34,6 +34,10 @@ pub enum HostError {
     /// The control-plane topics could not be created or read.
     #[error("cannot open the control-plane topics")]
     Control(#[source] FleetError),
+    /// Another live host process uses this host's id (or the check could
+    /// not be made).
+    #[error("refusing to start")]
+    Identity(#[source] FleetError),
     /// The Wasm engine could not be set up.
     #[error("cannot start the sandbox")]
     Sandbox(#[source] SandboxError),
@@ -89,6 +93,10 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         .map_err(HostError::Control)?;
     let sandbox = Sandbox::new(SandboxConfig::default()).map_err(HostError::Sandbox)?;
     let fleet = Fleet::new(control.clone(), tenants, sandbox, run, shutdown.clone());
+    if let Err(e) = fleet.check_unique_host_id() {
+        control.close();
+        return Err(HostError::Identity(e));
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

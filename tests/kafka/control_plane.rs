@@ -10,8 +10,9 @@
 //! - the hostile-neighbour latency check;
 //! - the Python wallet (an ~18 MiB component) deployed through the fleet;
 //! - hosts on a cluster that never saw Onceflow (and before its brokers are
-//!   up) wait for the control topics instead of exiting.
-
+//!   up) wait for the control topics instead of exiting;
+//! - a second host with a live host's id is refused; so is a deployment
+//!   whose changelog topics would be another's.
 //!
 //! Figures are printed as `FIGURE name value` lines (run with --nocapture).
 
@@ -1032,3 +1033,136 @@ fn f_a_host_on_a_fresh_cluster_waits_for_its_topics_and_brokers() {
     );
 }
 
+#[test]
+fn g_a_second_host_with_the_same_id_is_refused() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let h1 = fleet.start_host("dup");
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "dup", "exactly_once_v2", 2);
+    wait_for("the wallet's topics", Duration::from_secs(30), || {
+        cluster().topic_exists(&w.payments)
+    });
+    h1.json(ACME, &["deploy", path(&w.manifest)]);
+    let mut produced = w.produce(0, 500, 50, None);
+    w.wait_done(Duration::from_secs(120));
+
+    // Another process with the same host id (what two machines whose state
+    // directories have the same path got by default): its own state
+    // directory, the same transactional ids and static memberships.
+    let mut h2 = fleet.spawn_host("dup-copy", &cluster().bootstrap, &["--host-id", "dup"]);
+    let Some(status) = h2.wait_exit(Duration::from_secs(40)) else {
+        // Show the damage: the two fence each other.
+        let more = w.produce(500, 2_000, 50, None);
+        std::thread::sleep(Duration::from_secs(15));
+        let d = h1.json(ACME, &["describe", &w.name]);
+        let fenced = |log: &str| log.lines().filter(|l| l.contains("fenc")).count();
+        let (log1, log2) = (h1.log_text(), h2.log_text());
+        let sample: Vec<&str> = log2
+            .lines()
+            .filter(|l| l.contains("fenc"))
+            .take(5)
+            .collect();
+        panic!(
+            "a second host with id \"dup\" was allowed to start; 40 s later it still runs. \
+             Committed {} of {} payments; log lines about fencing: first host {}, second host {}; \
+             describe: {d}\nsecond host's fencing lines:\n{}",
+            w.committed(),
+            produced.valid + produced.invalid + more.valid + more.invalid,
+            fenced(&log1),
+            fenced(&log2),
+            sample.join("\n")
+        );
+    };
+    let log = h2.log_text();
+    println!("the second host \"dup\" ({status}):\n{log}");
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("host id \"dup\"") && log.contains("--host-id"),
+        "the refusal does not name the id and what to do:\n{log}"
+    );
+    // The first host was not disturbed.
+    produced.absorb(w.produce(500, 500, 50, None));
+    w.wait_done(Duration::from_secs(120));
+    assert_exact(
+        &w.verify(false),
+        &produced,
+        "beside a refused duplicate host",
+    );
+    h1.json(ACME, &["delete", &w.name, "--purge-state"]);
+    h1.stop();
+}
+
+#[test]
+fn h_deployments_whose_changelogs_collide_are_refused() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let h = fleet.start_host("names1");
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "names", "exactly_once_v2", 1);
+    // `<name>` with store `by-customer` and `<name>-by` with store
+    // `customer`: both changelogs are `acme.<name>-by-customer-changelog`.
+    let text = std::fs::read_to_string(&w.manifest).expect("manifest");
+    let first = fleet.dir.path().join("orders.toml");
+    std::fs::write(
+        &first,
+        text.replace(
+            "stores = [\"balances\"]",
+            "stores = [\"balances\", \"by-customer\"]",
+        ),
+    )
+    .expect("write");
+    let second_name = format!("{}-by", w.name);
+    let second = fleet.dir.path().join("orders-by.toml");
+    std::fs::write(
+        &second,
+        text.replace(
+            &format!("name = \"{}\"", w.name),
+            &format!("name = \"{second_name}\""),
+        )
+        .replace(
+            "stores = [\"balances\"]",
+            "stores = [\"balances\", \"customer\"]",
+        ),
+    )
+    .expect("write");
+    let shared = format!("acme.{}-by-customer-changelog", w.name);
+    let changelogs = |p: &Path| {
+        onceflow::stream::changelog_topics(
+            &onceflow::manifest::Manifest::load(p).expect("a valid manifest"),
+        )
+    };
+    assert!(changelogs(&first).contains(&shared) && changelogs(&second).contains(&shared));
+
+    h.json(ACME, &["deploy", path(&first)]);
+    let out = h.cli(ACME, &["deploy", path(&second)]);
+    if out.status.success() {
+        // Show the damage: purging the second deletes the first's state.
+        assert!(cluster().topic_exists(&shared));
+        h.json(ACME, &["delete", &second_name, "--purge-state"]);
+        let gone = !cluster().topic_exists(&shared);
+        let list = h.json(ACME, &["list"]);
+        panic!(
+            "{second_name} was deployed beside {} although both use the changelog {shared}; \
+             deleting {second_name} with --purge-state deleted that topic: {gone}, while {} is \
+             still deployed: {list}",
+            w.name, w.name
+        );
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("deploy {second_name}: {err}");
+    assert!(
+        err.contains("HTTP 409")
+            && err.contains(&shared)
+            && err.contains(&format!("acme/{}", w.name))
+            && err.contains(&format!("acme/{second_name}"))
+            && err.contains("rename"),
+        "{err}"
+    );
+    // Nothing of the refused deployment was created or listed.
+    let list = h.json(ACME, &["list"]);
+    assert!(
+        !list.to_string().contains(&second_name),
+        "the refused deployment is listed: {list}"
+    );
+    h.json(ACME, &["delete", &w.name, "--purge-state"]);
+    h.stop();
+}

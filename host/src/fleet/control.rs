@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use super::FleetError;
 use super::registry::{
     ARTIFACTS_TOPIC, DEPLOYMENTS_TOPIC, DeploymentRecord, HostStatus, LOGS_TOPIC, STATUS_TOPIC,
+    heartbeat_key, status_key,
 };
 use crate::kafka::{self, Connection, KafkaError, TopicSpec};
 
@@ -388,12 +389,31 @@ impl ControlPlane {
 
     /// Publishes this host's status of a deployment (fire and forget).
     pub fn put_status(&self, status: &HostStatus) {
-        let key = format!("{}/{}/{}", status.tenant, status.name, status.host);
+        self.put_status_at(
+            &status_key(&status.tenant, &status.name, &status.host),
+            status,
+        );
+    }
+
+    /// Publishes a host's heartbeat (fire and forget).
+    pub fn put_heartbeat(&self, status: &HostStatus) {
+        self.put_status_at(&heartbeat_key(&status.host), status);
+    }
+
+    /// Removes a host's heartbeat (a clean stop).
+    pub fn clear_heartbeat(&self, host: &str) {
+        let key = heartbeat_key(host);
+        let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
+            BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None)).key(key.as_str());
+        let _ = self.producer.send(record);
+    }
+
+    fn put_status_at(&self, key: &str, status: &HostStatus) {
         match serde_json::to_vec(status) {
             Ok(json) => {
                 let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
                     BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None))
-                        .key(key.as_str())
+                        .key(key)
                         .payload(json.as_slice());
                 if let Err((e, _)) = self.producer.send(record) {
                     tracing::debug!("cannot publish status: {e}");
@@ -405,6 +425,7 @@ impl ControlPlane {
 
     /// Removes this host's status of the deployment `<tenant>/<name>`.
     pub fn clear_status_of(&self, deployment_key: &str, host: &str) {
+        // `<tenant>/<name>/<host>`, as `status_key` makes it.
         let key = format!("{deployment_key}/{host}");
         let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
             BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None)).key(key.as_str());
