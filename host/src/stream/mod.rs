@@ -11,6 +11,7 @@
 
 pub mod changelog;
 mod clients;
+pub mod names;
 pub mod verify;
 mod worker;
 
