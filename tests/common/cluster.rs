@@ -82,7 +82,7 @@ impl Cluster {
             Ok(tag) if !tag.is_empty() => format!("kafka-tag-{tag}-{name}"),
             _ => format!("kafka-test-{name}"),
         };
-        let c = Cluster {
+        Cluster {
             bootstrap: (0..brokers)
                 .map(|i| format!("127.0.0.1:{}", port + i as u16))
                 .collect::<Vec<_>>()
@@ -90,8 +90,7 @@ impl Cluster {
             dir: cache().join(dir),
             port,
             brokers,
-        };
-        c
+        }
     }
 
     /// Starts the cluster (a running one is kept; a stopped one starts with

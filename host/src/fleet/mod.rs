@@ -12,6 +12,7 @@
 //! | `artifacts.rs`, `logs.rs` | components and guest logs in their topics |
 //! | `registry.rs` | the records in those topics |
 //! | `tenancy.rs` | tenants, tokens, namespaces and quotas |
+//! | `identity.rs` | one id, one host process: incarnations, heartbeats, refusing a duplicate |
 //!
 //! Hosts never talk to each other. Every host runs every deployment that
 //! should run, with its own host id as the instance id; Kafka's consumer
