@@ -268,8 +268,11 @@ pub(crate) fn wait_until<T>(
             return Err(KafkaError::timeout(
                 format!("waiting for {what}"),
                 format!(
-                    "gave up after {} s (last: {reason}): {hint}",
-                    started.elapsed().as_secs_f64().round()
+                    "not there within {} s (last: {reason}): {hint}",
+                    deadline
+                        .saturating_duration_since(started)
+                        .as_secs_f64()
+                        .round()
                 ),
             ));
         }
