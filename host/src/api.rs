@@ -88,6 +88,11 @@ pub struct HostStatus {
     pub last_errors: Vec<String>,
     /// When published (ms since the epoch).
     pub updated_ms: i64,
+    /// A random id of the host process that published it: a status with
+    /// this host's id and another incarnation is another process using the
+    /// same id. Empty from hosts that predate it.
+    #[serde(default)]
+    pub incarnation: String,
 }
 
 /// One host's view of a deployment, as answered.

@@ -23,6 +23,9 @@ pub struct HostConfig {
     /// The cluster, the state directory and this host's id (its
     /// `instance_id`), for every deployment it runs.
     pub run: RunOptions,
+    /// How long to wait at start for the brokers and the control topics
+    /// (a cluster that is starting, or topics just created).
+    pub kafka_wait: Duration,
 }
 
 /// Why a host could not start or stopped with an error.
@@ -31,6 +34,10 @@ pub enum HostError {
     /// The control-plane topics could not be created or read.
     #[error("cannot open the control-plane topics")]
     Control(#[source] FleetError),
+    /// Another live host process uses this host's id (or the check could
+    /// not be made).
+    #[error("refusing to start")]
+    Identity(#[source] FleetError),
     /// The Wasm engine could not be set up.
     #[error("cannot start the sandbox")]
     Sandbox(#[source] SandboxError),
@@ -73,6 +80,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         listen,
         tenants,
         run,
+        kafka_wait,
     } = config;
     tracing::info!(
         host = %run.instance_id,
@@ -81,10 +89,14 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         "onceflow host starting"
     );
     let artifacts = run.state_dir.join("artifacts");
-    let control =
-        ControlPlane::connect(run.kafka.clone(), artifacts).map_err(HostError::Control)?;
+    let control = ControlPlane::connect(run.kafka.clone(), artifacts, kafka_wait)
+        .map_err(HostError::Control)?;
     let sandbox = Sandbox::new(SandboxConfig::default()).map_err(HostError::Sandbox)?;
     let fleet = Fleet::new(control.clone(), tenants, sandbox, run, shutdown.clone());
+    if let Err(e) = fleet.check_unique_host_id() {
+        control.close();
+        return Err(HostError::Identity(e));
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

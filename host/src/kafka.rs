@@ -274,6 +274,135 @@ pub(crate) fn metadata_client(conn: &Connection) -> Result<BaseConsumer, KafkaEr
         .map_err(|e| KafkaError::client("creating a metadata client", e))
 }
 
+/// Calls `attempt` until it succeeds or `deadline` passes, logging what it
+/// waits for: once when it starts waiting, then every 10 s with the latest
+/// reason. `what` names what is awaited (e.g. "the Kafka brokers at
+/// host:port"), `hint` what to check if it never comes. The timeout names
+/// both, how long it waited and the last reason.
+pub(crate) fn wait_until<T>(
+    what: &str,
+    hint: &str,
+    deadline: Instant,
+    mut attempt: impl FnMut(Duration) -> Result<T, String>,
+) -> Result<T, KafkaError> {
+    let started = Instant::now();
+    let mut last_log: Option<Instant> = None;
+    loop {
+        // Each attempt gets at most 5 s, and never past the deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let reason = match attempt(left.clamp(Duration::from_millis(500), Duration::from_secs(5))) {
+            Ok(v) => {
+                if last_log.is_some() {
+                    tracing::info!(
+                        "done waiting for {what} ({:.1} s)",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                return Ok(v);
+            }
+            Err(reason) => reason,
+        };
+        if Instant::now() >= deadline {
+            return Err(KafkaError::timeout(
+                format!("waiting for {what}"),
+                format!(
+                    "not there within {} s (last: {reason}): {hint}",
+                    deadline
+                        .saturating_duration_since(started)
+                        .as_secs_f64()
+                        .round()
+                ),
+            ));
+        }
+        match last_log {
+            None => {
+                tracing::info!(
+                    "waiting for {what} (up to {} s): {reason}",
+                    deadline
+                        .saturating_duration_since(started)
+                        .as_secs_f64()
+                        .round()
+                );
+                last_log = Some(Instant::now());
+            }
+            Some(t) if t.elapsed() >= Duration::from_secs(10) => {
+                tracing::warn!(
+                    "still waiting for {what} after {} s: {reason}",
+                    started.elapsed().as_secs()
+                );
+                last_log = Some(Instant::now());
+            }
+            Some(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(500).min(left));
+    }
+}
+
+/// Waits until a broker of the cluster answers, up to `deadline`; returns
+/// how many brokers the cluster has.
+pub(crate) fn wait_for_brokers(conn: &Connection, deadline: Instant) -> Result<usize, KafkaError> {
+    let client = metadata_client(conn)?;
+    wait_until(
+        &format!("the Kafka brokers at {}", conn.bootstrap_servers),
+        "is Kafka running there, and do --bootstrap-servers (ONCEFLOW_BOOTSTRAP) and the -X settings reach it?",
+        deadline,
+        |timeout| match client.fetch_metadata(None, timeout) {
+            Ok(md) if !md.brokers().is_empty() => Ok(md.brokers().len()),
+            Ok(_) => Err("the cluster lists no brokers yet".to_owned()),
+            Err(e) => Err(e.to_string()),
+        },
+    )
+}
+
+/// Waits until every partition of each of `topics` has a leader that
+/// answers for its offsets (a topic just created may not have one for a
+/// moment: metadata calls then say UnknownPartition or
+/// NotLeaderForPartition), up to `deadline`.
+pub(crate) fn wait_for_topics(
+    conn: &Connection,
+    topics: &[&str],
+    deadline: Instant,
+) -> Result<(), KafkaError> {
+    let client = metadata_client(conn)?;
+    wait_until(
+        &format!("the leaders of {}", topics.join(", ")),
+        &format!(
+            "are the brokers at {} healthy (`kafka-topics.sh --describe` shows each partition's leader)?",
+            conn.bootstrap_servers
+        ),
+        deadline,
+        |timeout| {
+            for topic in topics {
+                let md = client
+                    .fetch_metadata(Some(topic), timeout)
+                    .map_err(|e| format!("{topic}: {e}"))?;
+                let t = md
+                    .topics()
+                    .first()
+                    .ok_or_else(|| format!("{topic}: not in the metadata yet"))?;
+                if let Some(e) = t.error() {
+                    return Err(format!("{topic}: {}", RDKafkaErrorCode::from(e)));
+                }
+                if t.partitions().is_empty() {
+                    return Err(format!("{topic}: no partitions yet"));
+                }
+                for p in t.partitions() {
+                    if let Some(e) = p.error() {
+                        return Err(format!("{topic}/{}: {}", p.id(), RDKafkaErrorCode::from(e)));
+                    }
+                    if p.leader() < 0 {
+                        return Err(format!("{topic}/{}: no leader yet", p.id()));
+                    }
+                    client
+                        .fetch_watermarks(topic, p.id(), timeout)
+                        .map_err(|e| format!("{topic}/{}: {e}", p.id()))?;
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
 /// Creates topics that do not exist yet, replicated up to 3 times (as many
 /// as there are brokers).
 pub(crate) fn create_topics(conn: &Connection, specs: &[TopicSpec<'_>]) -> Result<(), KafkaError> {

@@ -65,6 +65,14 @@ impl Cluster {
     /// renames the run directories, so two checkouts can run their broker
     /// tests side by side on one machine.
     pub fn start(name: &str, port: u16, brokers: u32) -> Cluster {
+        let c = Self::at(name, port, brokers);
+        c.up();
+        c
+    }
+
+    /// A cluster's place (directory, ports) without starting it; see
+    /// [`Cluster::start`].
+    pub fn at(name: &str, port: u16, brokers: u32) -> Cluster {
         let offset: u16 = std::env::var("ONCEFLOW_TEST_PORT_OFFSET")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -74,7 +82,7 @@ impl Cluster {
             Ok(tag) if !tag.is_empty() => format!("kafka-tag-{tag}-{name}"),
             _ => format!("kafka-test-{name}"),
         };
-        let c = Cluster {
+        Cluster {
             bootstrap: (0..brokers)
                 .map(|i| format!("127.0.0.1:{}", port + i as u16))
                 .collect::<Vec<_>>()
@@ -82,21 +90,54 @@ impl Cluster {
             dir: cache().join(dir),
             port,
             brokers,
-        };
-        let out = c.script(&["up", "--brokers", &brokers.to_string()]);
+        }
+    }
+
+    /// Starts the cluster (a running one is kept; a stopped one starts with
+    /// fresh data).
+    pub fn up(&self) {
+        let out = self.script(&["up", "--brokers", &self.brokers.to_string()]);
         assert!(
             out.status.success(),
             "scripts/kafka up failed:\n{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        c
+    }
+
+    /// Stops every node and deletes the cluster's data and logs.
+    pub fn purge(&self) {
+        let out = self.script(&["down", "--purge"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The single-node cluster most tests share (stopped by scripts/test).
     pub fn shared() -> &'static Cluster {
         static SHARED: OnceLock<Cluster> = OnceLock::new();
         SHARED.get_or_init(|| Cluster::start("shared", 19092, 1))
+    }
+
+    /// [`Cluster::purge`] for a `Drop`: never panics; says whether it worked.
+    pub fn purge_quietly(&self) -> bool {
+        self.script(&["down", "--purge"]).status.success()
+    }
+
+    /// Whether `topic` exists (with partitions) on the cluster.
+    pub fn topic_exists(&self, topic: &str) -> bool {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .expect("metadata client");
+        let md = c
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        md.topics()
+            .first()
+            .is_some_and(|t| t.error().is_none() && !t.partitions().is_empty())
     }
 
     pub fn stop_broker(&self, i: u32, signal: &str) {

@@ -8,7 +8,11 @@
 //! - tenant isolation (topics, list, describe, logs, query, metrics) and
 //!   bad manifests, components and tokens refused with the named reason;
 //! - the hostile-neighbour latency check;
-//! - the Python wallet (an ~18 MiB component) deployed through the fleet.
+//! - the Python wallet (an ~18 MiB component) deployed through the fleet;
+//! - hosts on a cluster that never saw Onceflow (and before its brokers are
+//!   up) wait for the control topics instead of exiting;
+//! - a second host with a live host's id is refused; so is a deployment
+//!   whose changelog topics would be another's.
 //!
 //! Figures are printed as `FIGURE name value` lines (run with --nocapture).
 
@@ -81,8 +85,16 @@ fuel-per-record = 50000000
     }
 
     fn start_host(&self, name: &str) -> HostProc {
+        let mut host = self.spawn_host(name, &cluster().bootstrap, &["--host-id", name]);
+        host.wait_healthy(name, Duration::from_secs(90));
+        host
+    }
+
+    /// Starts `onceflow host` on `bootstrap` with its state in
+    /// `state-<label>` and its log in `<label>.log`, without waiting for it.
+    fn spawn_host(&self, label: &str, bootstrap: &str, extra: &[&str]) -> HostProc {
         let port = free_port();
-        let log = self.dir.path().join(format!("{name}.log"));
+        let log = self.dir.path().join(format!("{label}.log"));
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -90,15 +102,15 @@ fuel-per-record = 50000000
             .expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
             .arg("host")
-            .args(["--bootstrap-servers", &cluster().bootstrap])
+            .args(["--bootstrap-servers", bootstrap])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--tenants")
             .arg(&self.tenants)
             .arg("--state-dir")
-            .arg(self.dir.path().join(format!("state-{name}")))
-            .args(["--host-id", name])
+            .arg(self.dir.path().join(format!("state-{label}")))
             .args(["--session-timeout-ms", "6000"])
             .args(["--report-interval-ms", "1000"])
+            .args(extra)
             .env("ONCEFLOW_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -106,24 +118,10 @@ fuel-per-record = 50000000
             .stderr(file)
             .spawn()
             .expect("start onceflow host");
-        let host = HostProc {
+        HostProc {
             child,
             log,
             server: format!("http://127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if let Ok(r) = reqwest::blocking::get(format!("{}/healthz", host.server))
-                && r.status().is_success()
-            {
-                return host;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "host {name} did not serve /healthz within 90 s:\n{}",
-                host.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
@@ -143,6 +141,48 @@ struct HostProc {
 }
 
 impl HostProc {
+    /// Waits until the host serves `/healthz`; panics with its log if it
+    /// exits or takes longer than `timeout`.
+    fn wait_healthy(&mut self, name: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(r) = reqwest::blocking::get(format!("{}/healthz", self.server))
+                && r.status().is_success()
+            {
+                return;
+            }
+            if let Some(status) = self.exited() {
+                panic!(
+                    "host {name} exited ({status}) instead of serving /healthz:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "host {name} did not serve /healthz within {timeout:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The exit status, if the host has exited.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Waits up to `timeout` for the host to exit on its own.
+    fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -891,6 +931,237 @@ fn e_a_python_processor_through_the_control_plane() {
         &w.verify(false),
         &produced,
         "the Python wallet deployed through the fleet",
+    );
+    h.json(ACME, &["delete", &w.name, "--purge-state"]);
+    h.stop();
+}
+
+/// Stops a test's own cluster and deletes its data when dropped.
+struct Purged(Cluster);
+
+impl Drop for Purged {
+    fn drop(&mut self) {
+        if !self.0.purge_quietly() {
+            eprintln!("could not purge the cluster in {}", self.0.dir.display());
+        }
+    }
+}
+
+#[test]
+fn f_a_host_on_a_fresh_cluster_waits_for_its_topics_and_brokers() {
+    let _g = serial();
+    // A 3-node cluster of this test's own that has never seen Onceflow: no
+    // internal topics (scripts/kafka formats new data on every `up`).
+    let fresh = Purged(Cluster::at("fresh", 19042, 3));
+    let fleet = Fleet::new();
+
+    // 1. The brokers are up, the control topics are not there: three hosts
+    //    started at once (a fleet rolled out on a new cluster) create them
+    //    and serve. A topic just created has no leader for a moment; three
+    //    rounds, because that moment is not always seen.
+    for round in 1..=3 {
+        fresh.0.purge();
+        fresh.0.up();
+        let mut hosts: Vec<(String, HostProc)> = ["a", "b", "c"]
+            .iter()
+            .map(|x| {
+                let name = format!("fresh{round}{x}");
+                let h = fleet.spawn_host(&name, &fresh.0.bootstrap, &["--host-id", &name]);
+                (name, h)
+            })
+            .collect();
+        for (name, h) in &mut hosts {
+            h.wait_healthy(name, Duration::from_secs(90));
+        }
+        let list = hosts[0].1.json(ACME, &["list"]);
+        assert_eq!(list["deployments"], serde_json::json!([]), "{list}");
+        for topic in [
+            "_onceflow.deployments",
+            "_onceflow.status",
+            "_onceflow.artifacts",
+            "_onceflow.logs",
+        ] {
+            assert!(fresh.0.topic_exists(topic), "{topic} was not created");
+        }
+        for (name, h) in hosts {
+            for line in h.log_text().lines().filter(|l| l.contains("waiting for")) {
+                println!("{name}: {line}");
+            }
+            h.stop();
+        }
+    }
+
+    // 2. The host starts before the broker: it waits (and says so), and
+    //    serves once the broker is up.
+    fresh.0.purge();
+    let mut h = fleet.spawn_host("fresh2", &fresh.0.bootstrap, &["--host-id", "fresh2"]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        h.exited().is_none(),
+        "the host gave up at once without a broker:\n{}",
+        h.log_text()
+    );
+    fresh.0.up();
+    h.wait_healthy("fresh2", Duration::from_secs(90));
+    let log = h.log_text();
+    for line in log.lines().filter(|l| l.contains("waiting for")) {
+        println!("fresh2: {line}");
+    }
+    assert!(
+        log.contains("waiting for") && log.contains(&fresh.0.bootstrap),
+        "the host did not log what it waited for:\n{log}"
+    );
+    h.stop();
+
+    // 3. No broker at all: the wait is bounded, and the error names the
+    //    bootstrap address and what to check.
+    fresh.0.purge();
+    let mut h = fleet.spawn_host(
+        "fresh3",
+        &fresh.0.bootstrap,
+        &["--host-id", "fresh3", "--kafka-wait-secs", "5"],
+    );
+    let status = h
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("the host waited forever:\n{}", h.log_text()));
+    let log = h.log_text();
+    println!("fresh3 (no broker):\n{log}");
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&fresh.0.bootstrap) && log.contains("not there within 5 s"),
+        "the error does not name the bootstrap address and the wait:\n{log}"
+    );
+}
+
+#[test]
+fn g_a_second_host_with_the_same_id_is_refused() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let h1 = fleet.start_host("dup");
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "dup", "exactly_once_v2", 2);
+    wait_for("the wallet's topics", Duration::from_secs(30), || {
+        cluster().topic_exists(&w.payments)
+    });
+    h1.json(ACME, &["deploy", path(&w.manifest)]);
+    let mut produced = w.produce(0, 500, 50, None);
+    w.wait_done(Duration::from_secs(120));
+
+    // Another process with the same host id (what two machines whose state
+    // directories have the same path got by default): its own state
+    // directory, the same transactional ids and static memberships.
+    let mut h2 = fleet.spawn_host("dup-copy", &cluster().bootstrap, &["--host-id", "dup"]);
+    let Some(status) = h2.wait_exit(Duration::from_secs(40)) else {
+        // Show the damage: the two fence each other.
+        let more = w.produce(500, 2_000, 50, None);
+        std::thread::sleep(Duration::from_secs(15));
+        let d = h1.json(ACME, &["describe", &w.name]);
+        let fenced = |log: &str| log.lines().filter(|l| l.contains("fenc")).count();
+        let (log1, log2) = (h1.log_text(), h2.log_text());
+        let sample: Vec<&str> = log2
+            .lines()
+            .filter(|l| l.contains("fenc"))
+            .take(5)
+            .collect();
+        panic!(
+            "a second host with id \"dup\" was allowed to start; 40 s later it still runs. \
+             Committed {} of {} payments; log lines about fencing: first host {}, second host {}; \
+             describe: {d}\nsecond host's fencing lines:\n{}",
+            w.committed(),
+            produced.valid + produced.invalid + more.valid + more.invalid,
+            fenced(&log1),
+            fenced(&log2),
+            sample.join("\n")
+        );
+    };
+    let log = h2.log_text();
+    println!("the second host \"dup\" ({status}):\n{log}");
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("host id \"dup\"") && log.contains("--host-id"),
+        "the refusal does not name the id and what to do:\n{log}"
+    );
+    // The first host was not disturbed.
+    produced.absorb(w.produce(500, 500, 50, None));
+    w.wait_done(Duration::from_secs(120));
+    assert_exact(
+        &w.verify(false),
+        &produced,
+        "beside a refused duplicate host",
+    );
+    h1.json(ACME, &["delete", &w.name, "--purge-state"]);
+    h1.stop();
+}
+
+#[test]
+fn h_deployments_whose_changelogs_collide_are_refused() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let h = fleet.start_host("names1");
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "names", "exactly_once_v2", 1);
+    // `<name>` with store `by-customer` and `<name>-by` with store
+    // `customer`: both changelogs are `acme.<name>-by-customer-changelog`.
+    let text = std::fs::read_to_string(&w.manifest).expect("manifest");
+    let first = fleet.dir.path().join("orders.toml");
+    std::fs::write(
+        &first,
+        text.replace(
+            "stores = [\"balances\"]",
+            "stores = [\"balances\", \"by-customer\"]",
+        ),
+    )
+    .expect("write");
+    let second_name = format!("{}-by", w.name);
+    let second = fleet.dir.path().join("orders-by.toml");
+    std::fs::write(
+        &second,
+        text.replace(
+            &format!("name = \"{}\"", w.name),
+            &format!("name = \"{second_name}\""),
+        )
+        .replace(
+            "stores = [\"balances\"]",
+            "stores = [\"balances\", \"customer\"]",
+        ),
+    )
+    .expect("write");
+    let shared = format!("acme.{}-by-customer-changelog", w.name);
+    let changelogs = |p: &Path| {
+        onceflow::stream::changelog_topics(
+            &onceflow::manifest::Manifest::load(p).expect("a valid manifest"),
+        )
+    };
+    assert!(changelogs(&first).contains(&shared) && changelogs(&second).contains(&shared));
+
+    h.json(ACME, &["deploy", path(&first)]);
+    let out = h.cli(ACME, &["deploy", path(&second)]);
+    if out.status.success() {
+        // Show the damage: purging the second deletes the first's state.
+        assert!(cluster().topic_exists(&shared));
+        h.json(ACME, &["delete", &second_name, "--purge-state"]);
+        let gone = !cluster().topic_exists(&shared);
+        let list = h.json(ACME, &["list"]);
+        panic!(
+            "{second_name} was deployed beside {} although both use the changelog {shared}; \
+             deleting {second_name} with --purge-state deleted that topic: {gone}, while {} is \
+             still deployed: {list}",
+            w.name, w.name
+        );
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("deploy {second_name}: {err}");
+    assert!(
+        err.contains("HTTP 409")
+            && err.contains(&shared)
+            && err.contains(&format!("acme/{}", w.name))
+            && err.contains(&format!("acme/{second_name}"))
+            && err.contains("rename"),
+        "{err}"
+    );
+    // Nothing of the refused deployment was created or listed.
+    let list = h.json(ACME, &["list"]);
+    assert!(
+        !list.to_string().contains(&second_name),
+        "the refused deployment is listed: {list}"
     );
     h.json(ACME, &["delete", &w.name, "--purge-state"]);
     h.stop();

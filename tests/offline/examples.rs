@@ -319,3 +319,43 @@ fn bad_input_and_manifest_are_named() {
         "{stderr}"
     );
 }
+
+#[test]
+fn validate_refuses_a_manifest_whose_derived_names_collide() {
+    let manifest = build_guest("examples/wallet/onceflow.toml");
+    let component = manifest
+        .parent()
+        .unwrap()
+        .join("target/onceflow/wallet.wasm");
+    let text = std::fs::read_to_string(&manifest).unwrap().replace(
+        "component = \"target/onceflow/wallet.wasm\"",
+        &format!("component = \"{}\"", component.display()),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        // An output written by the processor is its own store's changelog.
+        (
+            text.replace(
+                "audit = \"audit\"",
+                "audit = \"demo.wallet-balances-changelog\"",
+            ),
+            "demo.wallet-balances-changelog",
+        ),
+        // Two stores whose changelogs Kafka takes for one ('.' and '_').
+        (
+            text.replace(
+                "stores = [\"balances\"]",
+                "stores = [\"balances\", \"by.day\", \"by_day\"]",
+            ),
+            "demo.wallet-by_day-changelog",
+        ),
+    ];
+    for (i, (manifest, topic)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("case{i}.toml"));
+        std::fs::write(&path, manifest).unwrap();
+        let out = onceflow().arg("validate").arg(&path).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "case {i} accepted: {stderr}");
+        assert!(stderr.contains(topic), "case {i}: {stderr}");
+    }
+}

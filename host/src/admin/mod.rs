@@ -54,6 +54,7 @@ pub fn status_of(e: &FleetError) -> StatusCode {
         | FleetError::NoStore { .. }
         | FleetError::NoValue { .. } => StatusCode::NOT_FOUND,
         FleetError::Refused(_) => StatusCode::FORBIDDEN,
+        FleetError::NameConflict { .. } | FleetError::DuplicateHost { .. } => StatusCode::CONFLICT,
         FleetError::Manifest(_)
         | FleetError::Component(_)
         | FleetError::Invalid(_)

@@ -2,7 +2,7 @@
 //! into the library's own values.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -215,9 +215,10 @@ pub struct KafkaArgs {
     /// Local state directory (RocksDB per task); one per instance.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
-    /// Instance (host) id, part of the transactional ids: keep it stable
-    /// across restarts of one instance and unique among instances. Default:
-    /// a hash of the state directory.
+    /// Instance (host) id, part of the transactional ids and static group
+    /// memberships: keep it stable across restarts of one instance and
+    /// unique among instances. Default: the id kept in
+    /// `<state-dir>/instance-id`, made at random on first use.
     #[arg(long, visible_alias = "host-id")]
     pub instance_id: Option<String>,
     /// Consumer group session timeout (ms).
@@ -265,24 +266,13 @@ impl KafkaArgs {
         })?;
         let state_dir = state_dir.canonicalize().unwrap_or(state_dir);
         let instance_id = match &self.instance_id {
-            Some(id)
-                if !id.is_empty()
-                    && id
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
-            {
-                id.clone()
-            }
+            Some(id) if valid_instance_id(id) => id.clone(),
             Some(id) => {
                 return Err(usage(format!(
                     "--instance-id {id:?}: use letters, digits, '-', '_' or '.'"
                 )));
             }
-            None => {
-                use sha2::Digest;
-                let digest = sha2::Sha256::digest(state_dir.to_string_lossy().as_bytes());
-                format!("i{}", hex::encode(&digest[..6]))
-            }
+            None => kept_instance_id(&state_dir)?,
         };
         Ok(RunOptions {
             kafka: Connection {
@@ -296,6 +286,82 @@ impl KafkaArgs {
             report_interval: Duration::from_millis(self.report_interval_ms.max(100)),
             state_cleanup_delay: Duration::from_millis(self.state_cleanup_delay_ms),
         })
+    }
+}
+
+fn valid_instance_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// The file in a state directory that names its instance.
+const INSTANCE_ID_FILE: &str = "instance-id";
+
+/// The instance id kept in `<state_dir>/instance-id`, made on first use: at
+/// random (`i` and 16 hex digits: no '-', so it never makes two
+/// deployments' transactional ids equal) for a new state directory; for one
+/// that already holds state from a version that derived the id from the
+/// path, that id, so the instance keeps its transactional ids and group
+/// membership. The file is created atomically (written aside, then
+/// hard-linked into place, which fails if another process was first).
+fn kept_instance_id(state_dir: &Path) -> anyhow::Result<String> {
+    let file = state_dir.join(INSTANCE_ID_FILE);
+    let read = |file: &Path| -> anyhow::Result<Option<String>> {
+        match std::fs::read_to_string(file) {
+            Ok(text) if valid_instance_id(text.trim()) => Ok(Some(text.trim().to_owned())),
+            Ok(text) => Err(usage(format!(
+                "{}: {:?} is not an instance id (letters, digits, '-', '_' or '.'): fix it, or \
+                 delete it to get a new id (a new id is a new instance: its state is restored \
+                 from the changelogs), or pass --instance-id",
+                file.display(),
+                text.trim()
+            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(usage(format!("cannot read {}: {e}", file.display()))),
+        }
+    };
+    if let Some(id) = read(&file)? {
+        return Ok(id);
+    }
+    let has_state = std::fs::read_dir(state_dir)
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false);
+    let id = if has_state {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(state_dir.to_string_lossy().as_bytes());
+        let id = format!("i{}", hex::encode(&digest[..6]));
+        tracing::warn!(
+            "{} holds state but no {INSTANCE_ID_FILE}: keeping the id {id} that earlier versions \
+             derived from its path. Two machines with this same path would get the same id: give \
+             each its own --instance-id (or write a unique id into {})",
+            state_dir.display(),
+            file.display()
+        );
+        id
+    } else {
+        format!("i{:016x}", rand::random::<u64>())
+    };
+    let aside = state_dir.join(format!(".{INSTANCE_ID_FILE}.{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&aside)?;
+        f.write_all(format!("{id}\n").as_bytes())?;
+        f.sync_all()
+    };
+    write().map_err(|e| usage(format!("cannot write {}: {e}", aside.display())))?;
+    let linked = std::fs::hard_link(&aside, &file);
+    let _ = std::fs::remove_file(&aside);
+    match linked {
+        Ok(()) => {
+            tracing::info!(instance = %id, "new instance id, kept in {}", file.display());
+            Ok(id)
+        }
+        // Another process made it first: use its id.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&file)?
+            .ok_or_else(|| usage(format!("{} vanished while being read", file.display()))),
+        Err(e) => Err(usage(format!("cannot create {}: {e}", file.display()))),
     }
 }
 
@@ -357,6 +423,10 @@ pub struct HostArgs {
     /// The tenants file (names, token hashes, topic prefixes, quotas).
     #[arg(long)]
     pub tenants: PathBuf,
+    /// How long to wait at start for the brokers and the control topics
+    /// (s), logging what is awaited; then exit with an error.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub kafka_wait_secs: u64,
     /// Kafka and state settings.
     #[command(flatten)]
     pub kafka: KafkaArgs,
@@ -369,4 +439,48 @@ fn default_state_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."))
         .join("onceflow/state")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(state_dir: &std::path::Path) -> KafkaArgs {
+        KafkaArgs {
+            bootstrap_servers: "127.0.0.1:9".into(),
+            state_dir: Some(state_dir.to_path_buf()),
+            instance_id: None,
+            session_timeout_ms: 10_000,
+            transaction_timeout_ms: 10_000,
+            kafka_config: Vec::new(),
+            report_interval_ms: 5_000,
+        }
+    }
+
+    /// Two containers that mount their own volume at the same path (here:
+    /// one directory, then another at the same path) are two instances and
+    /// must get two ids; each keeps its own across restarts.
+    #[test]
+    fn two_state_dirs_at_one_path_get_different_ids() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let at = root.path().join("state");
+        std::fs::create_dir(&at).expect("mkdir");
+        let first = args(&at).run_options().expect("options").instance_id;
+        // Container A's volume goes away; container B mounts a fresh one.
+        std::fs::rename(&at, root.path().join("volume-a")).expect("rename");
+        std::fs::create_dir(&at).expect("mkdir");
+        let second = args(&at).run_options().expect("options").instance_id;
+        assert_ne!(
+            first, second,
+            "two instances whose state directories have the same path got the same id"
+        );
+        // B restarts: same id. A's volume mounted again: A's id.
+        assert_eq!(
+            args(&at).run_options().expect("options").instance_id,
+            second
+        );
+        std::fs::rename(&at, root.path().join("volume-b")).expect("rename");
+        std::fs::rename(root.path().join("volume-a"), &at).expect("rename");
+        assert_eq!(args(&at).run_options().expect("options").instance_id, first);
+    }
 }

@@ -15,7 +15,7 @@ use onceflow::task::processor_policy;
 use onceflow::types::error_chain;
 
 use super::args::{HostArgs, RunArgs, VerifyArgs, kafka_config};
-use super::{OutputFormat, load_manifest, read_component, usage};
+use super::{OutputFormat, check_derived_names, load_manifest, read_component, usage};
 
 /// A flag set by SIGTERM or SIGINT; a second signal exits at once.
 fn on_signals() -> anyhow::Result<Arc<AtomicBool>> {
@@ -42,6 +42,7 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
         listen: a.listen,
         tenants,
         run,
+        kafka_wait: Duration::from_secs(a.kafka_wait_secs),
     };
     let running = host::start(config, shutdown).map_err(|e| match e {
         e @ HostError::Bind { .. } => usage(error_chain(&e)),
@@ -54,6 +55,7 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
 /// `onceflow run`.
 pub fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let manifest = load_manifest(&a.manifest)?;
+    check_derived_names(&manifest)?;
     let component_path = a
         .component
         .clone()

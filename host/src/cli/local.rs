@@ -11,7 +11,7 @@ use onceflow::sandbox::{self, Sandbox, SandboxConfig, SandboxError};
 use onceflow::task::processor_policy;
 use onceflow::{build, guestbench};
 
-use super::{OutputFormat, load_manifest, read_component, usage};
+use super::{OutputFormat, check_derived_names, load_manifest, read_component, usage};
 
 /// `onceflow build`.
 pub fn cmd_build(manifest: &Path) -> anyhow::Result<ExitCode> {
@@ -36,7 +36,9 @@ pub fn cmd_validate(target: &Path, output: OutputFormat) -> anyhow::Result<ExitC
     let manifest = if is_wasm {
         None
     } else {
-        Some(load_manifest(target)?)
+        let manifest = load_manifest(target)?;
+        check_derived_names(&manifest)?;
+        Some(manifest)
     };
     let path = match &manifest {
         Some(m) => m.component_path(),

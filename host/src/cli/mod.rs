@@ -110,6 +110,21 @@ pub fn load_manifest(path: &Path) -> anyhow::Result<Manifest> {
     Manifest::load(path).map_err(|e| usage(e.to_string()))
 }
 
+/// Refuses a manifest whose derived Kafka names (changelog topics) collide
+/// with each other or with its own topics.
+pub fn check_derived_names(manifest: &Manifest) -> anyhow::Result<()> {
+    let found = onceflow::stream::names::own_conflicts(manifest);
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(usage(format!(
+            "{}: {}",
+            manifest.path.display(),
+            found.join("; ")
+        )))
+    }
+}
+
 pub fn read_component(path: &Path, manifest: Option<&Manifest>) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| {
         let hint = match manifest {

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use super::FleetError;
 use super::registry::{
     ARTIFACTS_TOPIC, DEPLOYMENTS_TOPIC, DeploymentRecord, HostStatus, LOGS_TOPIC, STATUS_TOPIC,
+    heartbeat_key, status_key,
 };
 use crate::kafka::{self, Connection, KafkaError, TopicSpec};
 
@@ -145,41 +146,62 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    /// Creates the internal topics if needed and starts tailing the registry.
-    /// Returns once the registry has been read up to its current end.
-    pub fn connect(conn: Connection, artifact_cache: PathBuf) -> Result<Arc<Self>, FleetError> {
+    /// Waits (up to `wait`, logging what for) until the brokers answer,
+    /// creates the internal topics if needed, waits until they have leaders,
+    /// and starts tailing the registry. Returns once the registry has been
+    /// read up to its current end.
+    pub fn connect(
+        conn: Connection,
+        artifact_cache: PathBuf,
+        wait: Duration,
+    ) -> Result<Arc<Self>, FleetError> {
+        let deadline = Instant::now() + wait;
+        kafka::wait_for_brokers(&conn, deadline)?;
         let week = (7 * 24 * 3600 * 1000u64).to_string();
-        kafka::create_topics(
+        let specs = [
+            TopicSpec {
+                name: DEPLOYMENTS_TOPIC,
+                partitions: 1,
+                config: &[("cleanup.policy", "compact")],
+            },
+            TopicSpec {
+                name: ARTIFACTS_TOPIC,
+                partitions: 1,
+                config: &[
+                    ("cleanup.policy", "compact"),
+                    ("max.message.bytes", "1048588"),
+                ],
+            },
+            TopicSpec {
+                name: STATUS_TOPIC,
+                partitions: 1,
+                config: &[
+                    ("cleanup.policy", "compact"),
+                    ("segment.ms", "600000"),
+                    ("min.cleanable.dirty.ratio", "0.1"),
+                ],
+            },
+            TopicSpec {
+                name: LOGS_TOPIC,
+                partitions: 1,
+                config: &[("cleanup.policy", "delete"), ("retention.ms", &week)],
+            },
+        ];
+        // A cluster that is still starting may refuse (too few brokers
+        // registered yet) or time out: try again until the deadline.
+        kafka::wait_until(
+            &format!(
+                "the control topics to be created on {}",
+                conn.bootstrap_servers
+            ),
+            "can this host create topics (ACLs, enough brokers for the replication factor)?",
+            deadline,
+            |_| kafka::create_topics(&conn, &specs).map_err(|e| crate::types::error_chain(&e)),
+        )?;
+        kafka::wait_for_topics(
             &conn,
-            &[
-                TopicSpec {
-                    name: DEPLOYMENTS_TOPIC,
-                    partitions: 1,
-                    config: &[("cleanup.policy", "compact")],
-                },
-                TopicSpec {
-                    name: ARTIFACTS_TOPIC,
-                    partitions: 1,
-                    config: &[
-                        ("cleanup.policy", "compact"),
-                        ("max.message.bytes", "1048588"),
-                    ],
-                },
-                TopicSpec {
-                    name: STATUS_TOPIC,
-                    partitions: 1,
-                    config: &[
-                        ("cleanup.policy", "compact"),
-                        ("segment.ms", "600000"),
-                        ("min.cleanable.dirty.ratio", "0.1"),
-                    ],
-                },
-                TopicSpec {
-                    name: LOGS_TOPIC,
-                    partitions: 1,
-                    config: &[("cleanup.policy", "delete"), ("retention.ms", &week)],
-                },
-            ],
+            &[DEPLOYMENTS_TOPIC, STATUS_TOPIC, ARTIFACTS_TOPIC, LOGS_TOPIC],
+            deadline,
         )?;
         std::fs::create_dir_all(&artifact_cache).map_err(|source| FleetError::Io {
             what: format!(
@@ -208,8 +230,8 @@ impl ControlPlane {
             artifact_cache,
             stop: stop.clone(),
         });
-        let end_d = me.tail(DEPLOYMENTS_TOPIC, deployments.clone())?;
-        let end_s = me.tail(STATUS_TOPIC, statuses.clone())?;
+        let end_d = me.tail(DEPLOYMENTS_TOPIC, deployments.clone(), deadline)?;
+        let end_s = me.tail(STATUS_TOPIC, statuses.clone(), deadline)?;
         if !deployments.wait_past(end_d - 1, PUBLISH_TIMEOUT)
             || !statuses.wait_past(end_s - 1, PUBLISH_TIMEOUT)
         {
@@ -255,11 +277,26 @@ impl ControlPlane {
 
     /// Starts a thread that reads `topic` from the beginning into `view`
     /// (JSON values; tombstones remove). Returns the end offset at start.
-    fn tail<T>(&self, topic: &'static str, view: Arc<View<T>>) -> Result<i64, FleetError>
+    fn tail<T>(
+        &self,
+        topic: &'static str,
+        view: Arc<View<T>>,
+        deadline: Instant,
+    ) -> Result<i64, FleetError>
     where
         T: DeserializeOwned + Clone + Send + Sync + 'static,
     {
-        let (consumer, (_, end)) = self.read_from(topic, |_, _| None)?;
+        // Its leader is known (`connect` waited), but this new client may
+        // ask a broker whose metadata is a moment behind.
+        let (consumer, (_, end)) = kafka::wait_until(
+            &format!("the end of {topic}"),
+            "are the brokers healthy?",
+            deadline.max(Instant::now() + Duration::from_secs(5)),
+            |_| {
+                self.read_from(topic, |_, _| None)
+                    .map_err(|e| crate::types::error_chain(&e))
+            },
+        )?;
         let stop = self.stop.clone();
         std::thread::Builder::new()
             .name(format!("tail-{topic}"))
@@ -352,12 +389,31 @@ impl ControlPlane {
 
     /// Publishes this host's status of a deployment (fire and forget).
     pub fn put_status(&self, status: &HostStatus) {
-        let key = format!("{}/{}/{}", status.tenant, status.name, status.host);
+        self.put_status_at(
+            &status_key(&status.tenant, &status.name, &status.host),
+            status,
+        );
+    }
+
+    /// Publishes a host's heartbeat (fire and forget).
+    pub fn put_heartbeat(&self, status: &HostStatus) {
+        self.put_status_at(&heartbeat_key(&status.host), status);
+    }
+
+    /// Removes a host's heartbeat (a clean stop).
+    pub fn clear_heartbeat(&self, host: &str) {
+        let key = heartbeat_key(host);
+        let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
+            BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None)).key(key.as_str());
+        let _ = self.producer.send(record);
+    }
+
+    fn put_status_at(&self, key: &str, status: &HostStatus) {
         match serde_json::to_vec(status) {
             Ok(json) => {
                 let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
                     BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None))
-                        .key(key.as_str())
+                        .key(key)
                         .payload(json.as_slice());
                 if let Err((e, _)) = self.producer.send(record) {
                     tracing::debug!("cannot publish status: {e}");
@@ -369,6 +425,7 @@ impl ControlPlane {
 
     /// Removes this host's status of the deployment `<tenant>/<name>`.
     pub fn clear_status_of(&self, deployment_key: &str, host: &str) {
+        // `<tenant>/<name>/<host>`, as `status_key` makes it.
         let key = format!("{deployment_key}/{host}");
         let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
             BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None)).key(key.as_str());

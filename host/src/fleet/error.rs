@@ -44,6 +44,35 @@ pub enum FleetError {
     /// message).
     #[error("{0}")]
     Invalid(String),
+    /// The deployment would use a Kafka name (changelog topic,
+    /// transactional ids) that another deployment owns.
+    #[error(
+        "deployment {deployment} conflicts with {other}: {conflicts}. Names are joined with '-' \
+         into Kafka names, so the two would share state (a purge of one deletes the other's) \
+         or fence each other's transactions: rename the deployment or the store"
+    )]
+    NameConflict {
+        /// The deployment refused (`<tenant>/<name>`).
+        deployment: String,
+        /// The deployment that owns the names (`deployment <tenant>/<name>`,
+        /// or "another tenant's deployment").
+        other: String,
+        /// What collides, `; `-separated.
+        conflicts: String,
+    },
+    /// Another live host process publishes statuses under this host's id.
+    #[error(
+        "host id {host:?} is in use by another live host process (its status was refreshed \
+         {age_s} s ago, while this host watched): two hosts with one id fence each other's \
+         transactions and group memberships forever. Give this host its own id (--host-id, or \
+         its own --state-dir: a new state directory gets a new random id), or stop the other one"
+    )]
+    DuplicateHost {
+        /// The id.
+        host: String,
+        /// How old the other process's latest status was, in seconds.
+        age_s: i64,
+    },
     /// The tenant's namespace or quotas forbid it.
     #[error("refused: {0}")]
     Refused(String),

@@ -12,6 +12,7 @@
 //! | `artifacts.rs`, `logs.rs` | components and guest logs in their topics |
 //! | `registry.rs` | the records in those topics |
 //! | `tenancy.rs` | tenants, tokens, namespaces and quotas |
+//! | `identity.rs` | one id, one host process: incarnations, heartbeats, refusing a duplicate |
 //!
 //! Hosts never talk to each other. Every host runs every deployment that
 //! should run, with its own host id as the instance id; Kafka's consumer
@@ -27,6 +28,7 @@
 mod artifacts;
 pub mod control;
 mod error;
+mod identity;
 mod logs;
 mod reconciler;
 pub mod registry;
@@ -71,6 +73,8 @@ pub fn parse_manifest(tenant: &str, name: &str, text: &str) -> Result<Manifest, 
 pub struct Fleet {
     /// This host's id: the instance id of every deployment it runs.
     pub host_id: String,
+    /// This host process's random id (see `identity.rs`).
+    pub incarnation: String,
     /// The registry and internal topics.
     pub control: Arc<ControlPlane>,
     /// Who may do what.
@@ -80,6 +84,7 @@ pub struct Fleet {
     options: RunOptions,
     running: Mutex<BTreeMap<String, Running>>,
     shutdown: Arc<AtomicBool>,
+    duplicates: Mutex<identity::DuplicateWatch>,
 }
 
 impl Fleet {
@@ -94,12 +99,14 @@ impl Fleet {
     ) -> Arc<Self> {
         Arc::new(Self {
             host_id: options.instance_id.clone(),
+            incarnation: identity::new_incarnation(),
             control,
             tenants,
             sandbox,
             options,
             running: Mutex::default(),
             shutdown,
+            duplicates: Mutex::default(),
         })
     }
 

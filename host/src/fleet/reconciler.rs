@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::identity::STATUS_INTERVAL;
 use super::logs::{DeploymentLogSink, remember_error};
 use super::registry::{DeploymentRecord, Desired, HostStatus, now_ms};
 use super::{Fleet, FleetError, manifest_of};
@@ -15,9 +16,6 @@ use crate::metrics::{Metrics, Snapshot};
 use crate::sandbox::Processor;
 use crate::stream;
 use crate::task::processor_policy;
-
-/// How often a host publishes its status per deployment.
-const STATUS_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Where a deployment stands on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,9 +58,15 @@ impl Fleet {
     /// Reconciles until shutdown, then stops every deployment cleanly.
     pub fn run(self: &Arc<Self>) {
         let mut seen = -1;
+        let mut heartbeat = Instant::now() - STATUS_INTERVAL;
         while !self.shutdown.load(Ordering::Relaxed) {
             self.reconcile();
             self.publish_statuses();
+            if heartbeat.elapsed() >= STATUS_INTERVAL {
+                self.heartbeat();
+                self.watch_for_duplicates();
+                heartbeat = Instant::now();
+            }
             seen = self
                 .control
                 .deployments
@@ -82,6 +86,7 @@ impl Fleet {
             }
             self.control.clear_status_of(&key, &self.host_id);
         }
+        self.control.clear_heartbeat(&self.host_id);
         self.control.flush();
     }
 
@@ -293,6 +298,7 @@ impl Fleet {
                     .cloned()
                     .collect(),
                 updated_ms: now_ms(),
+                incarnation: self.incarnation.clone(),
             };
             self.control.put_status(&status);
         }

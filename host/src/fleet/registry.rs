@@ -6,6 +6,7 @@
 //! | `_onceflow.deployments` | `<tenant>/<name>` | [`DeploymentRecord`] (JSON) |
 //! | `_onceflow.artifacts` | `<sha256>/<index>` | chunk `index` of the component ([`ARTIFACT_CHUNK`] bytes at most) |
 //! | `_onceflow.status` | `<tenant>/<name>/<host>` | [`HostStatus`] (JSON), refreshed by each host |
+//! | `_onceflow.status` | `_host/<host>` ([`heartbeat_key`]) | the host's heartbeat: a [`HostStatus`] with an empty tenant and name (so hosts that predate it read it, and list it under no deployment) |
 //! | `_onceflow.logs` | `<tenant>/<name>` | [`LogEntry`](crate::api::LogLine) (JSON); not compacted, not transactional |
 //!
 //! Components are content-addressed (sha256), so a redeploy of the same
@@ -73,6 +74,17 @@ impl DeploymentRecord {
 /// The registry key of a deployment.
 pub fn deployment_key(tenant: &str, name: &str) -> String {
     format!("{tenant}/{name}")
+}
+
+/// The status-topic key of a host's heartbeat. Tenant names start with a
+/// letter or digit, so no deployment's status key starts like this.
+pub fn heartbeat_key(host: &str) -> String {
+    format!("_host/{host}")
+}
+
+/// The status-topic key of a host's status of a deployment.
+pub fn status_key(tenant: &str, name: &str, host: &str) -> String {
+    format!("{tenant}/{name}/{host}")
 }
 
 /// The key of an artifact chunk.

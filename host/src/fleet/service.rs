@@ -14,8 +14,9 @@ use crate::api::{
     Deleted, DeployRequest, DeploymentSummary, HostSummary, LogLines, LogParams, QueryAnswer,
     QueryValue, Uploaded,
 };
+use crate::manifest::Manifest;
 use crate::sandbox::ProcessorPolicy;
-use crate::stream::{self, changelog};
+use crate::stream::{self, changelog, names};
 use crate::task::processor_policy;
 
 /// A status older than this is reported as stale (its host is likely gone).
@@ -79,6 +80,7 @@ impl Fleet {
         tenant
             .admit(&manifest, &others)
             .map_err(FleetError::Refused)?;
+        self.check_names(tenant, &manifest)?;
         let bytes = self.control.artifact(&req.artifact).map_err(|e| match e {
             FleetError::Artifact { .. } => {
                 FleetError::Invalid(format!("{e} (upload it with POST /v1/artifacts first)"))
@@ -112,6 +114,66 @@ impl Fleet {
             Deployed::Created
         };
         Ok((deployed, summary(&record, &[])))
+    }
+
+    /// Refuses a manifest whose derived Kafka names collide with each
+    /// other (422), or with another deployment's, of any tenant (409):
+    /// deployed but for a purged deletion, since a deletion without purge
+    /// keeps its changelogs (see `stream::names`).
+    fn check_names(&self, tenant: &Tenant, manifest: &Manifest) -> Result<(), FleetError> {
+        let key = deployment_key(&tenant.name, &manifest.name);
+        let own = names::own_conflicts(manifest);
+        if !own.is_empty() {
+            return Err(FleetError::Invalid(format!(
+                "deployment {key}: {}",
+                own.join("; ")
+            )));
+        }
+        let hosts = self.live_host_ids();
+        for r in self.control.deployments.all() {
+            if r.key() == key || (r.desired == Desired::Deleted && r.purge_state) {
+                continue;
+            }
+            let Ok(other) = manifest_of(&r) else {
+                continue;
+            };
+            let found = names::conflicts_between(manifest, &other, &hosts);
+            if found.is_empty() {
+                continue;
+            }
+            // Another tenant's deployment is not named, nor its topics.
+            let (other, conflicts) = if r.tenant == tenant.name {
+                let deleted = if r.desired == Desired::Deleted {
+                    " (deleted without --purge-state: its changelogs are kept)"
+                } else {
+                    ""
+                };
+                (
+                    format!("deployment {}{deleted}", r.key()),
+                    found
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
+            } else {
+                (
+                    "another tenant's deployment".to_owned(),
+                    found
+                        .iter()
+                        .map(|c| format!("its {} is one of the other's names", c.mine))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
+            };
+            tracing::info!(deployment = %key, conflicts_with = %r.key(), "deploy refused: {conflicts}");
+            return Err(FleetError::NameConflict {
+                deployment: key,
+                other,
+                conflicts,
+            });
+        }
+        Ok(())
     }
 
     /// The tenant's deployments.

@@ -4,13 +4,15 @@
 //! read_committed consumer in the deployment's group and one transactional
 //! producer (EOS v2: per thread, not per task), driving the tasks of the
 //! partitions assigned to it. The commit protocol is in [`worker`], top to
-//! bottom; restoring stores from their changelogs is in [`changelog`].
+//! bottom; restoring stores from their changelogs is in [`changelog`]; the
+//! Kafka names a deployment derives, and their collisions, in [`names`].
 //!
 //! This module drives Kafka (with the shared plumbing in [`crate::kafka`]);
 //! `sandbox` and `state` know nothing of Kafka.
 
 pub mod changelog;
 mod clients;
+pub mod names;
 pub mod verify;
 mod worker;
 
