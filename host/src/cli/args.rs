@@ -454,6 +454,7 @@ mod tests {
             transaction_timeout_ms: 10_000,
             kafka_config: Vec::new(),
             report_interval_ms: 5_000,
+            state_cleanup_delay_ms: 600_000,
         }
     }
 

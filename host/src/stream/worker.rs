@@ -377,11 +377,7 @@ fn partitions_of(tpl: &TopicPartitionList) -> BTreeSet<i32> {
 
 /// Worker `n`'s client id, also its transactional id.
 fn client_id(d: &Deployment, n: u32) -> String {
-    format!(
-        "{}-{}-{n}",
-        d.manifest.application_id(),
-        d.options.instance_id
-    )
+    super::names::transactional_id(&d.manifest.application_id(), &d.options.instance_id, n)
 }
 
 /// Worker `n`'s producer, transactional under exactly-once: its
