@@ -230,11 +230,12 @@ pub(crate) fn admin(conn: &Connection) -> Result<AdminClient<DefaultClientContex
 }
 
 /// The configuration of `topic` as the brokers report it (every entry,
-/// defaults included), and its replication factor.
+/// defaults included), its replication factor (the smallest of its
+/// partitions') and the number of brokers.
 pub(crate) fn topic_config(
     conn: &Connection,
     topic: &str,
-) -> Result<(std::collections::BTreeMap<String, String>, usize), KafkaError> {
+) -> Result<(std::collections::BTreeMap<String, String>, usize, usize), KafkaError> {
     use rdkafka::admin::ResourceSpecifier;
     let admin = admin(conn)?;
     let opts = rdkafka::admin::AdminOptions::new().request_timeout(Some(ADMIN_TIMEOUT));
@@ -264,7 +265,7 @@ pub(crate) fn topic_config(
         .map(|p| p.replicas().len())
         .min()
         .unwrap_or(0);
-    Ok((config, replicas))
+    Ok((config, replicas, md.brokers().len()))
 }
 
 /// A client for metadata calls only.

@@ -721,3 +721,28 @@ fn h02_restore_waits_for_the_changelog_high_watermark() {
         tail(&log, 20)
     );
 }
+
+/// Item 1, smaller: a changelog under `cleanup.policy=delete` loses state
+/// that is still current to retention, and the store can then not be
+/// restored. It used to be accepted; now the run refuses it by name.
+#[test]
+fn h01_a_changelog_that_is_not_compacted_is_refused() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "delete-policy", "exactly_once_v2", 1);
+    let changelog = format!("{}-balances-changelog", w.app);
+    cluster.create_topics(&[(&changelog, 1)]);
+    w.produce(0, 100, 10, None);
+    let mut host = w.start("a", &[]);
+    let Some((status, _)) = wait_exit(&mut host, Duration::from_secs(60)) else {
+        panic!(
+            "a changelog with cleanup.policy=delete was accepted; committed after 60 s: {}",
+            w.committed()
+        );
+    };
+    let log = host.log_text();
+    assert!(
+        !status.success() && log.contains("cleanup.policy=delete") && log.contains(&changelog),
+        "not refused with the reason:\n{log}"
+    );
+}

@@ -84,11 +84,27 @@ pub(crate) fn check_changelogs(
     let mut shortest: Option<u64> = None;
     for store in &manifest.stores {
         let topic = changelog_topic(manifest, store);
-        let (config, replicas) = kafka::topic_config(conn, &topic)?;
+        let compacted = |config: &std::collections::BTreeMap<String, String>| {
+            let policy = config
+                .get("cleanup.policy")
+                .map_or("delete", String::as_str);
+            policy.split(',').any(|p| p.trim() == "compact")
+        };
+        // A topic created a moment ago (by prepare_topics) may still be
+        // described with the broker's defaults: look again for a while
+        // before calling it wrong.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (config, replicas, brokers) = loop {
+            let (config, replicas, brokers) = kafka::topic_config(conn, &topic)?;
+            if compacted(&config) || std::time::Instant::now() >= deadline {
+                break (config, replicas, brokers);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        };
         let policy = config
             .get("cleanup.policy")
             .map_or("delete", String::as_str);
-        if !policy.split(',').any(|p| p.trim() == "compact") {
+        if !compacted(&config) {
             return Err(KafkaError::topic(
                 topic,
                 format!(
@@ -98,11 +114,13 @@ pub(crate) fn check_changelogs(
                 ),
             ));
         }
-        if replicas == 1 {
+        if replicas < brokers.min(3) {
             tracing::warn!(
                 %topic,
-                "changelog has one replica: losing that broker loses the store's state; \
-                 reassign it to more replicas"
+                replicas,
+                brokers,
+                "changelog has fewer replicas than the cluster allows (up to 3): losing a \
+                 broker can lose the store's state; reassign it to more replicas"
             );
         }
         if let Some(ms) = config

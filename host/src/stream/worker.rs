@@ -809,9 +809,9 @@ impl Core {
     }
 
     /// Runs a polled batch through the tasks and produces their outputs
-    /// inside the open transaction. A transaction that has been open so
-    /// long that one more guest call could outlast the transaction timeout
-    /// is committed first, and the batch goes on in a new one.
+    /// inside the open transaction. A transaction open for half the
+    /// transaction timeout is committed before the next guest call, and the
+    /// batch goes on in a new one.
     fn process(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
@@ -823,8 +823,10 @@ impl Core {
         for r in batch {
             by_partition.entry(r.partition).or_default().push(r);
         }
-        let budget = self.d.options.transaction_timeout * 3 / 4;
-        let call_limit = Duration::from_millis(self.d.manifest.limits.timeout_ms);
+        // A call is at most limits.timeout-ms, which is at most the
+        // transaction timeout (checked at start); the broker's clock starts
+        // with the transaction's first record, after the first call.
+        let budget = self.d.options.transaction_timeout / 2;
         for (partition, records) in by_partition {
             if !self.tasks.contains_key(&partition) {
                 // Fetched before a revoke took the partition away: not ours
@@ -836,7 +838,7 @@ impl Core {
                 );
                 continue;
             }
-            if self.in_txn && self.txn_started.elapsed() + call_limit >= budget {
+            if self.in_txn && self.txn_started.elapsed() >= budget {
                 let aborts = self.aborts;
                 self.commit(consumer)?;
                 if self.aborts != aborts {
