@@ -24,7 +24,7 @@ impl Host {
         let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
             .arg("run")
             .arg(&w.manifest)
-            .args(["--bootstrap-servers", &w.cluster.bootstrap])
+            .args(["--bootstrap-servers", &w.cluster.host_bootstrap])
             .arg("--state-dir")
             .arg(w.dir.path().join(format!("state-{instance}")))
             .args(["--instance-id", instance])
