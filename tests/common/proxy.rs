@@ -156,6 +156,9 @@ impl FaultProxy {
         })?;
         let child = Command::new(&server)
             .args(["-host", "127.0.0.1", "-port", &api_port.to_string()])
+            // Its connection-level chatter (debug, trace) would bury what
+            // matters: errors on links.
+            .env("LOG_LEVEL", "warn")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log file handle"))
             .stderr(log_file)

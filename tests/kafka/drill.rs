@@ -163,8 +163,11 @@ struct Outcome {
     /// The longest wait for committed progress after a fault.
     recovery_max: Duration,
     /// Availability problems: hosts that exited on their own, no progress
-    /// after a fault.
+    /// after a fault, a lag that does not drain.
     findings: Vec<String>,
+    /// Why the drill failed, for people: the timeline, the findings, the
+    /// verifier's, the logs.
+    failure: Option<String>,
 }
 
 /// Sets the flag when dropped, panicking or not: the input thread stops.
@@ -317,10 +320,18 @@ impl<'a> Drill<'a> {
             .minutes
             .map(|m| Duration::from_secs_f64(m * 60.0));
         for r in 1..=rounds {
-            self.round(r);
+            if let Err(failure) = self.round(r) {
+                self.outcome.failure = Some(failure);
+                break;
+            }
             if limit.is_some_and(|l| self.started.elapsed() >= l) {
                 break;
             }
+        }
+        if self.outcome.failure.is_some() {
+            // Killed on drop: their logs already tell the story.
+            self.hosts.clear();
+            return self.outcome;
         }
         for (i, host) in std::mem::take(&mut self.hosts).into_iter().enumerate() {
             let status = host.stop();
@@ -331,10 +342,15 @@ impl<'a> Drill<'a> {
                 ));
             }
         }
+        if !self.outcome.findings.is_empty() {
+            self.outcome.failure = Some(self.failure_report(self.outcome.rounds, None));
+        }
         self.outcome
     }
 
-    fn round(&mut self, r: u32) {
+    /// One round: faults under input, then drain and verify. An error is
+    /// the failure report.
+    fn round(&mut self, r: u32) -> Result<(), String> {
         self.note(format!("round {r} starts"));
         self.log_marks = self.log_sizes();
         let stop = AtomicBool::new(false);
@@ -354,7 +370,7 @@ impl<'a> Drill<'a> {
         ));
         self.proxy.clear().expect("clear the proxy's faults");
         self.check_hosts("the round's faults");
-        self.drain();
+        self.drain(r)?;
 
         let report = self.w.verify(false);
         let violations = violations(&report, &self.produced);
@@ -366,9 +382,11 @@ impl<'a> Drill<'a> {
             "round {r}: verified {} input records ({} valid, {} dead letters, {} keys): {} violation(s), {} duplicate(s)",
             report.inputs, report.valid, report.dead_letters, report.keys, violations, report.duplicates
         ));
-        if self.guarantee == EXACTLY_ONCE && (violations > 0 || !self.outcome.findings.is_empty()) {
-            panic!("{}", self.failure_report(r, Some(&report)));
+        let inexact = self.guarantee == EXACTLY_ONCE && violations > 0;
+        if inexact || !self.outcome.findings.is_empty() {
+            return Err(self.failure_report(r, Some(&report)));
         }
+        Ok(())
     }
 
     /// The round's faults, one after the other.
@@ -567,8 +585,9 @@ impl<'a> Drill<'a> {
         }
     }
 
-    /// Waits until every input is committed.
-    fn drain(&mut self) {
+    /// Waits until every input is committed; an error is the failure
+    /// report.
+    fn drain(&mut self, r: u32) -> Result<(), String> {
         let since = Instant::now();
         loop {
             self.check_hosts("the round");
@@ -578,14 +597,13 @@ impl<'a> Drill<'a> {
                     "lag drained in {:.1} s ({committed} committed)",
                     since.elapsed().as_secs_f64()
                 ));
-                return;
+                return Ok(());
             }
             if since.elapsed() > DRAIN_TIMEOUT {
-                let r = self.outcome.rounds + 1;
                 self.finding(format!(
                     "the lag did not drain within {DRAIN_TIMEOUT:?} with the faults over: committed {committed} of {end}"
                 ));
-                panic!("{}", self.failure_report(r, None));
+                return Err(self.failure_report(r, None));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -627,7 +645,7 @@ impl<'a> Drill<'a> {
             self.proxy.log.display(),
             tail(
                 &std::fs::read_to_string(&self.proxy.log).unwrap_or_default(),
-                20
+                10
             )
         ));
         text
@@ -744,6 +762,9 @@ fn drill(
         "minutes",
         format!("{:.1}", started.elapsed().as_secs_f64() / 60.0),
     );
+    if let Some(failure) = &outcome.failure {
+        panic!("{failure}");
+    }
     outcome
 }
 
