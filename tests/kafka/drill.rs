@@ -392,7 +392,7 @@ impl<'a> Drill<'a> {
     /// The round's faults, one after the other.
     fn inject(&mut self, r: u32) {
         let all: Vec<u32> = (1..=self.cluster.brokers).collect();
-        self.await_progress("the round began");
+        self.await_first_commit();
 
         // Delayed requests and responses, longer than the request timeout:
         // every request times out and is retried, the late originals still
@@ -555,6 +555,14 @@ impl<'a> Drill<'a> {
                 self.hosts[i] = self.start_host(HOSTS[i]);
             }
         }
+    }
+
+    /// Waits for the round's first committed progress (at the first round,
+    /// the hosts' start and the group's first join: not a recovery).
+    fn await_first_commit(&mut self) {
+        let longest = self.outcome.recovery_max;
+        self.await_progress("the round began");
+        self.outcome.recovery_max = longest;
     }
 
     /// Waits for committed progress after a fault, and records how long it
@@ -751,11 +759,13 @@ fn drill(
         count("re-creating the producer and rejoining the group"),
     );
     figure(guarantee, "fenced", count(": fenced: "));
-    figure(
-        guarantee,
-        "aborted_transactions",
-        count("aborting the transaction"),
-    );
+    // "…; aborting the transaction", "N records failed delivery …;
+    // aborting", "assignment lost: aborting the open transaction".
+    let aborts = logs
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("aborting") && !l.contains("must restart"))
+        .count();
+    figure(guarantee, "aborted_transactions", aborts);
     figure(guarantee, "availability_findings", outcome.findings.len());
     figure(
         guarantee,
