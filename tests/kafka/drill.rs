@@ -548,8 +548,15 @@ impl<'a> Drill<'a> {
         for i in 0..self.hosts.len() {
             if let Ok(Some(status)) = self.hosts[i].child.try_wait() {
                 let tail = tail(&self.hosts[i].log_text(), 30);
+                // The drill stops hosts only with SIGKILL and SIGSTOP; a
+                // clean exit is the host's answer to SIGTERM or SIGINT.
+                let how = if status.success() {
+                    "exited cleanly (exit 0: a SIGTERM or SIGINT from outside the drill?)"
+                } else {
+                    "exited by itself"
+                };
                 self.finding(format!(
-                    "host {} exited by itself with {status} after {after}; restarted. Its last lines:\n{tail}",
+                    "host {} {how} with {status} after {after}; restarted. Its last lines:\n{tail}",
                     HOSTS[i]
                 ));
                 self.hosts[i] = self.start_host(HOSTS[i]);
