@@ -591,13 +591,70 @@ impl<'a> Drill<'a> {
             }
             if since.elapsed() > PROGRESS_TIMEOUT {
                 let (committed, end) = self.cluster.progress(&self.w.app, &self.w.payments);
+                let stacks = self.host_stacks();
                 self.finding(format!(
-                    "no committed progress for {PROGRESS_TIMEOUT:?} after {after} (committed {committed} of {end})"
+                    "no committed progress for {PROGRESS_TIMEOUT:?} after {after} (committed {committed} of {end}); \
+                     where the hosts' threads are:\n{stacks}"
                 ));
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Where each host's threads are, by gdb (when the machine has it): the
+    /// full dump goes to `<host>-<seconds>s.stacks` beside the logs; the
+    /// answer keeps the threads in Onceflow's code, their Onceflow frames.
+    fn host_stacks(&self) -> String {
+        let mut summary = String::new();
+        for (i, host) in self.hosts.iter().enumerate() {
+            let out = std::process::Command::new("timeout")
+                .args(["60", "gdb", "-p", &host.pid().to_string(), "-batch"])
+                .args(["-ex", "thread apply all bt 40"])
+                .stdin(std::process::Stdio::null())
+                .output();
+            let Some(out) = out.ok().filter(|o| o.status.success()) else {
+                summary.push_str(&format!(
+                    "  host {}: no stacks (gdb missing or failed)\n",
+                    HOSTS[i]
+                ));
+                continue;
+            };
+            let text = String::from_utf8_lossy(&out.stdout);
+            let file = self.w.dir.path().join(format!(
+                "{}-{}s.stacks",
+                HOSTS[i],
+                self.started.elapsed().as_secs()
+            ));
+            let _ = std::fs::write(&file, text.as_bytes());
+            summary.push_str(&format!("  host {} (pid {}):\n", HOSTS[i], host.pid()));
+            for thread in text.split("\nThread ").skip(1) {
+                // gdb names Rust functions without their module; the
+                // project's frames are those in host/src.
+                let frames: Vec<&str> = thread
+                    .lines()
+                    .filter(|l| l.contains(" at host/src/"))
+                    .take(8)
+                    .collect();
+                if frames.is_empty() {
+                    continue;
+                }
+                let name = thread.lines().next().unwrap_or("");
+                summary.push_str(&format!("    Thread {name}\n"));
+                for frame in frames {
+                    // "#12 0x… in f<…> (args) at host/src/x.rs:1" or "#13 f () at …"
+                    let body = frame.split_once(' ').map_or(frame, |(_, b)| b.trim_start());
+                    let body = match body.split_once(" in ") {
+                        Some((address, rest)) if address.starts_with("0x") => rest,
+                        _ => body,
+                    };
+                    let function = body.split(" (").next().unwrap_or(body);
+                    let place = body.rsplit(" at ").next().unwrap_or("");
+                    summary.push_str(&format!("      {function} at {place}\n"));
+                }
+            }
+        }
+        summary
     }
 
     /// Waits until every input is committed; an error is the failure
@@ -716,7 +773,10 @@ fn keep_logs(w: &Wallet) -> PathBuf {
         .flatten()
     {
         let path = entry.path();
-        if path.extension().is_some_and(|e| e == "log") {
+        if path
+            .extension()
+            .is_some_and(|e| e == "log" || e == "stacks")
+        {
             let _ = std::fs::copy(&path, dest.join(entry.file_name()));
         }
     }
