@@ -6,8 +6,9 @@
 //! Single-threaded, libtest runs the tests in the alphabetical order of their
 //! full names; the modules' letters keep the suite's order: exactly-once with
 //! the Rust wallet, then the ported wallets (both on the shared cluster),
-//! then the control plane (on its own cluster), then the hardening of the
-//! exactly-once path (issue 16).
+//! then the control plane (on its own cluster), then the network-fault drill
+//! (three brokers behind a fault proxy; scripts/drill runs it alone, longer),
+//! then the hardening of the exactly-once path, item by item (issue 16).
 
 mod common;
 
@@ -17,5 +18,7 @@ mod a_eos;
 mod b_languages_eos;
 #[path = "kafka/control_plane.rs"]
 mod c_control_plane;
+#[path = "kafka/drill.rs"]
+mod d_drill;
 #[path = "kafka/hardening.rs"]
 mod e_hardening;

@@ -24,13 +24,28 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// A Kafka cluster run by scripts/kafka in its own directory and ports.
 pub struct Cluster {
+    /// Where the rig's own clients connect (topic admin, input, progress,
+    /// verify): never through a proxy.
     pub bootstrap: String,
+    /// Where the `onceflow run` hosts connect: the proxy's ports when the
+    /// cluster is behind one (`start_behind_proxy`), else `bootstrap`.
+    pub host_bootstrap: String,
     pub dir: PathBuf,
     pub port: u16,
     pub brokers: u32,
+    /// Behind a proxy: node i advertises `proxy_port + i - 1` to the hosts,
+    /// where the proxy must listen and forward to `broker_port(i)`.
+    pub proxy_port: Option<u16>,
 }
 
-fn cache() -> PathBuf {
+/// Behind a proxy, the proxies' ports are this far above the brokers', and
+/// the internal listeners (inter-broker, tools, the rig's clients) half as
+/// far (scripts/kafka's default `ONCEFLOW_KAFKA_INTERNAL_PORT`).
+const PROXY_PORT_DISTANCE: u16 = 3000;
+const INTERNAL_PORT_DISTANCE: u16 = 2000;
+
+/// `$ONCEFLOW_CACHE` (default `~/.cache/onceflow`).
+pub fn cache() -> PathBuf {
     std::env::var_os("ONCEFLOW_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -39,8 +54,15 @@ fn cache() -> PathBuf {
 }
 
 impl Cluster {
-    fn script(&self, args: &[&str]) -> std::process::Output {
-        Command::new(repo().join("scripts/kafka"))
+    /// Runs `scripts/kafka` on this cluster (its tools connect directly,
+    /// never through the proxy).
+    pub fn script(&self, args: &[&str]) -> std::process::Output {
+        let mut cmd = Command::new(repo().join("scripts/kafka"));
+        match self.proxy_port {
+            Some(p) => cmd.env("ONCEFLOW_KAFKA_PROXY_PORT", p.to_string()),
+            None => cmd.env_remove("ONCEFLOW_KAFKA_PROXY_PORT"),
+        };
+        cmd.env_remove("ONCEFLOW_KAFKA_INTERNAL_PORT")
             .args(args)
             .env("ONCEFLOW_KAFKA_DIR", &self.dir)
             .env("ONCEFLOW_KAFKA_PORT", self.port.to_string())
@@ -70,9 +92,28 @@ impl Cluster {
         c
     }
 
+    /// Like `start`, but the hosts reach the brokers through a TCP proxy
+    /// (scripts/kafka `up --proxy-port`): node i advertises
+    /// `proxy_port + i - 1` to them, and the rig's own clients use the
+    /// internal listeners. Start the proxy with `proxy::FaultProxy::start`.
+    pub fn start_behind_proxy(name: &str, port: u16, brokers: u32) -> Cluster {
+        let c = Self::place(name, port, brokers, true);
+        c.up();
+        c
+    }
+
+    /// Node i's client port (behind a proxy: the proxy's upstream).
+    pub fn broker_port(&self, i: u32) -> u16 {
+        self.port + i as u16 - 1
+    }
+
     /// A cluster's place (directory, ports) without starting it; see
     /// [`Cluster::start`].
     pub fn at(name: &str, port: u16, brokers: u32) -> Cluster {
+        Self::place(name, port, brokers, false)
+    }
+
+    fn place(name: &str, port: u16, brokers: u32, behind_proxy: bool) -> Cluster {
         let offset: u16 = std::env::var("ONCEFLOW_TEST_PORT_OFFSET")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -82,14 +123,29 @@ impl Cluster {
             Ok(tag) if !tag.is_empty() => format!("kafka-tag-{tag}-{name}"),
             _ => format!("kafka-test-{name}"),
         };
-        Cluster {
-            bootstrap: (0..brokers)
-                .map(|i| format!("127.0.0.1:{}", port + i as u16))
+        let list = |first: u16| {
+            (0..brokers)
+                .map(|i| format!("127.0.0.1:{}", first + i as u16))
                 .collect::<Vec<_>>()
-                .join(","),
+                .join(",")
+        };
+        let (bootstrap, host_bootstrap, proxy_port) = if behind_proxy {
+            let proxy = port + PROXY_PORT_DISTANCE;
+            (
+                list(port + INTERNAL_PORT_DISTANCE),
+                list(proxy),
+                Some(proxy),
+            )
+        } else {
+            (list(port), list(port), None)
+        };
+        Cluster {
+            bootstrap,
+            host_bootstrap,
             dir: cache().join(dir),
             port,
             brokers,
+            proxy_port,
         }
     }
 

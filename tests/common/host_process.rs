@@ -17,7 +17,7 @@ impl Host {
     pub(super) fn start(w: &Wallet, instance: &str, extra: &[&str]) -> Host {
         Self::run(
             &w.manifest,
-            &w.cluster.bootstrap,
+            &w.cluster.host_bootstrap,
             w.dir.path(),
             instance,
             extra,

@@ -214,33 +214,7 @@ dead-letter-topic = "{dlq}"
                 return started.elapsed();
             }
             if started.elapsed() >= timeout {
-                let mut logs = String::new();
-                for entry in std::fs::read_dir(self.dir.path())
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                {
-                    let path = entry.path();
-                    if path.extension().is_some_and(|e| e == "log") {
-                        let text = std::fs::read_to_string(&path).unwrap_or_default();
-                        let lines: Vec<&str> =
-                            text.lines().filter(|l| !l.contains(" figures ")).collect();
-                        // The cause is usually early, the symptom repeats
-                        // at the end: the first warnings, then the tail.
-                        let first_warnings: Vec<&str> = lines
-                            .iter()
-                            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-                            .take(30)
-                            .copied()
-                            .collect();
-                        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-                        logs.push_str(&format!(
-                            "\n--- {} (first 30 warnings)\n{}\n--- (last 40 lines)\n{tail}",
-                            path.display(),
-                            first_warnings.join("\n")
-                        ));
-                    }
-                }
+                let logs = self.logs_report();
                 let broker_view = self.cluster.transactions_report();
                 panic!(
                     "not done after {timeout:?}: committed {committed} of {end}{logs}\n--- broker's open transactions\n{broker_view}"
@@ -248,6 +222,43 @@ dead-letter-topic = "{dlq}"
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// For a failure message: of each host's log in the wallet's directory,
+    /// the first warnings (the cause is usually early, the symptom repeats
+    /// at the end) and the last lines.
+    pub fn logs_report(&self) -> String {
+        let mut logs = String::new();
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| path.extension().is_some_and(|e| e == "log"))
+            .collect();
+        paths.sort();
+        for path in paths {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            // Not the periodic figures, nor librdkafka's notes that a `-X`
+            // property does not apply to a consumer or producer.
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.contains(" figures ") && !l.contains("CONFWARN"))
+                .collect();
+            let first_warnings: Vec<&str> = lines
+                .iter()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .take(30)
+                .copied()
+                .collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            logs.push_str(&format!(
+                "\n--- {} (first 30 warnings)\n{}\n--- (last 40 lines)\n{tail}",
+                path.display(),
+                first_warnings.join("\n")
+            ));
+        }
+        logs
     }
 
     /// Committed input records so far.
