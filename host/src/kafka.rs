@@ -659,19 +659,24 @@ pub(crate) fn is_fencing(e: &ClientError) -> bool {
             RDKafkaErrorCode::Fenced
                 | RDKafkaErrorCode::ProducerFenced
                 | RDKafkaErrorCode::InvalidProducerEpoch
-                | RDKafkaErrorCode::UnknownMemberId
                 | RDKafkaErrorCode::FencedInstanceId
         )
     )
 }
 
-/// Whether an offset commit was refused because the group moved to a new
-/// generation (a rebalance began): not fencing, the member is still in the
-/// group and gets its new assignment on the next poll.
+/// Whether an offset commit was refused because the group moved on: a
+/// rebalance began (a new generation), or the member's session expired
+/// (unknown member). Not fencing: the consumer rejoins by itself on its
+/// next poll and gets its new assignment (Kafka Streams' "task migrated":
+/// close the tasks, keep the producer, rejoin).
 pub(crate) fn is_stale_generation(e: &ClientError) -> bool {
     matches!(
         e.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress)
+        Some(
+            RDKafkaErrorCode::IllegalGeneration
+                | RDKafkaErrorCode::RebalanceInProgress
+                | RDKafkaErrorCode::UnknownMemberId
+        )
     )
 }
 
@@ -698,6 +703,7 @@ mod tests {
         for code in [
             RDKafkaErrorCode::IllegalGeneration,
             RDKafkaErrorCode::RebalanceInProgress,
+            RDKafkaErrorCode::UnknownMemberId,
         ] {
             let e = ClientError::Global(code);
             assert!(!is_fencing(&e), "{code:?} is not fencing");
@@ -706,7 +712,7 @@ mod tests {
         for code in [
             RDKafkaErrorCode::ProducerFenced,
             RDKafkaErrorCode::FencedInstanceId,
-            RDKafkaErrorCode::UnknownMemberId,
+            RDKafkaErrorCode::InvalidProducerEpoch,
         ] {
             let e = ClientError::Global(code);
             assert!(is_fencing(&e), "{code:?} is fencing");

@@ -49,6 +49,9 @@ const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const TXN_RETRIES: u32 = 5;
 /// Longest a worker restores before it polls its consumer again.
 const RESTORE_SLICE: Duration = Duration::from_secs(5);
+/// How long a restore may keep failing on Kafka errors (a broker away)
+/// before the session restarts.
+const RESTORE_RETRY_LIMIT: Duration = Duration::from_secs(120);
 
 /// Runs worker `n` until shutdown, restarting its session after errors that
 /// do not stop the deployment.
@@ -180,6 +183,9 @@ struct Core {
     /// seeking is not allowed): the loop rewinds the partitions it keeps to
     /// the committed offsets before it processes anything else.
     rewind_pending: bool,
+    /// When each restoring partition's restore began failing (brokers
+    /// away), for [`RESTORE_RETRY_LIMIT`].
+    restore_failing_since: BTreeMap<i32, Instant>,
     /// Transactions aborted by this session: a batch polled before an
     /// abort is stale (the input was rewound) and must not be processed.
     aborts: u64,
@@ -439,6 +445,7 @@ impl Session {
             revoked_during_poll: BTreeSet::new(),
             rewind_pending: false,
             aborts: 0,
+            restore_failing_since: BTreeMap::new(),
             restore_consumer: None,
         }));
         let consumer: BaseConsumer<WorkerContext> = consumer_config(&d.options, &app, &client_id)
@@ -760,7 +767,33 @@ impl Core {
             let stats = changelog::restore(&self.d, restorer, task, left);
             restoring.fetch_sub(1, Ordering::Relaxed);
             let stats = match stats {
-                Ok(stats) => stats,
+                Ok(stats) => {
+                    self.restore_failing_since.remove(p);
+                    stats
+                }
+                // A broker away (a leader moving): the partition stays
+                // paused and restoring, and the next loop tries again from
+                // the store's position; the session stays.
+                Err(StreamError::Kafka(
+                    e @ (kafka::KafkaError::Client { .. } | kafka::KafkaError::Timeout { .. }),
+                )) if self
+                    .restore_failing_since
+                    .entry(*p)
+                    .or_insert_with(Instant::now)
+                    .elapsed()
+                    < RESTORE_RETRY_LIMIT =>
+                {
+                    tracing::info!(
+                        worker = self.worker,
+                        partition = p,
+                        "restore interrupted, trying again: {}",
+                        error_chain(&e)
+                    );
+                    let left = partitions.iter().filter(|&q| q > p).count() as u64;
+                    restoring.fetch_sub(left, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(200));
+                    break;
+                }
                 Err(e) => {
                     let left = partitions.iter().filter(|&q| q > p).count() as u64;
                     restoring.fetch_sub(left, Ordering::Relaxed);
@@ -1030,12 +1063,13 @@ impl Core {
             return Err(StreamError::Restart(format!("{operation}: {e}")));
         }
         if kafka::is_stale_generation(&e) {
-            // A rebalance began while this transaction was open: its
-            // offsets carry the old generation. Abort and read the input
-            // again from the committed offsets; the producer and the
-            // membership stay (a static member rejoining under the same id
-            // would get its old assignment back without a rebalance, and a
-            // partition revoked meanwhile would be owned by nobody).
+            // A rebalance began while this transaction was open (its offsets
+            // carry the old generation), or the member's session expired.
+            // Abort and read the input again from the committed offsets; the
+            // producer and the consumer stay, and the consumer rejoins by
+            // itself (a new consumer under the same static id would get its
+            // old assignment back without a rebalance, and a partition
+            // revoked meanwhile would be owned by nobody).
             tracing::info!(
                 worker = self.worker,
                 "{operation}: {e}: the group is rebalancing; aborting and rewinding"
@@ -1044,6 +1078,17 @@ impl Core {
         }
         if e.rdkafka_error_code().is_some_and(is_timeout) {
             return self.abort_unknown(consumer, &format!("{operation}: {e}"));
+        }
+        if let KafkaError::MessageProduction(_) = e {
+            // The producer refused a record (its transaction is in an
+            // abortable state after an earlier failure): nothing of this
+            // transaction can commit; abort it (a failing abort ends the
+            // session).
+            tracing::warn!(
+                worker = self.worker,
+                "{operation}: {e}; aborting the transaction"
+            );
+            return self.abort(Some(consumer));
         }
         match kafka::classify(&e) {
             TxnFailure::Abort => {
