@@ -516,10 +516,10 @@ impl<'a> Drill<'a> {
         let mut ids: BTreeSet<u32> = BTreeSet::new();
         let out = self.cluster.script(&["transactions", "list"]);
         for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if line.starts_with(&format!("{}-", self.w.app)) {
-                if let Some(id) = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()) {
-                    ids.insert(id);
-                }
+            if line.starts_with(&format!("{}-", self.w.app))
+                && let Some(id) = line.split_whitespace().nth(1).and_then(|c| c.parse().ok())
+            {
+                ids.insert(id);
             }
         }
         if ids.is_empty() {
@@ -545,6 +545,8 @@ impl<'a> Drill<'a> {
 
     /// Restarts hosts that exited on their own (a finding).
     fn check_hosts(&mut self, after: &str) {
+        // Indexed: a finding borrows the drill mutably.
+        #[allow(clippy::needless_range_loop)]
         for i in 0..self.hosts.len() {
             if let Ok(Some(status)) = self.hosts[i].child.try_wait() {
                 let tail = tail(&self.hosts[i].log_text(), 30);

@@ -410,7 +410,8 @@ fn new_producer(d: &Deployment, n: u32) -> Result<BaseProducer<ProducerCtx>, Str
 }
 
 /// Whether the group is steady as librdkafka last reported it (`up/steady`
-/// in its statistics; `None` before the first report).
+/// in its statistics; before the first report, `init`, it is taken as
+/// steady).
 fn group_steady(state: &str) -> bool {
     state == "init" || state.ends_with("/steady")
 }
@@ -707,6 +708,7 @@ impl Core {
     /// Closes `partition`'s task (its stores stay on disk for
     /// `state_cleanup_delay`).
     fn close_task(&mut self, partition: i32) -> bool {
+        self.restore_failing_since.remove(&partition);
         let closed = self.tasks.remove(&partition).is_some();
         if closed {
             self.d
