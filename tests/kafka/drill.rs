@@ -674,8 +674,10 @@ impl<'a> Drill<'a> {
                 return Ok(());
             }
             if since.elapsed() > DRAIN_TIMEOUT {
+                let stacks = self.host_stacks();
                 self.finding(format!(
-                    "the lag did not drain within {DRAIN_TIMEOUT:?} with the faults over: committed {committed} of {end}"
+                    "the lag did not drain within {DRAIN_TIMEOUT:?} with the faults over: committed {committed} of {end}; \
+                     where the hosts' threads are:\n{stacks}"
                 ));
                 return Err(self.failure_report(r, None));
             }
