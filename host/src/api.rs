@@ -64,7 +64,8 @@ pub struct HostStatus {
     pub name: String,
     /// The version this host runs (or last ran).
     pub version: u64,
-    /// `starting`, `running`, `stopping` or `failed`.
+    /// `starting`, `running`, `stopping`, `failing` (workers restarting in a
+    /// loop; the reason is in `last_errors`) or `failed`.
     pub state: String,
     /// Input partitions this host's workers own.
     pub partitions: Vec<i32>,
@@ -116,7 +117,8 @@ pub struct DeploymentSummary {
     pub tenant: String,
     /// The deployed version.
     pub version: u64,
-    /// `running`, `starting`, `upgrading`, `failed`, `paused` or `deleted`.
+    /// `running`, `starting`, `upgrading`, `failing` (restarting in a loop on
+    /// some host), `failed`, `paused` or `deleted`.
     pub status: String,
     /// sha256 of its component.
     pub artifact: String,

@@ -363,7 +363,7 @@ impl Manifest {
         }
         let mut seen = std::collections::BTreeSet::new();
         for store in &raw.stores {
-            check_identifier(store).map_err(|m| invalid("stores", m))?;
+            check_store_name(store).map_err(|m| invalid("stores", m))?;
             if !seen.insert(store) {
                 return Err(invalid(
                     "stores",
@@ -537,6 +537,26 @@ fn check_identifier(name: &str) -> Result<(), String> {
     }
 }
 
+/// Store names: identifiers, but not the host's own (its metadata lives
+/// beside the stores, in a column family named `onceflow.meta`: a store of
+/// that name would let the guest overwrite changelog positions) and not
+/// `.` or `..`.
+fn check_store_name(name: &str) -> Result<(), String> {
+    check_identifier(name)?;
+    if name.bytes().all(|b| b == b'.') {
+        return Err(format!(
+            "{name:?} is not a valid store name: use letters or digits, not only dots"
+        ));
+    }
+    if name.to_ascii_lowercase().starts_with("onceflow.") {
+        return Err(format!(
+            "store name {name:?} is reserved: names starting with \"onceflow.\" are the host's; \
+             rename the store"
+        ));
+    }
+    Ok(())
+}
+
 /// Kafka's own rule for topic names.
 pub fn check_topic(topic: &str) -> Result<(), String> {
     let ok = !topic.is_empty()
@@ -635,6 +655,24 @@ dead-letter-topic = "payments.dlq"
             (
                 WALLET.replace("stores = [\"balances\"]", "stores = [\"a\", \"a\"]"),
                 "listed twice",
+            ),
+            // The host's metadata column family (a guest writing it moved
+            // changelog positions) and dot-only names.
+            (
+                WALLET.replace("stores = [\"balances\"]", "stores = [\"onceflow.meta\"]"),
+                "reserved",
+            ),
+            (
+                WALLET.replace("stores = [\"balances\"]", "stores = [\"OnceFlow.x\"]"),
+                "reserved",
+            ),
+            (
+                WALLET.replace("stores = [\"balances\"]", "stores = [\".\"]"),
+                "not only dots",
+            ),
+            (
+                WALLET.replace("stores = [\"balances\"]", "stores = [\"..\"]"),
+                "not only dots",
             ),
         ];
         for (text, needle) in cases {

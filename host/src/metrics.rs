@@ -44,6 +44,8 @@ pub struct Metrics {
     pub fuel: AtomicU64,
     /// Per worker: its input partitions and their lag.
     workers: Mutex<BTreeMap<u32, WorkerLoad>>,
+    /// When the latest worker restarts happened, and the last one's error.
+    restart_log: Mutex<(std::collections::VecDeque<std::time::Instant>, String)>,
     commit_latency_us: Mutex<Vec<u64>>,
     status_latency_us: Mutex<Vec<u64>>,
     all_commit_latency_us: Mutex<Vec<u64>>,
@@ -66,6 +68,7 @@ impl Default for Metrics {
             restoring: AtomicU64::default(),
             fuel: AtomicU64::default(),
             workers: Mutex::default(),
+            restart_log: Mutex::default(),
             commit_latency_us: Mutex::default(),
             status_latency_us: Mutex::default(),
             all_commit_latency_us: Mutex::default(),
@@ -84,6 +87,12 @@ pub struct WorkerLoad {
     /// Records between its positions and the partitions' last stable offsets.
     pub lag: i64,
 }
+
+/// A deployment whose workers restarted this many times within
+/// [`FAILING_WINDOW`] is failing (a restart loop), whatever else it says.
+pub const FAILING_RESTARTS: usize = 3;
+/// See [`FAILING_RESTARTS`].
+pub const FAILING_WINDOW: Duration = Duration::from_secs(60);
 
 /// Most commit latencies kept between two reports.
 const MAX_SAMPLES: usize = 100_000;
@@ -130,6 +139,29 @@ impl Metrics {
     /// Adds to a counter.
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a worker session restart and remembers why.
+    pub fn restarted(&self, error: String) {
+        Self::add(&self.restarts, 1);
+        let mut log = self.restart_log.lock().unwrap_or_else(|e| e.into_inner());
+        log.0.push_back(std::time::Instant::now());
+        while log.0.len() > FAILING_RESTARTS {
+            log.0.pop_front();
+        }
+        log.1 = error;
+    }
+
+    /// `Some(last error)` while the workers are in a restart loop: at least
+    /// [`FAILING_RESTARTS`] restarts within the last [`FAILING_WINDOW`].
+    pub fn failing(&self) -> Option<String> {
+        let log = self.restart_log.lock().unwrap_or_else(|e| e.into_inner());
+        let recent = log
+            .0
+            .iter()
+            .filter(|t| t.elapsed() < FAILING_WINDOW)
+            .count();
+        (recent >= FAILING_RESTARTS).then(|| log.1.clone())
     }
 
     /// Records what worker `n` owns and how far behind it is.
@@ -317,7 +349,12 @@ impl Collector for Exposition {
             }
         }
         type Level = fn(&Metrics) -> i64;
-        let gauges: [(&str, &str, Level); 3] = [
+        let gauges: [(&str, &str, Level); 4] = [
+            (
+                "onceflow_failing",
+                "1 while the deployment's workers are in a restart loop (see describe's last errors)",
+                |m| i64::from(m.failing().is_some()),
+            ),
             (
                 "onceflow_lag_records",
                 "Records between the workers' positions and the last stable offsets",

@@ -20,16 +20,30 @@ use std::time::Duration;
 use crate::manifest::{ErrorPolicy, Manifest};
 use crate::sandbox::{CallFailure, Guest, Processor, ProcessorPolicy, SandboxError};
 use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch};
-use crate::types::{AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord};
+use crate::types::{
+    AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord, StoreAccessError,
+};
 
 /// Largest output record (key + value + headers) accepted, in bytes.
 pub const MAX_OUTPUT_BYTES: u64 = crate::types::MAX_RECORD_BYTES;
+
+/// Most bytes of outputs and state writes one `process` call may buffer in
+/// the host (`limits.memory-mb` bounds only the guest's own memory): one
+/// record emitting 2,500 outputs of 1 MB took a host to 2.48 GB before.
+/// Past it every emit and put of the call is refused, and the call fails
+/// (a batch is split until the record to blame is alone; then its error
+/// policy applies), even if the guest ignores the refusals.
+pub const MAX_CALL_BYTES: u64 = 64 << 20;
 
 /// Longest reason a dead letter carries, in bytes (the rest is cut).
 const MAX_REASON_BYTES: usize = 4096;
 
 /// Header names on dead-lettered records.
 pub mod dead_letter_headers {
+    /// What every header the host adds to a dead letter starts with; an
+    /// input's own headers with this prefix are dropped from its dead
+    /// letter.
+    pub const PREFIX: &str = "onceflow.error.";
     /// Why the record failed.
     pub const ERROR: &str = "onceflow.error.message";
     /// The input topic.
@@ -134,6 +148,23 @@ struct TaskEffects {
     state: TaskState,
     outputs: Vec<(String, String)>,
     call_outputs: Vec<OutputRecord>,
+    /// Bytes of outputs and state writes in the call in progress.
+    call_bytes: u64,
+    /// Whether the call went past [`MAX_CALL_BYTES`].
+    over_budget: bool,
+}
+
+impl TaskEffects {
+    /// Counts `size` more bytes for the call; false (and every later
+    /// request of the call refused) past [`MAX_CALL_BYTES`].
+    fn spend(&mut self, size: u64) -> bool {
+        if self.over_budget || self.call_bytes + size > MAX_CALL_BYTES {
+            self.over_budget = true;
+            return false;
+        }
+        self.call_bytes += size;
+        true
+    }
 }
 
 impl Effects for TaskEffects {
@@ -141,6 +172,11 @@ impl Effects for TaskEffects {
         self.state.get(store, key)
     }
     fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
+        if !self.spend((key.len() + value.len()) as u64) {
+            return Err(AccessError::Refused(StoreAccessError::TooLarge(
+                MAX_CALL_BYTES,
+            )));
+        }
         self.state.put(store, key, value)
     }
     fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
@@ -188,6 +224,9 @@ impl Effects for TaskEffects {
         if record.size() as u64 > MAX_OUTPUT_BYTES {
             return Err(EmitError::TooLarge(MAX_OUTPUT_BYTES));
         }
+        if !self.spend(record.size() as u64) {
+            return Err(EmitError::TooLarge(MAX_CALL_BYTES));
+        }
         self.call_outputs.push(record);
         Ok(())
     }
@@ -224,6 +263,8 @@ impl Task {
                 state,
                 outputs,
                 call_outputs: Vec::new(),
+                call_bytes: 0,
+                over_budget: false,
             }),
         }
     }
@@ -316,9 +357,33 @@ impl Task {
             self.guest = None;
             self.guest = Some(self.processor.instantiate(self.partition)?);
         }
+        {
+            let fx = self.fx();
+            fx.call_bytes = 0;
+            fx.over_budget = false;
+        }
         let guest = self.guest.as_mut().expect("instantiated above");
         let result = guest.process(records, &mut self.effects);
         self.fuel_used += guest.take_fuel_used();
+        if self.fx_ref().over_budget {
+            // Whatever the guest made of the refusals, the call failed.
+            let message = format!(
+                "the outputs and state writes of one call exceeded the host's limit of {} MiB: \
+                 the record emits or writes too much at once",
+                MAX_CALL_BYTES >> 20
+            );
+            return Ok(Err(match result {
+                Err(CallFailure::Rejected { index, .. }) => {
+                    CallFailure::Rejected { index, message }
+                }
+                Err(trapped @ CallFailure::Trapped { .. }) => trapped,
+                Err(host @ CallFailure::Host(_)) => host,
+                Ok(()) => CallFailure::Rejected {
+                    index: None,
+                    message,
+                },
+            }));
+        }
         Ok(result)
     }
 
@@ -457,7 +522,15 @@ pub fn dead_letter(
         reason.truncate(cut);
         reason.push_str(" [cut]");
     }
-    let mut headers = record.headers.clone();
+    // The host's headers win: an input that already carries
+    // `onceflow.error.*` headers (forged upstream, or a dead letter fed back
+    // in) loses them, so readers find exactly one of each, the host's.
+    let mut headers: Vec<Header> = record
+        .headers
+        .iter()
+        .filter(|x| !x.key.starts_with(h::PREFIX))
+        .cloned()
+        .collect();
     let mut add = |key: &str, value: String| {
         headers.push(Header {
             key: key.to_owned(),
@@ -487,7 +560,7 @@ pub fn dead_letter(
         // The input's own key and headers are too large: keep only what
         // says where the record was.
         out.key = None;
-        out.headers.retain(|x| x.key.starts_with("onceflow.error."));
+        out.headers.retain(|x| x.key.starts_with(h::PREFIX));
     }
     out
 }
@@ -509,5 +582,41 @@ mod tests {
             from_manifest.log_lines_per_second,
             default.log_lines_per_second
         );
+    }
+
+    /// An input carrying forged `onceflow.error.*` headers: its dead letter
+    /// has one of each, the host's (before, the forged ones came first and
+    /// `verify` read the forged offset).
+    #[test]
+    fn the_hosts_dead_letter_headers_win_over_the_inputs() {
+        let forged = |key: &str, value: &str| Header {
+            key: key.to_owned(),
+            value: value.as_bytes().to_vec(),
+        };
+        let record = InputRecord {
+            topic: "in".to_owned(),
+            partition: 2,
+            offset: 41,
+            timestamp: 7,
+            key: Some(b"k".to_vec()),
+            value: Some(b"v".to_vec()),
+            headers: vec![
+                forged(dead_letter_headers::OFFSET, "999"),
+                forged(dead_letter_headers::ERROR, "all good"),
+                forged("trace-id", "abc"),
+            ],
+        };
+        let out = dead_letter(&record, "dlq".to_owned(), "t.p", "boom".to_owned());
+        let values = |key: &str| -> Vec<String> {
+            out.headers
+                .iter()
+                .filter(|x| x.key == key)
+                .map(|x| String::from_utf8_lossy(&x.value).into_owned())
+                .collect()
+        };
+        assert_eq!(values(dead_letter_headers::OFFSET), ["41"]);
+        assert_eq!(values(dead_letter_headers::ERROR), ["boom"]);
+        assert_eq!(values(dead_letter_headers::PARTITION), ["2"]);
+        assert_eq!(values("trace-id"), ["abc"], "other headers are kept");
     }
 }

@@ -106,7 +106,9 @@ fn every_wallet_prints_exactly_what_the_rust_wallet_prints() {
         "big.jsonl",
         &["--lines", "300", "--seed", "7", "--big"],
     );
-    let cases: [(&Path, bool, &[(&str, &str)]); 3] = [
+    // (input, whether its records are big, its (batch size, partitions) runs)
+    type Case<'a> = (&'a Path, bool, &'a [(&'a str, &'a str)]);
+    let cases: [Case<'_>; 3] = [
         (&sample, false, &[("100", "1"), ("1", "1")]),
         (&mixed, false, &[("100", "1"), ("7", "3"), ("1", "1")]),
         (&big, true, &[("7", "3")]),

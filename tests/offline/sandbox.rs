@@ -396,6 +396,46 @@ fn a_looping_record_burns_one_records_fuel_not_the_batchs() {
     );
 }
 
+/// A guest that calls `begin-record` for the same record in a loop gets no
+/// more fuel: it runs out of its budget. Before, every call refilled the
+/// fuel, and only the call's deadline (here 2 s; up to 10 minutes) stopped
+/// it.
+#[test]
+fn begin_record_in_a_loop_does_not_refuel() {
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    let records = [
+        record("hostile-in", 0, "a", "refuel"),
+        record("hostile-in", 1, "b", "ok"),
+    ];
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let outputs = run(&mut runner, &records, 10);
+    let reason = error_of(&outputs[0]).expect("the refueling loop is dead-lettered");
+    assert!(reason.contains("ran out of fuel"), "{reason}");
+    assert_eq!(outputs[1].value.as_deref(), Some(&b"ok"[..]));
+}
+
+/// One record emitting 100 outputs of ~1 MB (ignoring the refusals): the
+/// host stops buffering at its per-call limit and the record goes to the
+/// error policy, naming the limit; the next record is processed. Before,
+/// all 100 MB were buffered and committed.
+#[test]
+fn a_record_cannot_fill_the_hosts_memory_with_outputs() {
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    let records = [
+        record("hostile-in", 0, "a", "flood:100"),
+        record("hostile-in", 1, "b", "ok"),
+    ];
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let outputs = run(&mut runner, &records, 10);
+    let summary: Vec<(&str, usize)> = outputs
+        .iter()
+        .map(|o| (o.topic.as_str(), o.value.as_ref().map_or(0, Vec::len)))
+        .collect();
+    assert_eq!(summary, [("dlq", 9), ("hostile-out", 2)], "{summary:?}");
+    let reason = error_of(&outputs[0]).expect("a reason");
+    assert!(reason.contains("limit of 64 MiB"), "{reason}");
+}
+
 /// A failed call's records are run again (around the failing one) on a
 /// fresh instance: memory that saw them once (a guest's globals) never sees
 /// them twice. Before, the instance of a call that returned an error was

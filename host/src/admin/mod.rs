@@ -10,21 +10,29 @@
 //! logged. The routes are listed in [`crate::api`]; `GET /metrics` answers
 //! Prometheus text: the caller tenant's series (all with the operator
 //! token).
+//!
+//! A request's token is checked before its body is read: a client without
+//! a valid token never makes the host buffer a byte of it (before, eight
+//! unauthenticated 120 MB uploads took a host from 55 MB to 874 MB). Bodies
+//! are then read up to their limit (413 naming it), and at most
+//! [`UPLOADS_PER_TENANT`] uploads of one tenant are read at a time.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use futures::StreamExt;
 
 use crate::api::{
     DeleteParams, DeployRequest, DeploymentList, ErrorBody, Health, LogParams, QueryParams,
 };
 use crate::fleet::Deployed;
-use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES};
+use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES};
 use crate::fleet::tenancy::Principal;
 use crate::fleet::{Fleet, FleetError, Tenant};
 use crate::kafka::KafkaError;
@@ -55,6 +63,8 @@ pub fn status_of(e: &FleetError) -> StatusCode {
         | FleetError::NoValue { .. } => StatusCode::NOT_FOUND,
         FleetError::Refused(_) => StatusCode::FORBIDDEN,
         FleetError::NameConflict { .. } | FleetError::DuplicateHost { .. } => StatusCode::CONFLICT,
+        FleetError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        FleetError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
         FleetError::Manifest(_)
         | FleetError::Component(_)
         | FleetError::Invalid(_)
@@ -125,15 +135,166 @@ fn tenant_of(fleet: &Fleet, headers: &HeaderMap) -> ApiResult<Tenant> {
     }
 }
 
+/// Uploads one tenant may have in progress at once on a host.
+pub const UPLOADS_PER_TENANT: usize = 2;
+/// Largest deploy request body: the manifest and the artifact's digest,
+/// JSON-escaped.
+const MAX_DEPLOY_BODY: usize = 2 * MAX_MANIFEST_BYTES;
+
+/// How long an upload waits for one of its tenant's slots before 429.
+const UPLOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Upload slots, per tenant: an upload's body is read only once it holds
+/// one, so a tenant makes the host buffer at most [`UPLOADS_PER_TENANT`]
+/// components at a time; the others wait (their bodies unread).
+#[derive(Default)]
+struct Uploads(Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>);
+
+impl Uploads {
+    async fn enter(&self, tenant: &str) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
+        let slots = {
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(
+                map.entry(tenant.to_owned())
+                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(UPLOADS_PER_TENANT))),
+            )
+        };
+        match tokio::time::timeout(UPLOAD_WAIT, slots.acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(ApiError::from(FleetError::Busy(format!(
+                "tenant {tenant:?} has had {UPLOADS_PER_TENANT} uploads in progress on this host \
+                 for {} s: wait for them to finish, then upload again",
+                UPLOAD_WAIT.as_secs()
+            )))),
+        }
+    }
+}
+
+/// Log reads (long polls, up to 30 s each) one tenant may have waiting at
+/// once on a host.
+pub const LOG_READS_PER_TENANT: usize = 8;
+/// Log reads waiting at once on a host, all tenants together: well under
+/// the blocking pool's 512 threads, so that long polls never starve the
+/// calls every tenant needs (before, 520 `logs --follow` of one tenant made
+/// another's `pause` take 24.5 s).
+pub const LOG_READS_PER_HOST: usize = 128;
+
+/// Log reads in progress, per tenant and in all.
+struct LogReads {
+    per_tenant: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    all: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for LogReads {
+    fn default() -> Self {
+        Self {
+            per_tenant: Mutex::default(),
+            all: Arc::new(tokio::sync::Semaphore::new(LOG_READS_PER_HOST)),
+        }
+    }
+}
+
+impl LogReads {
+    /// A slot for one log read, or 429 at once.
+    fn enter(
+        &self,
+        tenant: &str,
+    ) -> ApiResult<(
+        tokio::sync::OwnedSemaphorePermit,
+        tokio::sync::OwnedSemaphorePermit,
+    )> {
+        let mine = {
+            let mut map = self.per_tenant.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(
+                map.entry(tenant.to_owned())
+                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(LOG_READS_PER_TENANT))),
+            )
+        };
+        let busy = |what: String| ApiError::from(FleetError::Busy(what));
+        let own = Arc::clone(&mine).try_acquire_owned().map_err(|_| {
+            busy(format!(
+                "tenant {tenant:?} already has {LOG_READS_PER_TENANT} log reads waiting on this \
+                 host: stop some `logs --follow`, or read without waiting"
+            ))
+        })?;
+        let all = Arc::clone(&self.all).try_acquire_owned().map_err(|_| {
+            busy(format!(
+                "this host has {LOG_READS_PER_HOST} log reads waiting: try again shortly"
+            ))
+        })?;
+        Ok((own, all))
+    }
+}
+
+/// How much of a refused body the host still reads (and drops), so that a
+/// client that sends it whole gets the 413 instead of a reset connection.
+/// Larger bodies are answered at once and the connection is closed.
+const DRAIN_REFUSED: u64 = 8 << 20;
+
+/// Reads a request body of at most `limit` bytes, after the caller was
+/// authenticated: a declared length over the limit is refused before
+/// reading, a body that grows past it as soon as it does.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize, what: &str) -> ApiResult<Bytes> {
+    let too_large = |size: u64| {
+        ApiError::from(FleetError::TooLarge {
+            what: what.to_owned(),
+            size,
+            limit: limit as u64,
+            advice: "the host takes no larger".to_owned(),
+        })
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut stream = body.into_data_stream();
+    if let Some(size) = declared
+        && size > limit as u64
+    {
+        if size <= limit as u64 + DRAIN_REFUSED {
+            drain(&mut stream, size).await;
+        }
+        return Err(too_large(size));
+    }
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(1 << 20) as usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("reading {what}: {e}")))?;
+        if buf.len() + chunk.len() > limit {
+            let seen = (buf.len() + chunk.len()) as u64;
+            drop(buf);
+            drain(&mut stream, limit as u64 + DRAIN_REFUSED - seen).await;
+            return Err(too_large(declared.unwrap_or(seen)));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Reads and drops up to `most` more bytes of a refused body (for at most
+/// 10 s).
+async fn drain(
+    stream: &mut (impl futures::Stream<Item = Result<Bytes, axum::Error>> + Unpin),
+    most: u64,
+) {
+    let mut left = most;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while left > 0 {
+            match stream.next().await {
+                Some(Ok(chunk)) => left = left.saturating_sub(chunk.len() as u64),
+                _ => return,
+            }
+        }
+    })
+    .await;
+}
+
 /// The admin API's routes.
 pub fn router(fleet: Arc<Fleet>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .route(
-            "/v1/artifacts",
-            post(upload).layer(DefaultBodyLimit::max(MAX_ARTIFACT_BYTES)),
-        )
+        .route("/v1/artifacts", post(upload))
         .route("/v1/deployments", get(list))
         .route(
             "/v1/deployments/{name}",
@@ -143,6 +304,8 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .route("/v1/deployments/{name}/resume", post(resume))
         .route("/v1/deployments/{name}/logs", get(logs))
         .route("/v1/deployments/{name}/state/{store}", get(query))
+        .layer(Extension(Arc::new(Uploads::default())))
+        .layer(Extension(Arc::new(LogReads::default())))
         .with_state(fleet)
 }
 
@@ -195,10 +358,13 @@ async fn metrics(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResu
 /// `POST /v1/artifacts`.
 async fn upload(
     State(fleet): State<Arc<Fleet>>,
+    Extension(uploads): Extension<Arc<Uploads>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
+    let _slot = uploads.enter(&tenant.name).await?;
+    let body = read_body(&headers, body, MAX_ARTIFACT_BYTES, "the component").await?;
     let uploaded = blocking(move || fleet.upload(&tenant, &body)).await?;
     Ok((StatusCode::CREATED, axum::Json(uploaded)).into_response())
 }
@@ -208,9 +374,16 @@ async fn deploy(
     State(fleet): State<Arc<Fleet>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    axum::Json(req): axum::Json<DeployRequest>,
+    body: Body,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
+    let body = read_body(&headers, body, MAX_DEPLOY_BODY, "the deploy request").await?;
+    let req: DeployRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the deploy request is not valid JSON for this host: {e}"),
+        )
+    })?;
     let (deployed, summary) = blocking(move || fleet.deploy(&tenant, &name, req)).await?;
     let status = match deployed {
         Deployed::Created => StatusCode::CREATED,
@@ -274,12 +447,18 @@ async fn delete(
 
 async fn logs(
     State(fleet): State<Arc<Fleet>>,
+    Extension(reads): Extension<Arc<LogReads>>,
     Path(name): Path<String>,
     Query(params): Query<LogParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let lines = blocking(move || fleet.logs(&tenant, &name, &params)).await?;
+    let slot = reads.enter(&tenant.name)?;
+    let lines = blocking(move || {
+        let _slot = slot;
+        fleet.logs(&tenant, &name, &params)
+    })
+    .await?;
     Ok(axum::Json(lines).into_response())
 }
 

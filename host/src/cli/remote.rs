@@ -173,6 +173,23 @@ pub fn deploy(
         .with_context(|| format!("cannot read {}", manifest.path.display()))?;
     let component_path = component.unwrap_or_else(|| manifest.component_path());
     let bytes = read_component(&component_path, Some(&manifest))?;
+    // The host refuses these with 413; say so before sending megabytes.
+    use onceflow::fleet::registry::{MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES};
+    if bytes.len() > MAX_ARTIFACT_BYTES {
+        anyhow::bail!(
+            "{} is {} bytes, over the host's limit of {MAX_ARTIFACT_BYTES} bytes per component: \
+             build in release mode and strip debug information",
+            component_path.display(),
+            bytes.len()
+        );
+    }
+    if manifest_text.len() > MAX_MANIFEST_BYTES {
+        anyhow::bail!(
+            "{} is {} bytes, over the host's limit of {MAX_MANIFEST_BYTES} bytes per manifest",
+            manifest.path.display(),
+            manifest_text.len()
+        );
+    }
 
     let progress = indicatif::ProgressBar::new(bytes.len() as u64);
     if remote.output == OutputFormat::Text {

@@ -1,5 +1,7 @@
 //! Components in the artifacts topic: content-addressed (sha256), chunked
-//! to fit Kafka's record limit, and cached on each host's disk.
+//! to fit Kafka's record limit, and cached on each host's disk. Each upload
+//! also writes a grant (`<sha>/grant/<tenant>`): a tenant deploys only
+//! components it uploaded itself, not another tenant's by its digest.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -11,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::FleetError;
 use super::control::ControlPlane;
-use super::registry::{ARTIFACT_CHUNK, ARTIFACTS_TOPIC, chunk_key, parse_chunk_key};
+use super::registry::{ARTIFACT_CHUNK, ARTIFACTS_TOPIC, chunk_key, grant_key, parse_chunk_key};
 use crate::kafka;
 
 impl ControlPlane {
@@ -19,10 +21,45 @@ impl ControlPlane {
         self.artifact_cache.join(format!("{sha256}.wasm"))
     }
 
+    fn cached_grant(&self, sha256: &str, tenant: &str) -> PathBuf {
+        self.artifact_cache.join(format!("{sha256}.{tenant}.grant"))
+    }
+
+    /// Whether `tenant` uploaded the component `sha256` (through any host).
+    pub fn granted(&self, tenant: &str, sha256: &str) -> Result<bool, FleetError> {
+        let marker = self.cached_grant(sha256, tenant);
+        if marker.exists() {
+            return Ok(true);
+        }
+        let (consumer, (_, end)) = self.read_from(ARTIFACTS_TOPIC, |_, _| None)?;
+        let wanted = grant_key(sha256, tenant);
+        let mut found = false;
+        if end > 0 {
+            kafka::read_to_end(
+                &consumer,
+                1,
+                ARTIFACTS_TOPIC,
+                Instant::now() + Duration::from_secs(120),
+                |m| {
+                    found |= m.key() == Some(wanted.as_bytes()) && m.payload().is_some();
+                    if found || m.offset() + 1 >= end {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                },
+            )?;
+        }
+        if found {
+            write_atomically(&marker, b"")?;
+        }
+        Ok(found)
+    }
+
     /// Stores a component in the artifacts topic and in the local cache;
     /// returns its sha256. An index record `<sha>/index` gives the chunk
     /// count; the chunks are `<sha>/<i>`.
-    pub fn put_artifact(&self, bytes: &[u8]) -> Result<String, FleetError> {
+    pub fn put_artifact(&self, tenant: &str, bytes: &[u8]) -> Result<String, FleetError> {
         let sha = hex::encode(Sha256::digest(bytes));
         let chunks: Vec<&[u8]> = if bytes.is_empty() {
             vec![bytes]
@@ -39,7 +76,9 @@ impl ControlPlane {
         for (i, chunk) in chunks.iter().enumerate() {
             self.publish(ARTIFACTS_TOPIC, &chunk_key(&sha, i), Some(chunk))?;
         }
+        self.publish(ARTIFACTS_TOPIC, &grant_key(&sha, tenant), Some(b"{}"))?;
         write_atomically(&self.cached_artifact(&sha), bytes)?;
+        write_atomically(&self.cached_grant(&sha, tenant), b"")?;
         Ok(sha)
     }
 

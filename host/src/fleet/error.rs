@@ -73,6 +73,21 @@ pub enum FleetError {
         /// How old the other process's latest status was, in seconds.
         age_s: i64,
     },
+    /// A request body (component, manifest) is larger than the host takes.
+    #[error("{what} is {size} bytes, over the limit of {limit} bytes: {advice}")]
+    TooLarge {
+        /// What was sent.
+        what: String,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+        /// What to do.
+        advice: String,
+    },
+    /// Too many requests of one kind at once from this tenant.
+    #[error("{0}")]
+    Busy(String),
     /// The tenant's namespace or quotas forbid it.
     #[error("refused: {0}")]
     Refused(String),

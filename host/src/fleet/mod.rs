@@ -85,6 +85,10 @@ pub struct Fleet {
     running: Mutex<BTreeMap<String, Running>>,
     shutdown: Arc<AtomicBool>,
     duplicates: Mutex<identity::DuplicateWatch>,
+    /// One lock per tenant, held from a deploy's quota check to its write:
+    /// two deploys of one tenant on this host are admitted one after the
+    /// other (before, eight at once against a quota of 2 all got in).
+    admissions: Mutex<BTreeMap<String, Arc<Mutex<()>>>>,
 }
 
 impl Fleet {
@@ -107,6 +111,7 @@ impl Fleet {
             running: Mutex::default(),
             shutdown,
             duplicates: Mutex::default(),
+            admissions: Mutex::default(),
         })
     }
 
@@ -132,6 +137,12 @@ impl Fleet {
                 })
                 .collect(),
         }
+    }
+
+    /// The admission lock of a tenant (see `admissions`).
+    fn admission_lock(&self, tenant: &str) -> Arc<Mutex<()>> {
+        let mut locks = self.admissions.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(locks.entry(tenant.to_owned()).or_default())
     }
 
     /// Whether this host still runs (or is stopping) a deployment.

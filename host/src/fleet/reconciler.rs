@@ -275,12 +275,33 @@ impl Fleet {
             r.last = (Instant::now(), now);
             let p99 = r.metrics.take_status_latency().p99.as_secs_f64() * 1e3;
             let load = r.metrics.load();
+            // A restart loop (a record the client cannot send, a store that
+            // cannot open, an init that always fails) is `failing`, with
+            // the error that restarted it last: never `running`.
+            let failing = match (&r.state, r.metrics.failing()) {
+                (RunState::Running, Some(error)) => Some(error),
+                _ => None,
+            };
+            let mut last_errors: Vec<String> = r
+                .recent_errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned()
+                .collect();
+            if let Some(error) = &failing {
+                last_errors.push(format!("worker restarting in a loop: {error}"));
+            }
             let status = HostStatus {
                 host: self.host_id.clone(),
                 tenant: r.record.tenant.clone(),
                 name: r.record.name.clone(),
                 version: r.record.version,
-                state: r.state.label().to_owned(),
+                state: if failing.is_some() {
+                    "failing".to_owned()
+                } else {
+                    r.state.label().to_owned()
+                },
                 partitions: load.partitions.into_iter().collect(),
                 lag: load.lag,
                 records_per_s,
@@ -290,13 +311,7 @@ impl Fleet {
                 aborts: now.aborts,
                 fenced: now.fenced,
                 dead_lettered: now.dead_lettered,
-                last_errors: r
-                    .recent_errors
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .iter()
-                    .cloned()
-                    .collect(),
+                last_errors,
                 updated_ms: now_ms(),
                 incarnation: self.incarnation.clone(),
             };

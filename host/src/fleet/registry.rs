@@ -27,6 +27,9 @@ pub const LOGS_TOPIC: &str = "_onceflow.logs";
 pub const ARTIFACT_CHUNK: usize = 512 * 1024;
 /// Largest component accepted.
 pub const MAX_ARTIFACT_BYTES: usize = 128 * 1024 * 1024;
+/// Largest manifest accepted: a deployment record (manifest and all) must
+/// fit in one record of the deployments topic (1 MiB by default).
+pub const MAX_MANIFEST_BYTES: usize = 256 * 1024;
 
 /// What the tenant wants of a deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +93,12 @@ pub fn status_key(tenant: &str, name: &str, host: &str) -> String {
 /// The key of an artifact chunk.
 pub fn chunk_key(sha256: &str, index: usize) -> String {
     format!("{sha256}/{index}")
+}
+
+/// The key of the record saying `tenant` uploaded the component `sha256`:
+/// a tenant may deploy only components it uploaded.
+pub fn grant_key(sha256: &str, tenant: &str) -> String {
+    format!("{sha256}/grant/{tenant}")
 }
 
 /// Splits a chunk key into (sha256, index).

@@ -7,7 +7,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::registry::{DeploymentRecord, Desired, HostStatus, deployment_key, now_ms};
+use super::registry::{
+    DeploymentRecord, Desired, HostStatus, MAX_MANIFEST_BYTES, deployment_key, now_ms,
+};
 use super::tenancy::{Existing, Tenant};
 use super::{Fleet, FleetError, manifest_of, parse_manifest};
 use crate::api::{
@@ -42,7 +44,7 @@ impl Fleet {
         self.sandbox
             .load(bytes, ProcessorPolicy::default())
             .map_err(FleetError::Component)?;
-        let sha = self.control.put_artifact(bytes)?;
+        let sha = self.control.put_artifact(&tenant.name, bytes)?;
         tracing::info!(tenant = %tenant.name, artifact = %sha, bytes = bytes.len(), "component stored");
         Ok(Uploaded {
             artifact: sha,
@@ -58,6 +60,16 @@ impl Fleet {
         name: &str,
         req: DeployRequest,
     ) -> Result<(Deployed, DeploymentSummary), FleetError> {
+        if req.manifest.len() > MAX_MANIFEST_BYTES {
+            return Err(FleetError::TooLarge {
+                what: "the manifest".to_owned(),
+                size: req.manifest.len() as u64,
+                limit: MAX_MANIFEST_BYTES as u64,
+                advice: "a manifest of that size is likely a mistake (large [config] values \
+                         belong in a topic or in the component)"
+                    .to_owned(),
+            });
+        }
         let manifest =
             parse_manifest(&tenant.name, name, &req.manifest).map_err(FleetError::Manifest)?;
         if manifest.name != name {
@@ -66,21 +78,42 @@ impl Fleet {
                 manifest.name
             )));
         }
-        let others: Vec<Existing> = self
-            .live_records(tenant)
-            .into_iter()
-            .filter_map(|r| {
-                let m = manifest_of(&r).ok()?;
-                Some(Existing {
-                    name: r.name,
-                    worker_threads: m.processing.worker_threads,
-                })
-            })
-            .collect();
+        // Quota check and write, one deploy of this tenant at a time.
+        let lock = self.admission_lock(&tenant.name);
+        let _admitting = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let conn = self.control.connection();
+        let instances = |m: &Manifest| -> Result<u32, FleetError> {
+            Ok(stream::input_partitions(m, conn)?.map_or(0, |n| n.max(0) as u32))
+        };
+        let mut others = Vec::new();
+        for r in self.live_records(tenant) {
+            let Ok(m) = manifest_of(&r) else { continue };
+            others.push(Existing {
+                name: r.name,
+                worker_threads: m.processing.worker_threads,
+                guest_memory_mb: u64::from(instances(&m)?) * m.limits.memory_mb,
+            });
+        }
         tenant
-            .admit(&manifest, &others)
+            .admit(&manifest, instances(&manifest)?, &others)
             .map_err(FleetError::Refused)?;
         self.check_names(tenant, &manifest)?;
+        // Only the tenant's own uploads (or a component one of its
+        // deployments already ran, uploaded before grants existed); another
+        // tenant's component is as unknown as one never uploaded.
+        let ran_before = self
+            .control
+            .deployments
+            .with_prefix(&format!("{}/", tenant.name))
+            .iter()
+            .any(|r| r.artifact == req.artifact);
+        if !ran_before && !self.control.granted(&tenant.name, &req.artifact)? {
+            return Err(FleetError::Invalid(format!(
+                "component {} was not uploaded by tenant {:?} (upload it with POST /v1/artifacts \
+                 first; `onceflow deploy` does)",
+                req.artifact, tenant.name
+            )));
+        }
         let bytes = self.control.artifact(&req.artifact).map_err(|e| match e {
             FleetError::Artifact { .. } => {
                 FleetError::Invalid(format!("{e} (upload it with POST /v1/artifacts first)"))
@@ -385,6 +418,7 @@ fn summary(r: &DeploymentRecord, statuses: &[HostStatus]) -> DeploymentSummary {
         Desired::Paused => "paused",
         Desired::Deleted => "deleted",
         Desired::Running if live.iter().any(|s| s.state == "failed") => "failed",
+        Desired::Running if live.iter().any(|s| s.state == "failing") => "failing",
         Desired::Running
             if running_versions.contains(&r.version) && running_versions.len() == 1 =>
         {

@@ -15,8 +15,16 @@
 //! deployments = 10                 # deployments at once
 //! worker-threads = 8               # summed over its deployments
 //! memory-mb = 256                  # per instance (limits.memory-mb)
+//! guest-memory-mb = 2048           # all its instances on one host together
 //! fuel-per-record = 100000000      # limits.fuel-per-record
+//! timeout-ms = 60000               # limits.timeout-ms (a call's deadline)
+//! log-lines-per-second = 1000      # limits.log-lines-per-second
 //! ```
+//!
+//! Kafka treats `.` and `_` in topic names as one character, so tenant
+//! names that collide under that folding (`evil` and `evil_acme`: tenant
+//! `evil`'s processor `acme_w` would own tenant `evil_acme`'s `w`'s names)
+//! are refused when the file is read.
 //!
 //! A tenant's consumer groups, transactional ids and changelog topics are
 //! named `<tenant>.<processor>…` and its topics start with its topic prefix,
@@ -63,8 +71,18 @@ pub struct Quotas {
     pub worker_threads: u32,
     /// Largest `limits.memory-mb` of an instance.
     pub memory_mb: u64,
+    /// Guest memory of all the tenant's instances on one host together, in
+    /// MiB: a deployment runs one instance per input partition, and all of
+    /// them may land on one host, so each counts partitions x
+    /// `limits.memory-mb`.
+    pub guest_memory_mb: u64,
     /// Largest `limits.fuel-per-record`.
     pub fuel_per_record: u64,
+    /// Largest `limits.timeout-ms`: how long one call may hold a worker
+    /// thread when fuel does not stop it (a guest waiting in a host call).
+    pub timeout_ms: u64,
+    /// Largest `limits.log-lines-per-second` (per instance).
+    pub log_lines_per_second: u32,
 }
 
 impl Default for Quotas {
@@ -73,7 +91,10 @@ impl Default for Quotas {
             deployments: 10,
             worker_threads: 8,
             memory_mb: 256,
+            guest_memory_mb: 2048,
             fuel_per_record: 100_000_000,
+            timeout_ms: 60_000,
+            log_lines_per_second: 1_000,
         }
     }
 }
@@ -106,6 +127,9 @@ pub struct Existing {
     pub name: String,
     /// Its `processing.worker-threads`.
     pub worker_threads: u32,
+    /// Its instances' memory on one host at most: input partitions x
+    /// `limits.memory-mb`.
+    pub guest_memory_mb: u64,
 }
 
 /// All tenants of a host.
@@ -204,6 +228,7 @@ impl Tenants {
                 return Err(format!("tenant {:?} is listed twice", t.name));
             }
         }
+        check_folding(tenants.keys())?;
         let operator_sha256 = match raw.operator {
             Some(o) => Some(parse_digest(&o.token_sha256).map_err(|m| format!("operator: {m}"))?),
             None => None,
@@ -244,10 +269,31 @@ impl Tenants {
     }
 }
 
+/// Refuses two tenants whose names Kafka would mix up: every name a tenant
+/// owns starts with `<tenant>.`, and Kafka folds `.` into `_`, so tenant
+/// `a`'s names can be tenant `a_b`'s when `a_b` starts with `a_`.
+fn check_folding<'a>(names: impl Iterator<Item = &'a String>) -> Result<(), String> {
+    let names: Vec<&String> = names.collect();
+    for a in &names {
+        for b in &names {
+            if a != b && b.starts_with(&format!("{a}_")) {
+                return Err(format!(
+                    "tenants {a:?} and {b:?} collide in Kafka, which treats '.' and '_' as one \
+                     character: tenant {a:?}'s processor \"{}\" would own the names of tenant \
+                     {b:?}'s processor \"x\"; rename one tenant (use '-' instead of '_')",
+                    format_args!("{}_x", &b[a.len() + 1..])
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Tenant {
     /// Checks a manifest against the tenant's namespace and quotas, given
-    /// the tenant's other deployments. The message names the offending key.
-    pub fn admit(&self, m: &Manifest, others: &[Existing]) -> Result<(), String> {
+    /// its input's partition count (one instance each) and the tenant's
+    /// other deployments. The message names the offending key.
+    pub fn admit(&self, m: &Manifest, partitions: u32, others: &[Existing]) -> Result<(), String> {
         if m.tenant != self.name {
             return Err(format!(
                 "the manifest says tenant = {:?} but your token is tenant {:?}'s: set tenant = {:?}",
@@ -296,6 +342,18 @@ impl Tenant {
                 m.limits.fuel_per_record, q.fuel_per_record
             ));
         }
+        if m.limits.timeout_ms > q.timeout_ms {
+            return Err(format!(
+                "limits.timeout-ms = {} exceeds your quota of {} ms per call",
+                m.limits.timeout_ms, q.timeout_ms
+            ));
+        }
+        if m.limits.log_lines_per_second > q.log_lines_per_second {
+            return Err(format!(
+                "limits.log-lines-per-second = {} exceeds your quota of {} per instance",
+                m.limits.log_lines_per_second, q.log_lines_per_second
+            ));
+        }
         let others: Vec<&Existing> = others.iter().filter(|e| e.name != m.name).collect();
         if others.len() as u32 + 1 > q.deployments {
             return Err(format!(
@@ -311,6 +369,16 @@ impl Tenant {
             return Err(format!(
                 "quota exceeded: processing.worker-threads = {} would make {threads} worker threads for tenant {:?}, whose quota is {}",
                 m.processing.worker_threads, self.name, q.worker_threads
+            ));
+        }
+        let memory = u64::from(partitions) * m.limits.memory_mb;
+        let total = others.iter().map(|e| e.guest_memory_mb).sum::<u64>() + memory;
+        if total > q.guest_memory_mb {
+            return Err(format!(
+                "quota exceeded: {partitions} input partitions x limits.memory-mb = {} MiB would \
+                 make {total} MiB of guest memory for tenant {:?} on a host (one instance per \
+                 partition), whose quota is {} MiB: lower limits.memory-mb or use fewer partitions",
+                m.limits.memory_mb, self.name, q.guest_memory_mb
             ));
         }
         Ok(())
@@ -388,39 +456,41 @@ worker-threads = {threads}
     fn namespace_and_quotas_are_enforced() {
         let t = tenants();
         let acme = t.get("acme").expect("acme");
-        acme.admit(&manifest("acme", "acme.in", "acme.out", 1), &[])
+        acme.admit(&manifest("acme", "acme.in", "acme.out", 1), 1, &[])
             .expect("own topics");
         let e = acme
-            .admit(&manifest("acme", "globex.prod.in", "acme.out", 1), &[])
+            .admit(&manifest("acme", "globex.prod.in", "acme.out", 1), 1, &[])
             .unwrap_err();
         assert!(
             e.contains("\"globex.prod.in\" is outside your namespace"),
             "{e}"
         );
         let e = acme
-            .admit(&manifest("globex", "acme.in", "acme.out", 1), &[])
+            .admit(&manifest("globex", "acme.in", "acme.out", 1), 1, &[])
             .unwrap_err();
         assert!(e.contains("token is tenant \"acme\"'s"), "{e}");
         let e = acme
-            .admit(&manifest("acme", "acme.in", "acme.x-changelog", 1), &[])
+            .admit(&manifest("acme", "acme.in", "acme.x-changelog", 1), 1, &[])
             .unwrap_err();
         assert!(e.contains("reserved"), "{e}");
         let others = [
             Existing {
                 name: "a".into(),
                 worker_threads: 1,
+                guest_memory_mb: 128,
             },
             Existing {
                 name: "b".into(),
                 worker_threads: 1,
+                guest_memory_mb: 128,
             },
         ];
         let e = acme
-            .admit(&manifest("acme", "acme.in", "acme.out", 1), &others)
+            .admit(&manifest("acme", "acme.in", "acme.out", 1), 1, &others)
             .unwrap_err();
         assert!(e.contains("may run 2 deployments"), "{e}");
         let e = acme
-            .admit(&manifest("acme", "acme.in", "acme.out", 3), &others[..1])
+            .admit(&manifest("acme", "acme.in", "acme.out", 3), 1, &others[..1])
             .unwrap_err();
         assert!(e.contains("would make 4 worker threads"), "{e}");
         // Redeploying an existing name is an upgrade, not one more.
@@ -428,14 +498,19 @@ worker-threads = {threads}
             Existing {
                 name: "wallet".into(),
                 worker_threads: 2,
+                guest_memory_mb: 128,
             },
             others[0].clone(),
         ];
-        acme.admit(&manifest("acme", "acme.in", "acme.out", 2), &same)
+        acme.admit(&manifest("acme", "acme.in", "acme.out", 2), 1, &same)
             .expect("upgrade within quota");
         let globex = t.get("globex").expect("globex");
         let e = globex
-            .admit(&manifest("globex", "globex.in", "globex.prod.out", 1), &[])
+            .admit(
+                &manifest("globex", "globex.in", "globex.prod.out", 1),
+                1,
+                &[],
+            )
             .unwrap_err();
         assert!(e.contains("starting with \"globex.prod.\""), "{e}");
     }
@@ -455,5 +530,65 @@ worker-threads = {threads}
         ))
         .unwrap_err();
         assert!(e.contains("own token"), "{e}");
+        // `evil`'s processor `acme_w` would derive `evil.acme_w-…`, which
+        // Kafka takes for `evil_acme.w-…` (before: both loaded, and the
+        // first deploy blocked the other tenant's with InvalidTopic).
+        let h2 = hash_token("u");
+        let e = Tenants::parse(&format!(
+            "[[tenant]]\nname = \"evil\"\ntoken-sha256 = \"{h}\"\n[[tenant]]\nname = \"evil_acme\"\ntoken-sha256 = \"{h2}\"\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("\"evil\" and \"evil_acme\" collide"), "{e}");
+        assert!(e.contains("\"acme_x\""), "{e}");
+        // Names that only share a start are fine.
+        Tenants::parse(&format!(
+            "[[tenant]]\nname = \"evil\"\ntoken-sha256 = \"{h}\"\n[[tenant]]\nname = \"evil-acme\"\ntoken-sha256 = \"{h2}\"\n"
+        ))
+        .expect("no folding collision");
+    }
+
+    /// 40 partitions x 60 MiB: one instance per partition, 2,400 MiB on one
+    /// host (before: admitted, and the host grew to 2.51 GB).
+    #[test]
+    fn guest_memory_counts_every_partitions_instance() {
+        let t = tenants();
+        let acme = t.get("acme").expect("acme");
+        let mut m = manifest("acme", "acme.in", "acme.out", 1);
+        m.limits.memory_mb = 60;
+        let e = acme.admit(&m, 40, &[]).unwrap_err();
+        assert!(
+            e.contains("40 input partitions x limits.memory-mb = 60 MiB would make 2400 MiB"),
+            "{e}"
+        );
+        acme.admit(&m, 30, &[]).expect("1800 MiB is within 2048");
+        let other = Existing {
+            name: "other".into(),
+            worker_threads: 1,
+            guest_memory_mb: 300,
+        };
+        let e = acme.admit(&m, 30, &[other]).unwrap_err();
+        assert!(e.contains("2100 MiB"), "{e}");
+    }
+
+    #[test]
+    fn call_deadlines_and_log_rates_are_under_quota() {
+        let t = tenants();
+        let acme = t.get("acme").expect("acme");
+        let mut m = manifest("acme", "acme.in", "acme.out", 1);
+        m.limits.timeout_ms = 600_000;
+        let e = acme.admit(&m, 1, &[]).unwrap_err();
+        assert!(
+            e.contains("limits.timeout-ms = 600000 exceeds your quota of 60000 ms"),
+            "{e}"
+        );
+        m.limits.timeout_ms = 60_000;
+        m.limits.log_lines_per_second = 1_000_000;
+        let e = acme.admit(&m, 1, &[]).unwrap_err();
+        assert!(
+            e.contains("limits.log-lines-per-second = 1000000 exceeds your quota"),
+            "{e}"
+        );
+        m.limits.log_lines_per_second = 1_000;
+        acme.admit(&m, 1, &[]).expect("within quota");
     }
 }

@@ -248,6 +248,12 @@ impl context::Host for HostState {
     fn begin_record(&mut self, index: u32) -> Result<()> {
         // An index past the batch is a guest bug; ignore it rather than
         // trap, so the cursor keeps pointing at the last valid record.
+        // Indices must also move forward: each record of the batch refills
+        // the fuel once, so a guest calling `begin-record` in a loop cannot
+        // refuel itself (it ran 200 M iterations on a 5 M budget before).
+        if self.cursor.is_some_and(|c| index <= c) {
+            return Ok(());
+        }
         if let Some(c) = self.batch.get(index as usize) {
             self.cursor = Some(index);
             self.determinism.set_record(c.seed, c.timestamp_ms);

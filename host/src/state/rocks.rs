@@ -36,6 +36,14 @@ impl RocksPartition {
     /// column families, and a renamed store starts empty and restores from
     /// its own changelog.
     pub fn open(path: &Path, stores: &[String]) -> Result<Self, StateError> {
+        // The manifest refuses this name; a store must never share the
+        // metadata's column family, whatever built the list.
+        if let Some(s) = stores.iter().find(|s| s.as_str() == META_CF) {
+            return Err(backend(
+                s,
+                "this store name is reserved for the host's metadata",
+            ));
+        }
         std::fs::create_dir_all(path).map_err(|e| backend(&path.display().to_string(), e))?;
         let mut opts = Options::default();
         opts.create_if_missing(true);

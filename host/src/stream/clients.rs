@@ -133,6 +133,40 @@ pub(crate) fn check_changelogs(
     Ok(shortest.map(std::time::Duration::from_millis))
 }
 
+/// How long a topic that is not in the metadata is looked for again: a
+/// topic created a moment ago may not have reached the broker that answers
+/// yet (seen: a deploy right after creating its topics was refused with
+/// "input topic does not exist").
+const TOPIC_APPEAR_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A topic's partition count, `None` if it still does not exist after
+/// [`TOPIC_APPEAR_WAIT`].
+fn partition_count(
+    probe: &rdkafka::consumer::BaseConsumer,
+    topic: &str,
+) -> Result<Option<i32>, KafkaError> {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(p) = kafka::partitions(probe, topic)? {
+            return Ok(Some(p.len() as i32));
+        }
+        if started.elapsed() >= TOPIC_APPEAR_WAIT {
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// The partition count of a manifest's (first) input topic, `None` if it
+/// does not exist: the number of instances the deployment runs.
+pub fn input_partitions(manifest: &Manifest, conn: &Connection) -> Result<Option<i32>, KafkaError> {
+    let probe = kafka::metadata_client(conn)?;
+    match manifest.inputs.first() {
+        Some(topic) => partition_count(&probe, topic),
+        None => Ok(None),
+    }
+}
+
 /// Checks the manifest's topics and creates missing changelog topics.
 /// Returns the input partition count.
 pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, KafkaError> {
@@ -143,7 +177,7 @@ pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, Kaf
 
     let mut input_partitions = None;
     for topic in &manifest.inputs {
-        let n = partitions_of(topic)?.ok_or_else(|| {
+        let n = partition_count(&probe, topic)?.ok_or_else(|| {
             KafkaError::topic(topic.clone(), "input topic does not exist: create it first")
         })?;
         match input_partitions {
@@ -168,7 +202,7 @@ pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, Kaf
         .map(String::as_str)
         .chain(manifest.errors.dead_letter_topic());
     for topic in outputs {
-        if partitions_of(topic)?.is_none() {
+        if partition_count(&probe, topic)?.is_none() {
             return Err(KafkaError::topic(
                 topic,
                 "output topic does not exist: create it first",

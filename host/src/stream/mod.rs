@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use changelog::{changelog_topic, changelog_topics};
-pub use clients::prepare_topics;
+pub use clients::{input_partitions, prepare_topics};
 
 use crate::kafka::{Connection, KafkaError};
 use crate::manifest::{Guarantee, Manifest};

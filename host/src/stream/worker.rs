@@ -76,12 +76,12 @@ pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError>
                 return Err(e);
             }
             Err(e) => {
+                let why = error_chain(&e);
                 tracing::warn!(
                     worker = n,
-                    "{}; re-creating the producer and rejoining the group",
-                    error_chain(&e)
+                    "{why}; re-creating the producer and rejoining the group"
                 );
-                Metrics::add(&d.metrics.restarts, 1);
+                d.metrics.restarted(why);
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }

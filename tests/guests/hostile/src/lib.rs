@@ -2,6 +2,8 @@
 //! record's value picks what it does:
 //!
 //! - `loop`: spins forever (the host must stop it with fuel or a timeout);
+//! - `refuel`: spins forever, calling the host's `begin-record` for the
+//!   record it is on again and again (which once refilled its fuel);
 //! - `alloc`: leaks 1 MiB blocks (reserved, so linear memory grows) until allocation
 //!   fails, then panics (the host's memory limit must hold);
 //! - `panic`: panics with "hostile guest panicked on purpose";
@@ -11,16 +13,20 @@
 //!   record's key and headers, to alias `out` (the host's lowering, field by
 //!   field);
 //! - `output:N`: emits one output of N bytes (value) to alias `out`;
+//! - `flood:N`: emits N outputs of 999,000 bytes each to alias `out`,
+//!   ignoring refusals (the host's memory, not the guest's, fills up);
 //! - `global`: increments a counter in the instance's memory (not in a
 //!   store) and emits its value: what a re-run record would see of memory
 //!   that already saw it;
 //! - `state:N`: puts an N-byte value under key `big` of store `seen`;
+//! - with `fail-init` set in its `[config]`, `init` fails (every instance:
+//!   a deployment that can never start);
 //! - anything else: increments key `count` of store `seen` and emits the
 //!   record's key, value and headers unchanged to alias `out`.
 
 use std::hint::black_box;
 
-use onceflow_sdk::{Context, Error, Processor, Record};
+use onceflow_sdk::{Config, Context, Error, Processor, Record};
 
 /// The hostile processor.
 pub struct Hostile;
@@ -31,9 +37,19 @@ const MIB: usize = 1 << 20;
 static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Processor for Hostile {
+    fn init(config: &Config) -> Result<(), Error> {
+        match config.get("fail-init") {
+            Some(why) => Err(Error::new(format!(
+                "hostile guest init failed on purpose: {why}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn process(ctx: &mut Context, record: &Record) -> Result<(), Error> {
         match record.value.as_deref() {
             Some(b"loop") => spin(),
+            Some(b"refuel") => refuel(),
             Some(b"alloc") => exhaust_memory(),
             Some(b"panic") => panic!("hostile guest panicked on purpose"),
             Some(b"fail") => Err(Error::new("hostile guest failed on purpose")),
@@ -61,6 +77,14 @@ impl Processor for Hostile {
                     Some(n.to_string().as_bytes()),
                     &[],
                 )
+            }
+            Some(v) if v.starts_with(b"flood:") => {
+                let n = size_of(&v[b"flood:".len()..])?;
+                let value = vec![b'f'; 999_000];
+                for _ in 0..n {
+                    let _ = ctx.emit_with("out", record.key.as_deref(), Some(&value), &[]);
+                }
+                Ok(())
             }
             Some(v) if v.starts_with(b"output:") => {
                 let n = size_of(&v[7..])?;
@@ -107,6 +131,18 @@ fn spin() -> ! {
     let mut counter: u64 = 0;
     loop {
         counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+/// Spins while telling the host, over and over, that it begins the first
+/// record of the batch, hoping each call refills its fuel.
+fn refuel() -> ! {
+    let mut counter: u64 = 0;
+    loop {
+        onceflow_sdk::bindings::onceflow::processor::context::begin_record(0);
+        for _ in 0..1_000 {
+            counter = black_box(counter.wrapping_add(1));
+        }
     }
 }
 
