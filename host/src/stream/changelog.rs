@@ -25,8 +25,13 @@ use crate::task::Task;
 
 /// Changelog records applied per write batch.
 const CHUNK: usize = 10_000;
-/// Longest a restore may take before the worker gives up and rejoins.
-const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a restore slice may go on past its end while no record
+/// arrives (a fetch that hangs on a leader that moved or a connection that
+/// stalls): then it fails with a timeout, and the worker tries again from
+/// the store's position or, after its retry limit, restarts the session.
+/// Without this bound a stalled fetch held the worker (and its consumer's
+/// poll) silent for minutes (seen in the network-fault drill).
+const RESTORE_STALL: Duration = Duration::from_secs(30);
 
 /// The changelog topic of a store: `<tenant>.<name>-<store>-changelog`.
 pub fn changelog_topic(manifest: &Manifest, store: &str) -> String {
@@ -150,7 +155,7 @@ pub(crate) fn restore(
         let mut out_of_time = false;
         // The fetcher reaching the partition's (stable) end means every
         // committed record before it has been delivered.
-        kafka::read_to_end(consumer, 1, topic, Instant::now() + RESTORE_TIMEOUT, |m| {
+        kafka::read_to_end(consumer, 1, topic, started + slice + RESTORE_STALL, |m| {
             if let Some(key) = m.key() {
                 chunk.insert(key.to_vec(), m.payload().map(<[u8]>::to_vec));
             }

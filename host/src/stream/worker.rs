@@ -13,7 +13,8 @@
 //! ```
 //!
 //! `Core::commit` is the protocol: changelog records for every dirty key,
-//! flush, `send_offsets_to_transaction(offsets, group metadata)`,
+//! flush, `send_offsets_to_transaction(offsets, group metadata as of the
+//! transaction's first record)`,
 //! `commit_transaction` (each call retried within one 30 s budget), and only
 //! then the overlays go to RocksDB together with the changelog positions.
 //! Abortable errors abort, drop every task's guest and pending changes, and
@@ -21,6 +22,10 @@
 //! rewind is not allowed, the session restarts instead); anything else
 //! (fenced, fatal, a timeout, an unknown state) ends the session: producer,
 //! consumer and tasks are dropped and the worker rejoins with new ones.
+//!
+//! A transaction never spans a rebalance: the rebalance callbacks abort it
+//! (never commit it), and every task kept catches up with its changelog and
+//! committed offset before processing again (`Core::resync_after_rebalance`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -183,6 +188,8 @@ struct Core {
     /// seeking is not allowed): the loop rewinds the partitions it keeps to
     /// the committed offsets before it processes anything else.
     rewind_pending: bool,
+    /// The group metadata (generation) when the open transaction began.
+    txn_group: Option<rdkafka::consumer::ConsumerGroupMetadata>,
     /// When each restoring partition's restore began failing (brokers
     /// away), for [`RESTORE_RETRY_LIMIT`].
     restore_failing_since: BTreeMap<i32, Instant>,
@@ -269,8 +276,20 @@ impl ClientContext for WorkerContext {
 }
 
 impl ConsumerContext for WorkerContext {
-    /// Partitions are leaving: finish the open transaction first (commit, or
-    /// abort if the assignment was lost), then close their tasks.
+    /// Partitions are leaving: abort the open transaction, close their
+    /// tasks, and re-synchronise the tasks that stay (see
+    /// [`Core::resync_after_rebalance`]).
+    ///
+    /// A transaction never spans a rebalance, and is never committed in
+    /// one: a member that was out of the group without knowing it (its
+    /// partitions processed meanwhile by another member) rejoins with a new,
+    /// valid generation, and a commit in this callback would carry that
+    /// generation and go through, committing records the other member
+    /// already committed. Seen in the network-fault drill: 1,115 duplicate
+    /// outputs and 172 wrong balances in one round, after a member whose
+    /// offsets had been refused as "generation not valid" committed in the
+    /// revoke callback of its rejoin. Aborting costs at most one commit
+    /// interval of work, processed again from the committed offsets.
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else {
             return;
@@ -293,15 +312,14 @@ impl ConsumerContext for WorkerContext {
                     "aborting the open transaction: the worker panicked"
                 );
                 core.abort(None)
-            } else if consumer.assignment_lost() {
-                tracing::warn!(
+            } else {
+                tracing::info!(
                     worker = core.worker,
-                    "assignment lost: aborting the open transaction"
+                    lost = consumer.assignment_lost(),
+                    "rebalance: aborting the open transaction"
                 );
                 // The partitions we keep are rewound by the loop.
                 core.abort(Some(consumer))
-            } else {
-                core.commit(consumer)
             };
             if let Err(e) = result {
                 core.failure.get_or_insert(e);
@@ -319,6 +337,9 @@ impl ConsumerContext for WorkerContext {
             }
             core.restoring.remove(&p);
         }
+        if let Err(e) = core.resync_after_rebalance(consumer) {
+            core.failure.get_or_insert(e);
+        }
     }
 
     /// Partitions arrived: open their stores and pause them until restored
@@ -335,6 +356,19 @@ impl ConsumerContext for WorkerContext {
         let mut core = lock(&self.core);
         let assigned = partitions_of(tpl);
         tracing::info!(worker = core.worker, ?assigned, "partitions assigned");
+        // Nothing processed before the rebalance may commit after it (see
+        // `pre_rebalance`), and the tasks kept may have been another
+        // member's meanwhile.
+        core.in_callback = true;
+        if core.in_txn
+            && let Err(e) = core.abort(Some(consumer))
+        {
+            core.failure.get_or_insert(e);
+        }
+        core.in_callback = false;
+        if let Err(e) = core.resync_after_rebalance(consumer) {
+            core.failure.get_or_insert(e);
+        }
         let mut pause = TopicPartitionList::new();
         for p in assigned {
             if core.tasks.contains_key(&p) {
@@ -445,6 +479,7 @@ impl Session {
             in_callback: false,
             revoked_during_poll: BTreeSet::new(),
             rewind_pending: false,
+            txn_group: None,
             aborts: 0,
             restore_failing_since: BTreeMap::new(),
             restore_consumer: None,
@@ -829,10 +864,16 @@ impl Core {
     }
 
     /// Begins a transaction if none is open.
-    fn ensure_txn(&mut self) -> Result<(), StreamError> {
+    fn ensure_txn(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
         if self.in_txn {
             return Ok(());
         }
+        // The generation this transaction's records are read under: its
+        // offsets go with it, so that a transaction across a rebalance can
+        // never commit (the coordinator refuses the old generation), even
+        // when the worker commits before it has served the rebalance's
+        // callbacks.
+        self.txn_group = consumer.group_metadata();
         if self.d.exactly_once() {
             self.producer
                 .begin_transaction()
@@ -882,7 +923,7 @@ impl Core {
                     return Ok(());
                 }
             }
-            self.ensure_txn()?;
+            self.ensure_txn(consumer)?;
             let task = self.tasks.get_mut(&partition).expect("checked above");
             let mut outcome = BatchOutcome::default();
             let result = task.process_batch(&records, &mut outcome);
@@ -984,7 +1025,7 @@ impl Core {
             // coordinator refuses them if this member's generation is stale
             // (a zombie whose partitions moved), and the transaction cannot
             // commit.
-            let Some(metadata) = consumer.group_metadata() else {
+            let Some(metadata) = self.txn_group.take() else {
                 return Err(StreamError::Restart(
                     "no consumer group metadata".to_owned(),
                 ));
@@ -1121,10 +1162,13 @@ impl Core {
              and restoring the stores from their changelogs"
         );
         // The abort may fail (the transaction may be complete): the new
-        // producer's init_transactions resolves it either way.
-        let aborted = self.abort(None);
-        if let Err(e) = &aborted {
+        // producer's init_transactions resolves it either way, and the
+        // worker forgets the transaction all the same (before, a failed
+        // abort left it "open" on the new producer, whose next record was
+        // refused with "Erroneous state").
+        if let Err(e) = self.abort(None) {
             tracing::info!(worker = self.worker, "{e}");
+            self.forget_txn();
         }
         let fresh = new_producer(&self.d, self.worker)?;
         let old = std::mem::replace(&mut self.producer, fresh);
@@ -1136,6 +1180,24 @@ impl Core {
             return Ok(());
         }
         self.rewind(consumer)
+    }
+
+    /// After a rebalance, every task this worker keeps catches up with its
+    /// changelog and its committed offset before it processes anything
+    /// more: if this member was out of the group for a while without
+    /// knowing it, another member may have processed (and committed) its
+    /// partitions meanwhile. Usually there is nothing to restore (a
+    /// watermark check per task).
+    fn resync_after_rebalance(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+    ) -> Result<(), StreamError> {
+        if self.tasks.is_empty() {
+            return Ok(());
+        }
+        self.reload(consumer)?;
+        self.rewind_pending = true;
+        Ok(())
     }
 
     /// Every task restores its stores again (from the position of its
@@ -1170,15 +1232,7 @@ impl Core {
                 .abort_transaction(TXN_CALL_TIMEOUT)
                 .map_err(|e| StreamError::Restart(format!("abort_transaction: {e}")))?;
         }
-        Metrics::add(&self.d.metrics.aborts, 1);
-        self.aborts += 1;
-        for task in self.tasks.values_mut() {
-            task.abort();
-        }
-        self.in_txn = false;
-        self.next_offsets.clear();
-        self.pending = Pending::default();
-        *self.producer.context().deliveries() = Deliveries::default();
+        self.forget_txn();
         let Some(consumer) = consumer else {
             return Ok(());
         };
@@ -1189,6 +1243,22 @@ impl Core {
             return Ok(());
         }
         self.rewind(consumer)
+    }
+
+    /// Drops the open transaction's state in the worker (pending state,
+    /// offsets, counts, delivery reports), once the producer's side is
+    /// aborted or the producer replaced.
+    fn forget_txn(&mut self) {
+        Metrics::add(&self.d.metrics.aborts, 1);
+        self.aborts += 1;
+        for task in self.tasks.values_mut() {
+            task.abort();
+        }
+        self.in_txn = false;
+        self.txn_group = None;
+        self.next_offsets.clear();
+        self.pending = Pending::default();
+        *self.producer.context().deliveries() = Deliveries::default();
     }
 
     /// Seeks every assigned partition back to its committed offset.
