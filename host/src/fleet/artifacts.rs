@@ -21,6 +21,31 @@ impl ControlPlane {
         self.artifact_cache.join(format!("{sha256}.wasm"))
     }
 
+    /// Reads the artifacts topic from its start to its end as of now,
+    /// handing each record to `visit` until it breaks.
+    fn scan(
+        &self,
+        mut visit: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> ControlFlow<()>,
+    ) -> Result<(), FleetError> {
+        let (consumer, (_, end)) = self.read_from(ARTIFACTS_TOPIC, |_, _| None)?;
+        if end > 0 {
+            kafka::read_to_end(
+                &consumer,
+                1,
+                ARTIFACTS_TOPIC,
+                Instant::now() + Duration::from_secs(120),
+                |m| {
+                    if visit(m).is_break() || m.offset() + 1 >= end {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     fn cached_grant(&self, sha256: &str, tenant: &str) -> PathBuf {
         self.artifact_cache.join(format!("{sha256}.{tenant}.grant"))
     }
@@ -31,25 +56,16 @@ impl ControlPlane {
         if marker.exists() {
             return Ok(true);
         }
-        let (consumer, (_, end)) = self.read_from(ARTIFACTS_TOPIC, |_, _| None)?;
         let wanted = grant_key(sha256, tenant);
         let mut found = false;
-        if end > 0 {
-            kafka::read_to_end(
-                &consumer,
-                1,
-                ARTIFACTS_TOPIC,
-                Instant::now() + Duration::from_secs(120),
-                |m| {
-                    found |= m.key() == Some(wanted.as_bytes()) && m.payload().is_some();
-                    if found || m.offset() + 1 >= end {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
-                },
-            )?;
-        }
+        self.scan(|m| {
+            found |= m.key() == Some(wanted.as_bytes()) && m.payload().is_some();
+            if found {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
         if found {
             write_atomically(&marker, b"")?;
         }
@@ -91,37 +107,24 @@ impl ControlPlane {
         {
             return Ok(bytes);
         }
-        let (consumer, (_, end)) = self.read_from(ARTIFACTS_TOPIC, |_, _| None)?;
         let mut chunks: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
         let mut count: Option<usize> = None;
         let index_key = format!("{sha256}/index");
-        if end > 0 {
-            kafka::read_to_end(
-                &consumer,
-                1,
-                ARTIFACTS_TOPIC,
-                Instant::now() + Duration::from_secs(120),
-                |m| {
-                    let key = m.key().and_then(|k| std::str::from_utf8(k).ok());
-                    if key == Some(index_key.as_str()) {
-                        count = m
-                            .payload()
-                            .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
-                            .and_then(|v| v["chunks"].as_u64())
-                            .map(|n| n as usize);
-                    } else if let Some((sha, i)) = key.and_then(parse_chunk_key)
-                        && sha == sha256
-                    {
-                        chunks.insert(i, m.payload().unwrap_or_default().to_vec());
-                    }
-                    if m.offset() + 1 >= end {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
-                },
-            )?;
-        }
+        self.scan(|m| {
+            let key = m.key().and_then(|k| std::str::from_utf8(k).ok());
+            if key == Some(index_key.as_str()) {
+                count = m
+                    .payload()
+                    .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+                    .and_then(|v| v["chunks"].as_u64())
+                    .map(|n| n as usize);
+            } else if let Some((sha, i)) = key.and_then(parse_chunk_key)
+                && sha == sha256
+            {
+                chunks.insert(i, m.payload().unwrap_or_default().to_vec());
+            }
+            ControlFlow::Continue(())
+        })?;
         let missing = |problem: String| FleetError::Artifact {
             sha256: sha256.to_owned(),
             problem,
