@@ -166,7 +166,7 @@ const MAX_TXN_OUTPUT_BYTES: u64 = 64 << 20;
 struct Core {
     d: Arc<Deployment>,
     worker: u32,
-    producer: BaseProducer<ProducerCtx>,
+    producer: Arc<BaseProducer<ProducerCtx>>,
     tasks: BTreeMap<i32, Task>,
     /// Assigned partitions whose stores are not restored yet (paused).
     restoring: BTreeSet<i32>,
@@ -424,7 +424,7 @@ fn client_id(d: &Deployment, n: u32) -> String {
 /// `init_transactions` fences any earlier producer with the same
 /// transactional id (a crashed incarnation of this worker, or this worker's
 /// previous producer) and aborts its open transaction.
-fn new_producer(d: &Deployment, n: u32) -> Result<BaseProducer<ProducerCtx>, StreamError> {
+fn new_producer(d: &Deployment, n: u32) -> Result<Arc<BaseProducer<ProducerCtx>>, StreamError> {
     let client_id = client_id(d, n);
     let transactional_id = d.exactly_once().then(|| client_id.clone());
     let producer: BaseProducer<ProducerCtx> =
@@ -440,7 +440,45 @@ fn new_producer(d: &Deployment, n: u32) -> Result<BaseProducer<ProducerCtx>, Str
             .init_transactions(TXN_CALL_TIMEOUT)
             .map_err(|e| StreamError::Restart(format!("init_transactions: {e}")))?;
     }
-    Ok(producer)
+    Ok(Arc::new(producer))
+}
+
+/// How long past its own timeout a transactional call may run before its
+/// producer is given up.
+const TXN_CALL_GRACE: Duration = Duration::from_secs(15);
+
+/// Runs a transactional call on a helper thread and waits for it at most
+/// `timeout` + [`TXN_CALL_GRACE`]. librdkafka 2.12's
+/// `send_offsets_to_transaction` waits for its coordinator's answer without
+/// a bound (`rd_kafka_txn_op_req1(…, RD_POLL_INFINITE)`, "timeout is
+/// enforced by" the request chain), and in the network-fault drill it never
+/// returned after a broker was killed: the worker stood still for minutes.
+/// Past the limit the session restarts; the helper thread keeps the old
+/// producer until its call returns, and the new producer's
+/// `init_transactions` (same transactional id) fences it and aborts its
+/// transaction.
+fn bounded<T: Send + 'static>(
+    producer: &Arc<BaseProducer<ProducerCtx>>,
+    what: &str,
+    timeout: Duration,
+    call: impl FnOnce(&BaseProducer<ProducerCtx>) -> T + Send + 'static,
+) -> Result<T, StreamError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let producer = Arc::clone(producer);
+    std::thread::Builder::new()
+        .name("onceflow-txn-call".to_owned())
+        .spawn(move || {
+            let _ = tx.send(call(&producer));
+        })
+        .map_err(|e| StreamError::Restart(format!("{what}: cannot start a thread: {e}")))?;
+    let limit = timeout + TXN_CALL_GRACE;
+    rx.recv_timeout(limit).map_err(|_| {
+        StreamError::Restart(format!(
+            "{what} did not return within {} s (librdkafka waits for the transaction \
+             coordinator without a bound): giving the producer up; a new one fences it",
+            limit.as_secs()
+        ))
+    })
 }
 
 /// Whether the group is steady as librdkafka last reported it (`up/steady`
@@ -1030,18 +1068,40 @@ impl Core {
                     "no consumer group metadata".to_owned(),
                 ));
             };
+            // Each call runs bounded (see `bounded`): a call that overruns
+            // ends the session.
+            let mut overrun = None;
             if !self.next_offsets.is_empty() {
+                let metadata = Arc::new(metadata);
                 let r = retry("send_offsets_to_transaction", |timeout| {
-                    self.producer
-                        .send_offsets_to_transaction(&offsets, &metadata, timeout)
+                    let (offsets, metadata) = (offsets.clone(), Arc::clone(&metadata));
+                    let call = move |p: &BaseProducer<ProducerCtx>| {
+                        p.send_offsets_to_transaction(&offsets, &metadata, timeout)
+                    };
+                    bounded(&self.producer, "send_offsets_to_transaction", timeout, call)
+                        .unwrap_or_else(|e| {
+                            overrun = Some(e);
+                            Ok(())
+                        })
                 });
+                if let Some(e) = overrun {
+                    return Err(e);
+                }
                 if let Err(e) = r {
                     return self.on_txn_error(consumer, "send_offsets_to_transaction", e);
                 }
             }
-            if let Err(e) = retry("commit_transaction", |timeout| {
-                self.producer.commit_transaction(timeout)
-            }) {
+            let r = retry("commit_transaction", |timeout| {
+                let call = move |p: &BaseProducer<ProducerCtx>| p.commit_transaction(timeout);
+                bounded(&self.producer, "commit_transaction", timeout, call).unwrap_or_else(|e| {
+                    overrun = Some(e);
+                    Ok(())
+                })
+            });
+            if let Some(e) = overrun {
+                return Err(e);
+            }
+            if let Err(e) = r {
                 if kafka::is_fencing(&e) {
                     return self.on_txn_error(consumer, "commit_transaction", e);
                 }
