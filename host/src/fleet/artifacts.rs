@@ -148,7 +148,12 @@ impl ControlPlane {
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), FleetError> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // One temporary name per write: two uploads of one component at once
+    // (same path) each rename their own file (with one name per process,
+    // one rename took the other's file away: "No such file or directory").
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     std::fs::write(&tmp, bytes)
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|source| FleetError::Io {
