@@ -1288,9 +1288,25 @@ impl Core {
             self.producer
                 .purge(PurgeConfig::default().queue().inflight());
             let _ = kafka::drain(&self.producer, Duration::from_secs(5));
-            self.producer
-                .abort_transaction(TXN_CALL_TIMEOUT)
-                .map_err(|e| StreamError::Restart(format!("abort_transaction: {e}")))?;
+            if let Err(e) = self.producer.abort_transaction(TXN_CALL_TIMEOUT) {
+                // The coordinator may have aborted it already (a
+                // transaction past its timeout: "invalid state", or the
+                // epoch bumped: "fenced"). A new
+                // producer's init_transactions aborts it in any case, and
+                // the consumer keeps its membership: restarting the session
+                // here (as before) rejoined as the same static member in
+                // the middle of a cooperative rebalance, and partitions
+                // revoked in its first round were then owned by nobody
+                // (seen in the network-fault drill: 2 of 6 partitions
+                // stranded).
+                tracing::info!(
+                    worker = self.worker,
+                    "abort_transaction: {e}; replacing the producer instead"
+                );
+                let fresh = new_producer(&self.d, self.worker)?;
+                let old = std::mem::replace(&mut self.producer, fresh);
+                old.purge(PurgeConfig::default().queue().inflight());
+            }
         }
         self.forget_txn();
         let Some(consumer) = consumer else {
