@@ -27,6 +27,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use futures::StreamExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{
     DeleteParams, DeployRequest, DeploymentList, ErrorBody, Health, LogParams, QueryParams,
@@ -144,22 +145,45 @@ const MAX_DEPLOY_BODY: usize = 2 * MAX_MANIFEST_BYTES;
 /// How long an upload waits for one of its tenant's slots before 429.
 const UPLOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// A fixed number of slots per tenant (one semaphore each, made on first
+/// use): what bounds a tenant's uploads and its log reads.
+struct TenantSlots {
+    per_tenant: Mutex<HashMap<String, Arc<Semaphore>>>,
+    slots: usize,
+}
+
+impl TenantSlots {
+    fn new(slots: usize) -> Self {
+        Self {
+            per_tenant: Mutex::default(),
+            slots,
+        }
+    }
+
+    /// The tenant's semaphore.
+    fn of(&self, tenant: &str) -> Arc<Semaphore> {
+        let mut map = self.per_tenant.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(
+            map.entry(tenant.to_owned())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.slots))),
+        )
+    }
+}
+
 /// Upload slots, per tenant: an upload's body is read only once it holds
 /// one, so a tenant makes the host buffer at most [`UPLOADS_PER_TENANT`]
 /// components at a time; the others wait (their bodies unread).
-#[derive(Default)]
-struct Uploads(Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>);
+struct Uploads(TenantSlots);
+
+impl Default for Uploads {
+    fn default() -> Self {
+        Self(TenantSlots::new(UPLOADS_PER_TENANT))
+    }
+}
 
 impl Uploads {
-    async fn enter(&self, tenant: &str) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
-        let slots = {
-            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(
-                map.entry(tenant.to_owned())
-                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(UPLOADS_PER_TENANT))),
-            )
-        };
-        match tokio::time::timeout(UPLOAD_WAIT, slots.acquire_owned()).await {
+    async fn enter(&self, tenant: &str) -> ApiResult<OwnedSemaphorePermit> {
+        match tokio::time::timeout(UPLOAD_WAIT, self.0.of(tenant).acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             _ => Err(ApiError::from(FleetError::Busy(format!(
                 "tenant {tenant:?} has had {UPLOADS_PER_TENANT} uploads in progress on this host \
@@ -181,37 +205,24 @@ pub const LOG_READS_PER_HOST: usize = 128;
 
 /// Log reads in progress, per tenant and in all.
 struct LogReads {
-    per_tenant: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
-    all: Arc<tokio::sync::Semaphore>,
+    per_tenant: TenantSlots,
+    all: Arc<Semaphore>,
 }
 
 impl Default for LogReads {
     fn default() -> Self {
         Self {
-            per_tenant: Mutex::default(),
-            all: Arc::new(tokio::sync::Semaphore::new(LOG_READS_PER_HOST)),
+            per_tenant: TenantSlots::new(LOG_READS_PER_TENANT),
+            all: Arc::new(Semaphore::new(LOG_READS_PER_HOST)),
         }
     }
 }
 
 impl LogReads {
     /// A slot for one log read, or 429 at once.
-    fn enter(
-        &self,
-        tenant: &str,
-    ) -> ApiResult<(
-        tokio::sync::OwnedSemaphorePermit,
-        tokio::sync::OwnedSemaphorePermit,
-    )> {
-        let mine = {
-            let mut map = self.per_tenant.lock().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(
-                map.entry(tenant.to_owned())
-                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(LOG_READS_PER_TENANT))),
-            )
-        };
+    fn enter(&self, tenant: &str) -> ApiResult<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
         let busy = |what: String| ApiError::from(FleetError::Busy(what));
-        let own = Arc::clone(&mine).try_acquire_owned().map_err(|_| {
+        let own = self.per_tenant.of(tenant).try_acquire_owned().map_err(|_| {
             busy(format!(
                 "tenant {tenant:?} already has {LOG_READS_PER_TENANT} log reads waiting on this \
                  host: stop some `logs --follow`, or read without waiting"

@@ -1221,19 +1221,13 @@ impl Core {
             "{why}: the transaction's outcome is unknown; aborting, re-creating the producer \
              and restoring the stores from their changelogs"
         );
-        // The abort may fail (the transaction may be complete): the new
-        // producer's init_transactions resolves it either way, and the
-        // worker forgets the transaction all the same (before, a failed
-        // abort left it "open" on the new producer, whose next record was
-        // refused with "Erroneous state").
-        if let Err(e) = self.abort(None) {
-            tracing::info!(worker = self.worker, "{e}");
-            self.forget_txn();
-        }
-        let fresh = new_producer(&self.d, self.worker)?;
-        let old = std::mem::replace(&mut self.producer, fresh);
-        old.purge(PurgeConfig::default().queue().inflight());
-        drop(old);
+        // No abort_transaction first (it may fail: the transaction may be
+        // complete): the new producer's init_transactions aborts it, or
+        // waits for its commit, either way. The worker forgets it all the
+        // same (before, a failed abort left it "open" on the new producer,
+        // whose next record was refused with "Erroneous state").
+        self.replace_producer()?;
+        self.forget_txn();
         self.reload(consumer)?;
         if self.in_callback {
             self.rewind_pending = true;
@@ -1303,9 +1297,7 @@ impl Core {
                     worker = self.worker,
                     "abort_transaction: {e}; replacing the producer instead"
                 );
-                let fresh = new_producer(&self.d, self.worker)?;
-                let old = std::mem::replace(&mut self.producer, fresh);
-                old.purge(PurgeConfig::default().queue().inflight());
+                self.replace_producer()?;
             }
         }
         self.forget_txn();
@@ -1319,6 +1311,16 @@ impl Core {
             return Ok(());
         }
         self.rewind(consumer)
+    }
+
+    /// A new producer with the same transactional id: its
+    /// `init_transactions` fences the old one (a new epoch) and resolves its
+    /// transaction; the old one's queued and in-flight records are purged.
+    fn replace_producer(&mut self) -> Result<(), StreamError> {
+        let fresh = new_producer(&self.d, self.worker)?;
+        let old = std::mem::replace(&mut self.producer, fresh);
+        old.purge(PurgeConfig::default().queue().inflight());
+        Ok(())
     }
 
     /// Drops the open transaction's state in the worker (pending state,
