@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::fleet::{ControlPlane, Fleet, FleetError, Tenants};
+use crate::admin::{ServerTls, TlsError, TlsFiles};
+use crate::fleet::{ControlPlane, Fleet, FleetError, Tenants, TenantsFile};
 use crate::sandbox::{Sandbox, SandboxConfig, SandboxError};
 use crate::stream::RunOptions;
 
@@ -20,6 +21,11 @@ pub struct HostConfig {
     pub listen: SocketAddr,
     /// Who may do what.
     pub tenants: Tenants,
+    /// The file `tenants` came from, watched: its changes are put in force
+    /// without a restart (`None`: the tenants never change).
+    pub tenants_file: Option<TenantsFile>,
+    /// Serve the admin API over HTTPS with this certificate (`None`: http).
+    pub tls: Option<TlsFiles>,
     /// The cluster, the state directory and this host's id (its
     /// `instance_id`), for every deployment it runs.
     pub run: RunOptions,
@@ -41,6 +47,9 @@ pub enum HostError {
     /// The Wasm engine could not be set up.
     #[error("cannot start the sandbox")]
     Sandbox(#[source] SandboxError),
+    /// The admin API's certificate cannot be used.
+    #[error("cannot serve the admin API over HTTPS")]
+    Tls(#[source] TlsError),
     /// The admin API's address could not be bound.
     #[error("cannot serve the admin API on {listen}")]
     Bind {
@@ -79,9 +88,17 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
     let HostConfig {
         listen,
         tenants,
+        tenants_file,
+        tls,
         run,
         kafka_wait,
     } = config;
+    // The certificate first: a bad file is refused before any Kafka work.
+    let tls = tls
+        .as_ref()
+        .map(ServerTls::load)
+        .transpose()
+        .map_err(HostError::Tls)?;
     tracing::info!(
         host = %run.instance_id,
         state_dir = %run.state_dir.display(),
@@ -111,11 +128,19 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         .map_err(|source| HostError::Bind { listen, source })?;
     let listen = listener.local_addr().unwrap_or(listen);
     let stop = shutdown.clone();
-    let server = runtime.spawn(crate::admin::serve(fleet.clone(), listener, async move {
-        while !stop.load(Ordering::Relaxed) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }));
+    let server = runtime.spawn(crate::admin::serve(
+        fleet.clone(),
+        listener,
+        tls,
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        },
+    ));
+    if let Some(file) = tenants_file {
+        runtime.spawn(watch_tenants(fleet.clone(), file, shutdown.clone()));
+    }
     let reconciler = {
         let fleet = fleet.clone();
         std::thread::Builder::new()
@@ -135,6 +160,40 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         server,
         reconciler,
     })
+}
+
+/// How often a host looks at `tenants.toml` for changes.
+pub const TENANTS_POLL: Duration = Duration::from_secs(2);
+
+/// Puts every valid change of `tenants.toml` in force; an invalid one is
+/// logged (once) and the tenants in force stay.
+async fn watch_tenants(fleet: Arc<Fleet>, mut file: TenantsFile, shutdown: Arc<AtomicBool>) {
+    while !shutdown.load(Ordering::Relaxed) {
+        tokio::time::sleep(TENANTS_POLL).await;
+        match file.changed() {
+            None => {}
+            Some(Ok(tenants)) => {
+                let before = fleet.tenants();
+                let names = |t: &Tenants| t.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+                let (old, new) = (names(&before), names(&tenants));
+                let added: Vec<&String> = new.iter().filter(|n| !old.contains(n)).collect();
+                let removed: Vec<&String> = old.iter().filter(|n| !new.contains(n)).collect();
+                fleet.replace_tenants(tenants);
+                tracing::info!(
+                    file = %file.path().display(),
+                    tenants = new.len(),
+                    ?added,
+                    ?removed,
+                    "tenants.toml changed: the new tenants and tokens are in force"
+                );
+            }
+            Some(Err(e)) => tracing::error!(
+                "tenants.toml changed but cannot be used, the previous tenants stay in force \
+                 (fix the file; it is read again when it changes): {}",
+                crate::types::error_chain(&e)
+            ),
+        }
+    }
 }
 
 impl Host {

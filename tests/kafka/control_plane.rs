@@ -12,7 +12,9 @@
 //! - hosts on a cluster that never saw Onceflow (and before its brokers are
 //!   up) wait for the control topics instead of exiting;
 //! - a second host with a live host's id is refused; so is a deployment
-//!   whose changelog topics would be another's.
+//!   whose changelog topics would be another's;
+//! - the admin API over HTTPS with `--ca-cert`, a token rotated and
+//!   `tenants.toml` re-read without a restart.
 //!
 //! Figures are printed as `FIGURE name value` lines (run with --nocapture).
 
@@ -45,21 +47,18 @@ struct Fleet {
     tenants: PathBuf,
 }
 
-impl Fleet {
-    fn new() -> Fleet {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let hash = onceflow::fleet::tenancy::hash_token;
-        let tenants = dir.path().join("tenants.toml");
-        std::fs::write(
-            &tenants,
-            format!(
-                r#"
+/// `tenants.toml` for the control-plane tests, acme's `token-sha256`
+/// given as TOML (one digest in quotes, or a list while rotating).
+fn tenants_toml(acme_digests: &str) -> String {
+    let hash = onceflow::fleet::tenancy::hash_token;
+    format!(
+        r#"
 [operator]
 token-sha256 = "{}"
 
 [[tenant]]
 name = "acme"
-token-sha256 = "{}"
+token-sha256 = {acme_digests}
 [tenant.quotas]
 deployments = 3
 worker-threads = 4
@@ -75,12 +74,17 @@ worker-threads = 4
 memory-mb = 64
 fuel-per-record = 50000000
 "#,
-                hash(OPERATOR),
-                hash(ACME),
-                hash(GLOBEX)
-            ),
-        )
-        .expect("write tenants.toml");
+        hash(OPERATOR),
+        hash(GLOBEX)
+    )
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tenants = dir.path().join("tenants.toml");
+        let acme = format!("\"{}\"", onceflow::fleet::tenancy::hash_token(ACME));
+        std::fs::write(&tenants, tenants_toml(&acme)).expect("write tenants.toml");
         Fleet { dir, tenants }
     }
 
@@ -93,6 +97,17 @@ fuel-per-record = 50000000
     /// Starts `onceflow host` on `bootstrap` with its state in
     /// `state-<label>` and its log in `<label>.log`, without waiting for it.
     fn spawn_host(&self, label: &str, bootstrap: &str, extra: &[&str]) -> HostProc {
+        self.spawn_host_tls(label, bootstrap, extra, None)
+    }
+
+    /// As [`Fleet::spawn_host`], serving HTTPS with `tls` when given.
+    fn spawn_host_tls(
+        &self,
+        label: &str,
+        bootstrap: &str,
+        extra: &[&str],
+        tls: Option<&TestTls>,
+    ) -> HostProc {
         let port = free_port();
         let log = self.dir.path().join(format!("{label}.log"));
         let file = std::fs::OpenOptions::new()
@@ -110,6 +125,14 @@ fuel-per-record = 50000000
             .arg(self.dir.path().join(format!("state-{label}")))
             .args(["--session-timeout-ms", "6000"])
             .args(["--report-interval-ms", "1000"])
+            .args(tls.map_or(Vec::new(), |t| {
+                vec![
+                    "--tls-cert".to_owned(),
+                    path(&t.cert).to_owned(),
+                    "--tls-key".to_owned(),
+                    path(&t.key).to_owned(),
+                ]
+            }))
             .args(extra)
             .env("ONCEFLOW_LOG", "info")
             .env("NO_COLOR", "1")
@@ -118,11 +141,55 @@ fuel-per-record = 50000000
             .stderr(file)
             .spawn()
             .expect("start onceflow host");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut client = reqwest::blocking::Client::builder();
+        if let Some(t) = tls {
+            let pem = std::fs::read(&t.ca).expect("ca.pem");
+            client = client
+                .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("a CA cert"));
+        }
         HostProc {
             child,
             log,
-            server: format!("http://127.0.0.1:{port}"),
+            server: format!("{scheme}://127.0.0.1:{port}"),
+            client: client.build().expect("HTTP client"),
+            ca: tls.map(|t| t.ca.clone()),
         }
+    }
+}
+
+/// A CA and a server certificate it signed, for 127.0.0.1 and localhost,
+/// as PEM files.
+struct TestTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl TestTls {
+    fn make(dir: &Path) -> TestTls {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "onceflow test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).expect("CA cert");
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().expect("server key");
+        let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("server params");
+        let cert = params.signed_by(&key, &issuer).expect("server cert");
+        let tls = TestTls {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("server.pem"),
+            key: dir.join("server-key.pem"),
+        };
+        std::fs::write(&tls.ca, ca_cert.pem()).expect("write");
+        std::fs::write(&tls.cert, cert.pem()).expect("write");
+        std::fs::write(&tls.key, key.serialize_pem()).expect("write");
+        tls
     }
 }
 
@@ -138,6 +205,10 @@ struct HostProc {
     child: Child,
     log: PathBuf,
     server: String,
+    /// Trusts the host's CA when it serves HTTPS.
+    client: reqwest::blocking::Client,
+    /// The CA the CLI is given (`--ca-cert`) when the host serves HTTPS.
+    ca: Option<PathBuf>,
 }
 
 impl HostProc {
@@ -146,7 +217,7 @@ impl HostProc {
     fn wait_healthy(&mut self, name: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(r) = reqwest::blocking::get(format!("{}/healthz", self.server))
+            if let Ok(r) = self.client.get(format!("{}/healthz", self.server)).send()
                 && r.status().is_success()
             {
                 return;
@@ -209,12 +280,14 @@ impl HostProc {
 
     /// Runs the CLI against this host.
     fn cli(&self, token: &str, args: &[&str]) -> Output {
-        onceflow()
-            .args(args)
+        let mut cmd = onceflow();
+        cmd.args(args)
             .args(["--server", &self.server])
-            .env("ONCEFLOW_TOKEN", token)
-            .output()
-            .expect("run onceflow")
+            .env("ONCEFLOW_TOKEN", token);
+        if let Some(ca) = &self.ca {
+            cmd.env("ONCEFLOW_CA_CERT", ca);
+        }
+        cmd.output().expect("run onceflow")
     }
 
     /// Runs the CLI with `--output json`, expecting success.
@@ -248,7 +321,7 @@ impl HostProc {
     }
 
     fn metrics(&self, token: &str) -> String {
-        reqwest::blocking::Client::new()
+        self.client
             .get(format!("{}/metrics", self.server))
             .bearer_auth(token)
             .send()
@@ -1471,5 +1544,104 @@ fn j_a_restart_loop_shows_as_failing() {
         .unwrap_or_else(|| panic!("no onceflow_failing series:\n{metrics}"));
     assert!(line.ends_with(" 1"), "{line}");
     h.json(ACME, &["delete", &evil.name, "--purge-state"]);
+    h.stop();
+}
+
+#[test]
+fn k_https_token_rotation_and_reload() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let tls = TestTls::make(fleet.dir.path());
+
+    // A certificate that cannot be used stops the host before any Kafka
+    // work, naming the file.
+    let mut bad = fleet.spawn_host(
+        "tls-bad",
+        &cluster().bootstrap,
+        &["--tls-cert", path(&tls.cert), "--tls-key", path(&tls.ca)],
+    );
+    let status = bad
+        .wait_exit(Duration::from_secs(30))
+        .expect("a host with a bad key exits");
+    assert_eq!(status.code(), Some(2), "{}", bad.log_text());
+    assert!(bad.log_text().contains("--tls-key"), "{}", bad.log_text());
+
+    let mut h = fleet.spawn_host_tls(
+        "tls",
+        &cluster().bootstrap,
+        &["--host-id", "tls"],
+        Some(&tls),
+    );
+    h.wait_healthy("tls", Duration::from_secs(90));
+    assert!(h.server.starts_with("https://"), "{}", h.server);
+    // The CLI with the CA (ONCEFLOW_CA_CERT, set by `cli`) works.
+    let list = h.json(ACME, &["list"]);
+    assert!(list.is_array() || list.is_object(), "{list}");
+
+    // Without the CA: refused, saying what to pass.
+    let out = onceflow()
+        .args(["list", "--server", &h.server])
+        .env("ONCEFLOW_TOKEN", ACME)
+        .output()
+        .expect("run onceflow");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "trusted an unknown CA");
+    assert!(err.contains("--ca-cert"), "{err}");
+    figure("tls_without_ca", err.lines().next().unwrap_or(""));
+    // Plain http to the https port: refused, saying to use https.
+    let plain = h.server.replace("https://", "http://");
+    let out = onceflow()
+        .args(["list", "--server", &plain])
+        .env("ONCEFLOW_TOKEN", ACME)
+        .output()
+        .expect("run onceflow");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "plain http was served");
+    assert!(err.contains("https://"), "{err}");
+    figure("tls_plain_http", err.lines().next().unwrap_or(""));
+    // --ca-cert with an http:// server is a usage error.
+    let out = onceflow()
+        .args(["list", "--server", &plain, "--ca-cert", path(&tls.ca)])
+        .env("ONCEFLOW_TOKEN", ACME)
+        .output()
+        .expect("run onceflow");
+    assert_eq!(out.status.code(), Some(2));
+
+    // Rotation: the new token is added beside the old, without a restart.
+    const ACME_NEXT: &str = "acme-token-rotated";
+    let hash = onceflow::fleet::tenancy::hash_token;
+    let both = format!("[\"{}\", \"{}\"]", hash(ACME), hash(ACME_NEXT));
+    std::fs::write(&fleet.tenants, tenants_toml(&both)).expect("write");
+    let took = wait_for(
+        "the new token to be accepted",
+        Duration::from_secs(30),
+        || h.cli(ACME_NEXT, &["list"]).status.success(),
+    );
+    figure("tenants_reload_s", format!("{:.1}", took.as_secs_f64()));
+    h.json(ACME, &["list"]);
+    // The old token is dropped: refused from then on.
+    std::fs::write(
+        &fleet.tenants,
+        tenants_toml(&format!("\"{}\"", hash(ACME_NEXT))),
+    )
+    .expect("write");
+    wait_for(
+        "the old token to be refused",
+        Duration::from_secs(30),
+        || !h.cli(ACME, &["list"]).status.success(),
+    );
+    let err = h.refused(ACME, &["list"]);
+    assert!(err.contains("HTTP 401"), "{err}");
+    h.json(ACME_NEXT, &["list"]);
+    h.json(GLOBEX, &["list"]);
+
+    // A bad edit is logged and ignored: the tenants in force stay.
+    std::fs::write(&fleet.tenants, "[[tenant]]\nname = \"acme\"\n").expect("write");
+    wait_for("the bad edit to be logged", Duration::from_secs(30), || {
+        h.log_text().contains("cannot be used")
+    });
+    h.json(ACME_NEXT, &["list"]);
+    h.json(GLOBEX, &["list"]);
+    assert!(h.exited().is_none(), "the host stopped on a bad edit");
     h.stop();
 }

@@ -11,6 +11,11 @@
 //! Prometheus text: the caller tenant's series (all with the operator
 //! token).
 //!
+//! The API is served over HTTPS when the host has a certificate
+//! ([`ServerTls`], `tls.rs`), plain HTTP otherwise. The tenants a request
+//! is checked against are the ones in force when it arrives
+//! ([`Fleet::tenants`]: `tenants.toml` is re-read when it changes).
+//!
 //! A request's token is checked before its body is read: a client without
 //! a valid token never makes the host buffer a byte of it (before, eight
 //! unauthenticated 120 MB uploads took a host from 55 MB to 874 MB). Bodies
@@ -38,6 +43,9 @@ use crate::fleet::tenancy::Principal;
 use crate::fleet::{Fleet, FleetError, Tenant};
 use crate::kafka::KafkaError;
 use crate::types::error_chain;
+
+mod tls;
+pub use tls::{ServerTls, TlsError, TlsFiles};
 
 /// An error answer: a status and a message the CLI shows verbatim.
 #[derive(Debug)]
@@ -126,7 +134,8 @@ fn unauthorized() -> ApiError {
 
 /// The calling tenant (the operator token is not a tenant).
 fn tenant_of(fleet: &Fleet, headers: &HeaderMap) -> ApiResult<Tenant> {
-    match bearer(headers).and_then(|t| fleet.tenants.authenticate(t)) {
+    let tenants = fleet.tenants();
+    match bearer(headers).and_then(|t| tenants.authenticate(t)) {
         Some(Principal::Tenant(t)) => Ok(t.clone()),
         Some(Principal::Operator) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -320,18 +329,40 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .with_state(fleet)
 }
 
-/// Serves the admin API on `listener` until `shutdown` resolves.
+/// How long open requests may take to finish once the host stops.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves the admin API on `listener`, over HTTPS when given `tls`, until
+/// `shutdown` resolves.
 pub async fn serve(
     fleet: Arc<Fleet>,
     listener: tokio::net::TcpListener,
+    tls: Option<ServerTls>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    if let Ok(listen) = listener.local_addr() {
-        tracing::info!(%listen, "admin API listening");
+    let listen = listener.local_addr().ok();
+    let app = router(fleet);
+    let Some(tls) = tls else {
+        if let Some(listen) = listen {
+            if listen.ip().is_loopback() {
+                tracing::info!(%listen, "admin API listening (http)");
+            } else {
+                tracing::warn!(
+                    %listen,
+                    "admin API listening over plain http on a non-loopback address: tokens \
+                     cross the network in clear text; give --tls-cert and --tls-key, or put \
+                     a TLS-terminating proxy in front"
+                );
+            }
+        }
+        return axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await;
+    };
+    if let Some(listen) = listen {
+        tracing::info!(%listen, "admin API listening (https)");
     }
-    axum::serve(listener, router(fleet))
-        .with_graceful_shutdown(shutdown)
-        .await
+    tls.serve(listener, app, shutdown, DRAIN).await
 }
 
 async fn healthz(State(fleet): State<Arc<Fleet>>) -> axum::Json<Health> {
@@ -342,7 +373,8 @@ async fn healthz(State(fleet): State<Arc<Fleet>>) -> axum::Json<Health> {
 }
 
 async fn metrics(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResult<Response> {
-    let tenant = match bearer(&headers).and_then(|t| fleet.tenants.authenticate(t)) {
+    let tenants = fleet.tenants();
+    let tenant = match bearer(&headers).and_then(|t| tenants.authenticate(t)) {
         Some(Principal::Tenant(t)) => Some(t.name.clone()),
         Some(Principal::Operator) => None,
         None => return Err(unauthorized()),

@@ -420,9 +420,17 @@ pub struct HostArgs {
     /// Where the admin API and /metrics listen.
     #[arg(long, default_value = "127.0.0.1:8750")]
     pub listen: SocketAddr,
-    /// The tenants file (names, token hashes, topic prefixes, quotas).
+    /// The tenants file (names, token hashes, topic prefixes, quotas); read
+    /// again whenever it changes.
     #[arg(long)]
     pub tenants: PathBuf,
+    /// Serve the admin API over HTTPS with this certificate chain (PEM,
+    /// leaf first); needs --tls-key. Clients trust its CA with --ca-cert.
+    #[arg(long, env = "ONCEFLOW_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "ONCEFLOW_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
     /// How long to wait at start for the brokers and the control topics
     /// (s), logging what is awaited; then exit with an error.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]

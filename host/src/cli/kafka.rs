@@ -6,7 +6,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use onceflow::fleet::Tenants;
+use onceflow::admin::TlsFiles;
+use onceflow::fleet::TenantsFile;
 use onceflow::host::{self, HostConfig, HostError};
 use onceflow::kafka::Connection;
 use onceflow::sandbox::{Sandbox, SandboxConfig};
@@ -29,23 +30,29 @@ fn on_signals() -> anyhow::Result<Arc<AtomicBool>> {
 
 /// `onceflow host`: runs a fleet host until SIGTERM/SIGINT.
 pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
-    let tenants = Tenants::load(&a.tenants).map_err(|e| usage(error_chain(&e)))?;
-    if tenants.iter().next().is_none() {
-        return Err(usage(format!(
-            "{}: no [[tenant]] entries: nobody could deploy",
-            a.tenants.display()
-        )));
-    }
+    let (tenants_file, tenants) =
+        TenantsFile::open(&a.tenants).map_err(|e| usage(error_chain(&e)))?;
+    let tls = match (a.tls_cert, a.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+        (None, None) => None,
+        _ => {
+            return Err(usage(
+                "--tls-cert and --tls-key go together: give both to serve HTTPS, or neither",
+            ));
+        }
+    };
     let run = a.kafka.run_options()?;
     let shutdown = on_signals()?;
     let config = HostConfig {
         listen: a.listen,
         tenants,
+        tenants_file: Some(tenants_file),
+        tls,
         run,
         kafka_wait: Duration::from_secs(a.kafka_wait_secs),
     };
     let running = host::start(config, shutdown).map_err(|e| match e {
-        e @ HostError::Bind { .. } => usage(error_chain(&e)),
+        e @ (HostError::Bind { .. } | HostError::Tls(_)) => usage(error_chain(&e)),
         other => anyhow::Error::new(other),
     })?;
     running.wait()?;

@@ -18,14 +18,21 @@ use reqwest::blocking::{Client, RequestBuilder, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use onceflow::types::error_chain;
+
 use super::{Exit, OutputFormat, load_manifest, read_component, usage};
 
 /// Where the admin API is and who is calling.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RemoteArgs {
-    /// Admin API of any host (http://host:port).
+    /// Admin API of any host (http://host:port, or https://host:port when
+    /// the host serves HTTPS).
     #[arg(long, env = "ONCEFLOW_SERVER", default_value = "http://127.0.0.1:8750")]
     pub server: String,
+    /// Trust the CA in this PEM file for an https:// server (besides the
+    /// system's trusted roots): the CA that signed the host's --tls-cert.
+    #[arg(long, env = "ONCEFLOW_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
     /// Your tenant token.
     #[arg(long, env = "ONCEFLOW_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -57,10 +64,34 @@ impl Remote {
                 "--server {base:?}: expected http://host:port"
             )));
         }
-        let client = Client::builder()
-            .timeout(Duration::from_secs(300))
-            .build()
-            .context("creating the HTTP client")?;
+        let mut builder = Client::builder().timeout(Duration::from_secs(300));
+        if let Some(ca) = &args.ca_cert {
+            if !base.starts_with("https://") {
+                return Err(usage(format!(
+                    "--ca-cert is for an https:// server, and --server is {base:?}: use https://"
+                )));
+            }
+            let pem = std::fs::read(ca)
+                .map_err(|e| usage(format!("--ca-cert {}: cannot read it: {e}", ca.display())))?;
+            let roots = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                usage(format!(
+                    "--ca-cert {}: not a PEM certificate ({e}): give the CA certificate \
+                     that signed the host's --tls-cert",
+                    ca.display()
+                ))
+            })?;
+            if roots.is_empty() {
+                return Err(usage(format!(
+                    "--ca-cert {}: no CERTIFICATE block in it: give the CA certificate \
+                     that signed the host's --tls-cert",
+                    ca.display()
+                )));
+            }
+            for root in roots {
+                builder = builder.add_root_certificate(root);
+            }
+        }
+        let client = builder.build().context("creating the HTTP client")?;
         Ok(Self {
             client,
             base,
@@ -74,11 +105,29 @@ impl Remote {
     }
 
     fn send<T: DeserializeOwned>(&self, request: RequestBuilder) -> anyhow::Result<T> {
-        let response = request
-            .bearer_auth(&self.token)
-            .send()
-            .with_context(|| format!("cannot reach the admin API at {}", self.base))?;
+        let response = request.bearer_auth(&self.token).send().map_err(|e| {
+            let hint = self.hint(&e);
+            anyhow::Error::new(e)
+                .context(format!("cannot reach the admin API at {}{hint}", self.base))
+        })?;
         answer(response)
+    }
+
+    /// What to do about a failed connection, when the cause is a TLS
+    /// mismatch.
+    fn hint(&self, e: &reqwest::Error) -> &'static str {
+        let chain = error_chain(e).to_lowercase();
+        let https = self.base.starts_with("https://");
+        if https && (chain.contains("certificate") || chain.contains("unknownissuer")) {
+            " (its certificate is not trusted: pass the CA that signed the host's --tls-cert \
+             with --ca-cert or ONCEFLOW_CA_CERT)"
+        } else if https && (chain.contains("wrong version") || chain.contains("corrupt message")) {
+            " (it does not speak TLS: is the host serving http? then use http://)"
+        } else if !https && e.is_request() && !e.is_connect() {
+            " (if the host serves HTTPS, use --server https://…)"
+        } else {
+            ""
+        }
     }
 
     fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {

@@ -38,14 +38,14 @@ pub mod tenancy;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 pub use control::ControlPlane;
 pub use error::FleetError;
 pub use logs::{DeploymentLogSink, remember_error};
 pub use reconciler::RunState;
 pub use service::Deployed;
-pub use tenancy::{Tenant, Tenants};
+pub use tenancy::{Tenant, Tenants, TenantsFile};
 
 use crate::manifest::{Manifest, ManifestError};
 use crate::metrics::Exposition;
@@ -77,8 +77,8 @@ pub struct Fleet {
     pub incarnation: String,
     /// The registry and internal topics.
     pub control: Arc<ControlPlane>,
-    /// Who may do what.
-    pub tenants: Tenants,
+    /// Who may do what: replaced whole when `tenants.toml` changes.
+    tenants: RwLock<Arc<Tenants>>,
     /// Compiles and checks components.
     pub sandbox: Sandbox,
     options: RunOptions,
@@ -105,7 +105,7 @@ impl Fleet {
             host_id: options.instance_id.clone(),
             incarnation: identity::new_incarnation(),
             control,
-            tenants,
+            tenants: RwLock::new(Arc::new(tenants)),
             sandbox,
             options,
             running: Mutex::default(),
@@ -113,6 +113,21 @@ impl Fleet {
             duplicates: Mutex::default(),
             admissions: Mutex::default(),
         })
+    }
+
+    /// The tenants in force now (a request keeps the ones it started with).
+    pub fn tenants(&self) -> Arc<Tenants> {
+        self.tenants
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts new tenants in force (`tenants.toml` changed). Deployments keep
+    /// running: a tenant removed from the file can no longer call the API,
+    /// and what it deployed runs until the operator deletes it.
+    pub fn replace_tenants(&self, tenants: Tenants) {
+        *self.tenants.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tenants);
     }
 
     fn running(&self) -> MutexGuard<'_, BTreeMap<String, Running>> {

@@ -9,7 +9,7 @@
 //!
 //! [[tenant]]
 //! name = "acme"
-//! token-sha256 = "…"
+//! token-sha256 = "…"               # or two, while rotating: ["old…", "new…"]
 //! topic-prefix = "acme."           # default: "<name>."; must start with "<name>."
 //! [tenant.quotas]
 //! deployments = 10                 # deployments at once
@@ -31,6 +31,12 @@
 //! which itself starts with `<tenant>.`: one prefixed Kafka ACL on
 //! `<tenant>.` (topics, groups, transactional ids) backs the host's checks.
 //! Tokens are only ever compared as sha256 digests and never logged.
+//!
+//! Rotating a token: list the new digest beside the old one
+//! (`token-sha256 = ["<old>", "<new>"]`), hand out the new token, then drop
+//! the old digest. `onceflow host` re-reads the file when it changes (see
+//! [`TenantsFile`]); a file that does not parse is logged and ignored, the
+//! previous tenants stay in force.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -108,7 +114,8 @@ pub struct Tenant {
     pub topic_prefix: String,
     /// Its limits.
     pub quotas: Quotas,
-    token_sha256: [u8; 32],
+    /// One digest, or two while a token is being rotated.
+    token_sha256: Vec<[u8; 32]>,
 }
 
 /// Who made a request.
@@ -136,7 +143,8 @@ pub struct Existing {
 #[derive(Debug, Clone, Default)]
 pub struct Tenants {
     tenants: BTreeMap<String, Tenant>,
-    operator_sha256: Option<[u8; 32]>,
+    /// None, one, or two while rotating.
+    operator_sha256: Vec<[u8; 32]>,
 }
 
 #[derive(Deserialize)]
@@ -150,14 +158,43 @@ struct RawFile {
 #[derive(Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 struct RawOperator {
-    token_sha256: String,
+    token_sha256: Digests,
+}
+
+/// `token-sha256`: one digest, or a list of up to [`MAX_TOKENS`] while a
+/// token is rotated.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Digests {
+    One(String),
+    Several(Vec<String>),
+}
+
+/// Valid tokens per tenant at once: the current one and its successor.
+pub const MAX_TOKENS: usize = 2;
+
+impl Digests {
+    fn parse(self) -> Result<Vec<[u8; 32]>, String> {
+        let hex = match self {
+            Digests::One(d) => vec![d],
+            Digests::Several(ds) => ds,
+        };
+        if hex.is_empty() || hex.len() > MAX_TOKENS {
+            return Err(format!(
+                "token-sha256 lists {} digests: give one, or two while rotating a token \
+                 (the old and the new), and drop the old one once every client has the new",
+                hex.len()
+            ));
+        }
+        hex.iter().map(|d| parse_digest(d)).collect()
+    }
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 struct RawTenant {
     name: String,
-    token_sha256: String,
+    token_sha256: Digests,
     topic_prefix: Option<String>,
     #[serde(default)]
     quotas: Quotas,
@@ -195,6 +232,27 @@ impl Tenants {
         })
     }
 
+    /// Reads `tenants.toml` for a host: as [`Tenants::load`], and a file
+    /// with no tenant is refused (nobody could deploy).
+    pub fn load_for_host(path: &Path) -> Result<Self, TenancyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TenancyError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse_for_host(&text).map_err(|message| TenancyError::Invalid {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    fn parse_for_host(text: &str) -> Result<Self, String> {
+        let tenants = Self::parse(text)?;
+        if tenants.tenants.is_empty() {
+            return Err("no [[tenant]] entries: nobody could deploy".to_owned());
+        }
+        Ok(tenants)
+    }
+
     /// Parses the text of `tenants.toml`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
@@ -209,20 +267,25 @@ impl Tenants {
                     t.name, t.name
                 ));
             }
-            let digest =
-                parse_digest(&t.token_sha256).map_err(|m| format!("tenant {:?}: {m}", t.name))?;
-            if digests.iter().any(|d| digest_eq(d, &digest)) {
-                return Err(format!(
-                    "tenant {:?}: its token is also another tenant's: give every tenant its own token",
-                    t.name
-                ));
+            let own = t
+                .token_sha256
+                .parse()
+                .map_err(|m| format!("tenant {:?}: {m}", t.name))?;
+            for digest in &own {
+                if digests.iter().any(|d| digest_eq(d, digest)) {
+                    return Err(format!(
+                        "tenant {:?}: its token is also another tenant's (or listed twice): \
+                         give every tenant its own token",
+                        t.name
+                    ));
+                }
+                digests.push(*digest);
             }
-            digests.push(digest);
             let tenant = Tenant {
                 name: t.name.clone(),
                 topic_prefix,
                 quotas: t.quotas,
-                token_sha256: digest,
+                token_sha256: own,
             };
             if tenants.insert(t.name.clone(), tenant).is_some() {
                 return Err(format!("tenant {:?} is listed twice", t.name));
@@ -230,9 +293,21 @@ impl Tenants {
         }
         check_folding(tenants.keys())?;
         let operator_sha256 = match raw.operator {
-            Some(o) => Some(parse_digest(&o.token_sha256).map_err(|m| format!("operator: {m}"))?),
-            None => None,
+            Some(o) => o
+                .token_sha256
+                .parse()
+                .map_err(|m| format!("operator: {m}"))?,
+            None => Vec::new(),
         };
+        if operator_sha256
+            .iter()
+            .any(|op| digests.iter().any(|d| digest_eq(d, op)))
+        {
+            return Err(
+                "operator: its token is also a tenant's: give the operator a token of its own"
+                    .to_owned(),
+            );
+        }
         Ok(Self {
             tenants,
             operator_sha256,
@@ -246,14 +321,16 @@ impl Tenants {
         // not depend on which one matched.
         let mut found = None;
         for t in self.tenants.values() {
-            if digest_eq(&t.token_sha256, &digest) {
-                found = Some(Principal::Tenant(t));
+            for d in &t.token_sha256 {
+                if digest_eq(d, &digest) {
+                    found = Some(Principal::Tenant(t));
+                }
             }
         }
-        if let Some(op) = &self.operator_sha256
-            && digest_eq(op, &digest)
-        {
-            found = Some(Principal::Operator);
+        for op in &self.operator_sha256 {
+            if digest_eq(op, &digest) {
+                found = Some(Principal::Operator);
+            }
         }
         found
     }
@@ -266,6 +343,53 @@ impl Tenants {
     /// Every tenant.
     pub fn iter(&self) -> impl Iterator<Item = &Tenant> {
         self.tenants.values()
+    }
+}
+
+/// `tenants.toml` as a running host watches it: [`TenantsFile::changed`]
+/// reads the file again and parses it when its text changed.
+#[derive(Debug)]
+pub struct TenantsFile {
+    path: PathBuf,
+    /// The text last read, whether it parsed or not (a bad edit is
+    /// reported once, not at every poll).
+    seen: String,
+}
+
+impl TenantsFile {
+    /// Reads `path` for a host ([`Tenants::load_for_host`]).
+    pub fn open(path: &Path) -> Result<(Self, Tenants), TenancyError> {
+        let tenants = Tenants::load_for_host(path)?;
+        let seen = std::fs::read_to_string(path).unwrap_or_default();
+        Ok((
+            Self {
+                path: path.to_owned(),
+                seen,
+            },
+            tenants,
+        ))
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `None` while the file's text is what was last read; otherwise the
+    /// new tenants, or why the new text cannot be used. A file that cannot
+    /// be read (being replaced) is tried again at the next call.
+    pub fn changed(&mut self) -> Option<Result<Tenants, TenancyError>> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        if text == self.seen {
+            return None;
+        }
+        self.seen = text;
+        Some(
+            Tenants::parse_for_host(&self.seen).map_err(|message| TenancyError::Invalid {
+                path: self.path.clone(),
+                message,
+            }),
+        )
     }
 }
 
@@ -513,6 +637,81 @@ worker-threads = {threads}
             )
             .unwrap_err();
         assert!(e.contains("starting with \"globex.prod.\""), "{e}");
+    }
+
+    #[test]
+    fn a_token_is_rotated_with_two_digests() {
+        let (old, new, op) = (hash_token("old"), hash_token("new"), hash_token("op"));
+        let both = Tenants::parse(&format!(
+            "[operator]\ntoken-sha256 = \"{op}\"\n[[tenant]]\nname = \"a\"\ntoken-sha256 = [\"{old}\", \"{new}\"]\n"
+        ))
+        .expect("two digests");
+        for token in ["old", "new"] {
+            assert!(
+                matches!(both.authenticate(token), Some(Principal::Tenant(t)) if t.name == "a"),
+                "{token}"
+            );
+        }
+        assert!(matches!(both.authenticate("op"), Some(Principal::Operator)));
+        assert!(both.authenticate("other").is_none());
+        let e = Tenants::parse(&format!(
+            "[[tenant]]\nname = \"a\"\ntoken-sha256 = [\"{old}\", \"{new}\", \"{op}\"]\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("lists 3 digests"), "{e}");
+        let e = Tenants::parse("[[tenant]]\nname = \"a\"\ntoken-sha256 = []\n").unwrap_err();
+        assert!(e.contains("lists 0 digests"), "{e}");
+        // A second digest may not be another tenant's, nor the operator's.
+        let e = Tenants::parse(&format!(
+            "[[tenant]]\nname = \"a\"\ntoken-sha256 = \"{old}\"\n[[tenant]]\nname = \"b\"\ntoken-sha256 = [\"{new}\", \"{old}\"]\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("tenant \"b\"") && e.contains("own token"), "{e}");
+        let e = Tenants::parse(&format!(
+            "[operator]\ntoken-sha256 = \"{old}\"\n[[tenant]]\nname = \"a\"\ntoken-sha256 = \"{old}\"\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("operator") && e.contains("its own"), "{e}");
+    }
+
+    #[test]
+    fn a_watched_file_reports_each_change_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("tenants.toml");
+        let file = |token: &str| {
+            format!(
+                "[[tenant]]\nname = \"a\"\ntoken-sha256 = \"{}\"\n",
+                hash_token(token)
+            )
+        };
+        std::fs::write(&path, file("one")).expect("write");
+        let (mut watched, first) = TenantsFile::open(&path).expect("open");
+        assert!(first.authenticate("one").is_some());
+        assert!(watched.changed().is_none(), "unchanged");
+        std::fs::write(&path, file("two")).expect("write");
+        let second = watched.changed().expect("a change").expect("valid");
+        assert!(second.authenticate("two").is_some() && second.authenticate("one").is_none());
+        assert!(watched.changed().is_none(), "reported once");
+        std::fs::write(&path, "[[tenant]]\nname = 3\n").expect("write");
+        let e = watched
+            .changed()
+            .expect("a change")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tenants.toml"), "{e}");
+        assert!(watched.changed().is_none(), "a bad edit is reported once");
+        std::fs::write(&path, "").expect("write");
+        let e = watched
+            .changed()
+            .expect("a change")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no [[tenant]] entries"), "{e}");
+        std::fs::remove_file(&path).expect("remove");
+        assert!(
+            watched.changed().is_none(),
+            "a missing file keeps the tenants"
+        );
     }
 
     #[test]
