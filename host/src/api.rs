@@ -12,6 +12,7 @@
 //! | `DELETE /v1/deployments/{name}?purge_state=` | [`DeleteParams`] | [`Deleted`] |
 //! | `GET /v1/deployments/{name}/logs?from=&tail=&wait_ms=` | [`LogParams`] | [`LogLines`] |
 //! | `GET /v1/deployments/{name}/state/{store}?key=` | [`QueryParams`] | [`QueryAnswer`] |
+//! | `GET /v1/usage?since_ms=` | [`UsageParams`] | [`UsageReport`] |
 //! | `GET /healthz` | | [`Health`] |
 //! | any error | | [`ErrorBody`] with a 4xx or 5xx status |
 
@@ -237,4 +238,36 @@ pub struct QueryAnswer {
     pub key: String,
     /// Its committed values, one per partition that holds it.
     pub values: Vec<QueryValue>,
+}
+
+/// The query of `GET /v1/usage`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UsageParams {
+    /// Only usage recorded at or after this time (ms since the epoch).
+    #[serde(default)]
+    pub since_ms: i64,
+}
+
+/// One deployment's usage.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UsageRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Deployment name.
+    pub deployment: String,
+    /// What its committed work used.
+    #[serde(flatten)]
+    pub usage: crate::types::Usage,
+}
+
+/// The answer of `GET /v1/usage`: the caller tenant's deployments (every
+/// tenant's with the operator token), deleted ones included.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UsageReport {
+    /// Counted from this time (ms since the epoch; 0: since the start).
+    pub since_ms: i64,
+    /// Per deployment, by tenant and name.
+    pub deployments: Vec<UsageRow>,
+    /// Their sum.
+    pub total: crate::types::Usage,
 }

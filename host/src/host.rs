@@ -106,6 +106,11 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         "onceflow host starting"
     );
     let artifacts = run.state_dir.join("artifacts");
+    // Every committed transaction records what it used (`fleet/usage.rs`).
+    let run = RunOptions {
+        usage_topic: Some(crate::fleet::registry::USAGE_TOPIC.to_owned()),
+        ..run
+    };
     let control = ControlPlane::connect(run.kafka.clone(), artifacts, kafka_wait)
         .map_err(HostError::Control)?;
     let sandbox = Sandbox::new(SandboxConfig::default()).map_err(HostError::Sandbox)?;

@@ -42,6 +42,18 @@ pub struct Metrics {
     pub restoring: AtomicU64,
     /// Fuel the guests burned (0 with metering off).
     pub fuel: AtomicU64,
+    /// Bytes (keys, values, headers) of the input records processed
+    /// (committed).
+    pub bytes_in: AtomicU64,
+    /// Bytes of the output records produced (committed).
+    pub bytes_out: AtomicU64,
+    /// Bytes of state written: the changelog records committed.
+    pub state_bytes: AtomicU64,
+    /// Guest log lines written (after the rate limit).
+    pub log_lines: AtomicU64,
+    /// Log lines not yet counted in a usage record (see [`Usage`]): the
+    /// next committed transaction of any worker takes them.
+    pub unbilled_log_lines: AtomicU64,
     /// Per worker: its input partitions and their lag.
     workers: Mutex<BTreeMap<u32, WorkerLoad>>,
     /// When the latest worker restarts happened, and the last one's error.
@@ -67,6 +79,11 @@ impl Default for Metrics {
             restores: AtomicU64::default(),
             restoring: AtomicU64::default(),
             fuel: AtomicU64::default(),
+            bytes_in: AtomicU64::default(),
+            bytes_out: AtomicU64::default(),
+            state_bytes: AtomicU64::default(),
+            log_lines: AtomicU64::default(),
+            unbilled_log_lines: AtomicU64::default(),
             workers: Mutex::default(),
             restart_log: Mutex::default(),
             commit_latency_us: Mutex::default(),
@@ -289,7 +306,7 @@ impl Exposition {
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         type Get = fn(&Metrics) -> u64;
-        let counters: [(&str, &str, Get); 10] = [
+        let counters: [(&str, &str, Get); 14] = [
             (
                 "onceflow_records",
                 "Input records processed (committed)",
@@ -333,6 +350,24 @@ impl Collector for Exposition {
             ),
             ("onceflow_fuel", "Fuel burned by the guests", |m| {
                 m.fuel.load(Ordering::Relaxed)
+            }),
+            (
+                "onceflow_input_bytes",
+                "Bytes of input records processed (committed)",
+                |m| m.bytes_in.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_output_bytes",
+                "Bytes of output records produced (committed)",
+                |m| m.bytes_out.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_state_bytes_written",
+                "Bytes of changelog records committed",
+                |m| m.state_bytes.load(Ordering::Relaxed),
+            ),
+            ("onceflow_log_lines", "Guest log lines written", |m| {
+                m.log_lines.load(Ordering::Relaxed)
             }),
         ];
         let labels = |(t, d, v, _): &(String, String, u64, Arc<Metrics>)| {

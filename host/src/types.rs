@@ -275,3 +275,59 @@ pub mod default_limits {
     /// Guest log lines per second per instance.
     pub const LOG_LINES_PER_SECOND: u32 = 100;
 }
+
+/// What a deployment used, as counted in one usage record: written to
+/// `_onceflow.usage` inside the transaction whose work it counts, so that
+/// committed work is counted exactly once (an aborted transaction's record
+/// is never read). Fuel and log lines of an aborted attempt are carried to
+/// the next committed transaction of the same worker: the guest did burn
+/// them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Usage {
+    /// Input records processed.
+    pub records_in: u64,
+    /// Their bytes (keys, values, headers).
+    pub bytes_in: u64,
+    /// Output records produced (dead letters included).
+    pub records_out: u64,
+    /// Their bytes.
+    pub bytes_out: u64,
+    /// Bytes of changelog records written (state).
+    pub state_bytes: u64,
+    /// Records sent to the dead-letter topic.
+    pub dead_letters: u64,
+    /// Fuel burned.
+    pub fuel: u64,
+    /// Guest log lines written.
+    pub log_lines: u64,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, o: Usage) {
+        self.records_in += o.records_in;
+        self.bytes_in += o.bytes_in;
+        self.records_out += o.records_out;
+        self.bytes_out += o.bytes_out;
+        self.state_bytes += o.state_bytes;
+        self.dead_letters += o.dead_letters;
+        self.fuel += o.fuel;
+        self.log_lines += o.log_lines;
+    }
+}
+
+/// One record of `_onceflow.usage` (keyed `<tenant>/<name>`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct UsageRecord {
+    /// Tenant.
+    pub tenant: String,
+    /// Deployment name.
+    pub deployment: String,
+    /// The host that did the work.
+    pub host: String,
+    /// When the transaction committed (ms since the epoch, host clock).
+    pub ts_ms: i64,
+    /// What it counts.
+    #[serde(flatten)]
+    pub usage: Usage,
+}

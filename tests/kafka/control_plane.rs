@@ -361,6 +361,53 @@ fn committed_records(topic: &str) -> i64 {
     common::txn_probe::TxnProbe::new(cluster(), topic).committed_end()
 }
 
+/// Records and bytes (keys, values, headers) committed in `topic`, read
+/// independently of the host: what usage must agree with.
+fn topic_records_and_bytes(topic: &str) -> (u64, u64) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cluster().bootstrap)
+        .set("group.id", "usage-check")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = md.topics()[0].partitions().len();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .expect("partition");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let (mut records, mut bytes, mut ended) = (0u64, 0u64, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ended < partitions {
+        assert!(Instant::now() < deadline, "reading {topic} took over 60 s");
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                records += 1;
+                let headers = m.headers().map_or(0, |h| {
+                    h.iter()
+                        .map(|x| x.key.len() + x.value.map_or(0, <[u8]>::len))
+                        .sum()
+                });
+                bytes += (m.key().map_or(0, <[u8]>::len)
+                    + m.payload().map_or(0, <[u8]>::len)
+                    + headers) as u64;
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => ended += 1,
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    (records, bytes)
+}
+
 /// Produces `n` payments in chunks, spread over `over`.
 fn produce_paced(w: &Wallet, first: u64, n: u64, over: Duration) -> Produced {
     let chunks = (over.as_millis() / 250).max(1) as u64;
@@ -444,11 +491,53 @@ fn a_two_hosts_one_killed_and_a_late_host() {
     );
     produced.absorb(w.produce(20_001, 5_000, 500, Some(97)));
     w.wait_done(Duration::from_secs(120));
-    assert_exact(
-        &w.verify(false),
-        &produced,
-        "2 hosts, one SIGKILLed, one late",
-    );
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "2 hosts, one SIGKILLed, one late");
+
+    // Usage, written in each commit's transaction, agrees with the topics
+    // counted independently, a SIGKILL notwithstanding.
+    let usage = h2.json(ACME, &["usage"]);
+    let row = usage["deployments"]
+        .as_array()
+        .and_then(|d| d.iter().find(|x| x["deployment"] == w.name.as_str()))
+        .unwrap_or_else(|| panic!("no usage for {}: {usage}", w.name))
+        .clone();
+    let (inputs, input_bytes) = topic_records_and_bytes(&w.payments);
+    let outputs: u64 = [&w.audit, &w.balances, &w.dlq]
+        .iter()
+        .map(|t| topic_records_and_bytes(t).0)
+        .sum();
+    let counted = |field: &str| row[field].as_u64().unwrap_or(0);
+    for (field, independent) in [
+        ("records_in", inputs),
+        ("bytes_in", input_bytes),
+        ("records_out", outputs),
+        ("dead_letters", report.dead_letters),
+    ] {
+        figure(
+            &format!("usage_{field}"),
+            format!("{} (topics: {independent})", counted(field)),
+        );
+        let off = counted(field).abs_diff(independent) as f64 / independent.max(1) as f64;
+        assert!(
+            off <= 0.01,
+            "usage {field}: {} vs {independent}: {row}",
+            counted(field)
+        );
+    }
+    assert_eq!(inputs, report.inputs, "the payments topic read twice");
+    for field in ["bytes_out", "state_bytes", "fuel"] {
+        assert!(counted(field) > 0, "usage {field} is 0: {row}");
+    }
+    // Another tenant sees none of it; the operator sees it.
+    let theirs = h2.json(GLOBEX, &["usage"]);
+    assert!(!theirs.to_string().contains(&w.name), "{theirs}");
+    let all = h2.json(OPERATOR, &["usage"]);
+    assert!(all.to_string().contains(&w.name), "{all}");
+    let later = h2.json(ACME, &["usage", "--since", "0s"]);
+    assert_eq!(later["total"]["records_in"], 0, "{later}");
+    let metrics = h2.metrics(ACME);
+    assert!(metrics.contains("onceflow_input_bytes_total{"), "{metrics}");
 
     // The list and metrics show it; the query returns a committed balance.
     let list = h3.json(ACME, &["list"]);

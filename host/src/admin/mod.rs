@@ -36,6 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{
     DeleteParams, DeployRequest, DeploymentList, ErrorBody, Health, LogParams, QueryParams,
+    UsageParams,
 };
 use crate::fleet::Deployed;
 use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES};
@@ -324,6 +325,7 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .route("/v1/deployments/{name}/resume", post(resume))
         .route("/v1/deployments/{name}/logs", get(logs))
         .route("/v1/deployments/{name}/state/{store}", get(query))
+        .route("/v1/usage", get(usage))
         .layer(Extension(Arc::new(Uploads::default())))
         .layer(Extension(Arc::new(LogReads::default())))
         .with_state(fleet)
@@ -503,6 +505,31 @@ async fn logs(
     })
     .await?;
     Ok(axum::Json(lines).into_response())
+}
+
+/// `GET /v1/usage`: the caller tenant's usage; every tenant's with the
+/// operator token. A read of the whole usage topic: it takes one of the
+/// caller's log-read slots.
+async fn usage(
+    State(fleet): State<Arc<Fleet>>,
+    Extension(reads): Extension<Arc<LogReads>>,
+    Query(params): Query<UsageParams>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let tenants = fleet.tenants();
+    let tenant = match bearer(&headers).and_then(|t| tenants.authenticate(t)) {
+        Some(Principal::Tenant(t)) => Some(t.name.clone()),
+        Some(Principal::Operator) => None,
+        None => return Err(unauthorized()),
+    };
+    // The operator's reads count under a name no tenant can have.
+    let slot = reads.enter(tenant.as_deref().unwrap_or("_operator"))?;
+    let report = blocking(move || {
+        let _slot = slot;
+        fleet.usage(tenant.as_deref(), params.since_ms)
+    })
+    .await?;
+    Ok(axum::Json(report).into_response())
 }
 
 async fn query(

@@ -135,6 +135,18 @@ pub enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
+    /// What your deployments used (records, bytes, state, dead letters,
+    /// fuel, log lines), counted from committed work exactly once; every
+    /// tenant's with the operator token.
+    Usage {
+        /// Only usage since then: a duration back from now (`90s`, `30m`,
+        /// `24h`, `7d`) or a time in ms since the epoch.
+        #[arg(long)]
+        since: Option<String>,
+        /// Admin API and token.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
     /// Stop a deployment's workers at a commit boundary, keeping its state
     /// and offsets.
     Pause {
@@ -285,6 +297,7 @@ impl KafkaArgs {
             transaction_timeout: Duration::from_millis(self.transaction_timeout_ms),
             report_interval: Duration::from_millis(self.report_interval_ms.max(100)),
             state_cleanup_delay: Duration::from_millis(self.state_cleanup_delay_ms),
+            usage_topic: None,
         })
     }
 }

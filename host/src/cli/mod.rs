@@ -82,6 +82,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             tail,
             remote,
         } => remote::logs(&name, follow, tail, &remote),
+        Command::Usage { since, remote } => remote::show_usage(since.as_deref(), &remote),
         Command::Pause { name, remote } => remote::set_running(&name, false, &remote),
         Command::Resume { name, remote } => remote::set_running(&name, true, &remote),
         Command::Delete {

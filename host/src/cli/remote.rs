@@ -11,14 +11,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use onceflow::api::{
     Deleted, DeployRequest, DeploymentList, DeploymentSummary, ErrorBody, LogLines, QueryAnswer,
-    Uploaded,
+    Uploaded, UsageReport,
 };
+use onceflow::types::{Usage, error_chain};
 use reqwest::StatusCode;
 use reqwest::blocking::{Client, RequestBuilder, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-
-use onceflow::types::error_chain;
 
 use super::{Exit, OutputFormat, load_manifest, read_component, usage};
 
@@ -486,6 +485,86 @@ pub fn delete(name: &str, purge_state: bool, args: &RemoteArgs) -> anyhow::Resul
 }
 
 /// `onceflow query`: the committed value of a key.
+/// `--since`: a duration back from `now_ms` (`90s`, `30m`, `24h`, `7d`) or
+/// ms since the epoch.
+fn since_ms(since: &str, now_ms: i64) -> anyhow::Result<i64> {
+    let bad = || {
+        usage(format!(
+            "--since {since:?}: give a duration back from now (90s, 30m, 24h, 7d) or a time in ms since the epoch"
+        ))
+    };
+    let s = since.trim();
+    if let Ok(ms) = s.parse::<i64>() {
+        return if ms >= 0 { Ok(ms) } else { Err(bad()) };
+    }
+    let unit_ms: i64 = match s.chars().last() {
+        Some('s') => 1_000,
+        Some('m') => 60_000,
+        Some('h') => 3_600_000,
+        Some('d') => 86_400_000,
+        _ => return Err(bad()),
+    };
+    let n: i64 = s[..s.len() - 1].parse().map_err(|_| bad())?;
+    if n < 0 {
+        return Err(bad());
+    }
+    Ok(now_ms.saturating_sub(n.saturating_mul(unit_ms)).max(0))
+}
+
+/// `onceflow usage`.
+pub fn show_usage(since: Option<&str>, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let since = since.map(|s| since_ms(s, now_ms)).transpose()?.unwrap_or(0);
+    let remote = Remote::new(args)?;
+    let report: UsageReport = remote.get(&format!("/v1/usage?since_ms={since}"))?;
+    match remote.output {
+        OutputFormat::Json => print_json(&report)?,
+        OutputFormat::Text if report.deployments.is_empty() => {
+            println!("no usage recorded yet");
+        }
+        OutputFormat::Text => {
+            let row = |tenant: &str, name: &str, u: &Usage| {
+                vec![
+                    tenant.to_owned(),
+                    name.to_owned(),
+                    u.records_in.to_string(),
+                    u.bytes_in.to_string(),
+                    u.records_out.to_string(),
+                    u.bytes_out.to_string(),
+                    u.state_bytes.to_string(),
+                    u.dead_letters.to_string(),
+                    u.fuel.to_string(),
+                    u.log_lines.to_string(),
+                ]
+            };
+            let mut rows: Vec<Vec<String>> = report
+                .deployments
+                .iter()
+                .map(|d| row(&d.tenant, &d.deployment, &d.usage))
+                .collect();
+            rows.push(row("", "total", &report.total));
+            table(
+                &[
+                    "tenant",
+                    "deployment",
+                    "records in",
+                    "bytes in",
+                    "records out",
+                    "bytes out",
+                    "state bytes",
+                    "dead letters",
+                    "fuel",
+                    "log lines",
+                ],
+                &rows,
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn query(name: &str, store: &str, key: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
     let remote = Remote::new(args)?;
     let v: QueryAnswer = remote.get(&format!(
@@ -518,5 +597,20 @@ mod tests {
         assert_eq!(encode("acct-1"), "acct-1");
         assert_eq!(encode("a b/c?d"), "a%20b%2Fc%3Fd");
         assert_eq!(encode("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn since_takes_durations_and_epoch_ms() {
+        let now = 10 * 86_400_000;
+        assert_eq!(since_ms("90s", now).unwrap(), now - 90_000);
+        assert_eq!(since_ms("30m", now).unwrap(), now - 1_800_000);
+        assert_eq!(since_ms("24h", now).unwrap(), now - 86_400_000);
+        assert_eq!(since_ms("7d", now).unwrap(), now - 7 * 86_400_000);
+        assert_eq!(since_ms("99d", now).unwrap(), 0);
+        assert_eq!(since_ms("1764547200000", now).unwrap(), 1_764_547_200_000);
+        for bad in ["", "h", "3w", "-5m", "yesterday"] {
+            let e = since_ms(bad, now).unwrap_err().to_string();
+            assert!(e.contains("--since"), "{bad}: {e}");
+        }
     }
 }

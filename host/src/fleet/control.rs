@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use super::FleetError;
 use super::registry::{
     ARTIFACTS_TOPIC, DEPLOYMENTS_TOPIC, DeploymentRecord, HostStatus, LOGS_TOPIC, STATUS_TOPIC,
-    heartbeat_key, status_key,
+    USAGE_RETENTION_DAYS, USAGE_TOPIC, heartbeat_key, status_key,
 };
 use crate::kafka::{self, Connection, KafkaError, TopicSpec};
 
@@ -158,6 +158,7 @@ impl ControlPlane {
         let deadline = Instant::now() + wait;
         kafka::wait_for_brokers(&conn, deadline)?;
         let week = (7 * 24 * 3600 * 1000u64).to_string();
+        let usage_retention = (USAGE_RETENTION_DAYS * 24 * 3600 * 1000).to_string();
         let specs = [
             TopicSpec {
                 name: DEPLOYMENTS_TOPIC,
@@ -186,6 +187,14 @@ impl ControlPlane {
                 partitions: 1,
                 config: &[("cleanup.policy", "delete"), ("retention.ms", &week)],
             },
+            TopicSpec {
+                name: USAGE_TOPIC,
+                partitions: 1,
+                config: &[
+                    ("cleanup.policy", "delete"),
+                    ("retention.ms", &usage_retention),
+                ],
+            },
         ];
         // A cluster that is still starting may refuse (too few brokers
         // registered yet) or time out: try again until the deadline.
@@ -200,7 +209,13 @@ impl ControlPlane {
         )?;
         kafka::wait_for_topics(
             &conn,
-            &[DEPLOYMENTS_TOPIC, STATUS_TOPIC, ARTIFACTS_TOPIC, LOGS_TOPIC],
+            &[
+                DEPLOYMENTS_TOPIC,
+                STATUS_TOPIC,
+                ARTIFACTS_TOPIC,
+                LOGS_TOPIC,
+                USAGE_TOPIC,
+            ],
             deadline,
         )?;
         std::fs::create_dir_all(&artifact_cache).map_err(|source| FleetError::Io {

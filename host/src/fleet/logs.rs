@@ -12,6 +12,7 @@ use rdkafka::producer::BaseRecord;
 use super::control::{ControlPlane, Delivery};
 use super::registry::{LOGS_TOPIC, LogEntry, now_ms};
 use crate::kafka::{self, KafkaError};
+use crate::metrics::Metrics;
 use crate::sandbox::log::{GuestLogLine, LogLabels, LogSink};
 
 /// Most lines one read returns.
@@ -94,21 +95,26 @@ pub struct DeploymentLogSink {
     key: String,
     host: String,
     recent_errors: Arc<Mutex<VecDeque<String>>>,
+    /// Counts the lines written (usage).
+    metrics: Arc<Metrics>,
 }
 
 impl DeploymentLogSink {
-    /// A sink for `<tenant>/<name>` on `host`, keeping warnings in `recent`.
+    /// A sink for `<tenant>/<name>` on `host`, keeping warnings in `recent`
+    /// and counting lines in `metrics`.
     pub fn new(
         control: Arc<ControlPlane>,
         key: String,
         host: String,
         recent_errors: Arc<Mutex<VecDeque<String>>>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             control,
             key,
             host,
             recent_errors,
+            metrics,
         }
     }
 }
@@ -147,6 +153,8 @@ impl LogSink for DeploymentLogSink {
             );
         }
         self.append(labels, level, line.message.clone());
+        Metrics::add(&self.metrics.log_lines, 1);
+        Metrics::add(&self.metrics.unbilled_log_lines, 1);
     }
 
     fn dropped(&self, labels: &LogLabels, count: u64) {

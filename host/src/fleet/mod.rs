@@ -34,6 +34,7 @@ mod reconciler;
 pub mod registry;
 mod service;
 pub mod tenancy;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

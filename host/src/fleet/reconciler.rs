@@ -201,7 +201,7 @@ impl Fleet {
                 .name(format!("deployment-{}", record.name))
                 .spawn(move || {
                     let manifest = manifest_of(&record).map_err(FleetError::Manifest)?;
-                    let processor = me.load(&record, &manifest, recent)?;
+                    let processor = me.load(&record, &manifest, recent, metrics.clone())?;
                     if let Some(r) = me.running().get_mut(&record.key())
                         && r.state == RunState::Starting
                     {
@@ -243,6 +243,7 @@ impl Fleet {
         record: &DeploymentRecord,
         manifest: &Manifest,
         recent: Arc<Mutex<VecDeque<String>>>,
+        metrics: Arc<Metrics>,
     ) -> Result<Processor, FleetError> {
         let bytes = self.control.artifact(&record.artifact)?;
         let processor = self
@@ -254,6 +255,7 @@ impl Fleet {
             record.key(),
             self.host_id.clone(),
             recent,
+            metrics,
         );
         Ok(processor.with_log_sink(Arc::new(sink)))
     }

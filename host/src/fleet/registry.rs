@@ -23,6 +23,11 @@ pub const ARTIFACTS_TOPIC: &str = "_onceflow.artifacts";
 pub const STATUS_TOPIC: &str = "_onceflow.status";
 /// The guest log topic.
 pub const LOGS_TOPIC: &str = "_onceflow.logs";
+/// What each committed transaction used (`fleet/usage.rs`), written in the
+/// transaction; kept [`USAGE_RETENTION_DAYS`].
+pub const USAGE_TOPIC: &str = "_onceflow.usage";
+/// How long usage records are kept: a bill's year and a month of slack.
+pub const USAGE_RETENTION_DAYS: u64 = 400;
 /// Largest artifact chunk: well under Kafka's default 1 MiB record limit.
 pub const ARTIFACT_CHUNK: usize = 512 * 1024;
 /// Largest component accepted.

@@ -16,10 +16,12 @@ use crate::api::{
     Deleted, DeployRequest, DeploymentSummary, HostSummary, LogLines, LogParams, QueryAnswer,
     QueryValue, Uploaded,
 };
+use crate::api::{UsageReport, UsageRow};
 use crate::manifest::Manifest;
 use crate::sandbox::ProcessorPolicy;
 use crate::stream::{self, changelog, names};
 use crate::task::processor_policy;
+use crate::types::Usage;
 
 /// A status older than this is reported as stale (its host is likely gone).
 const STALE_AFTER_MS: i64 = 10_000;
@@ -282,6 +284,29 @@ impl Fleet {
             self.control
                 .read_logs(&r.key(), params.from, params.tail.clamp(1, 1_000_000), wait)?;
         Ok(LogLines { lines, next })
+    }
+
+    /// What `tenant`'s deployments used (`None`: every tenant's, for the
+    /// operator), from `_onceflow.usage`.
+    pub fn usage(&self, tenant: Option<&str>, since_ms: i64) -> Result<UsageReport, FleetError> {
+        let sums = self.control.read_usage(tenant, since_ms)?;
+        let mut total = Usage::default();
+        let deployments = sums
+            .into_iter()
+            .map(|((tenant, deployment), usage)| {
+                total += usage;
+                UsageRow {
+                    tenant,
+                    deployment,
+                    usage,
+                }
+            })
+            .collect();
+        Ok(UsageReport {
+            since_ms,
+            deployments,
+            total,
+        })
     }
 
     /// The committed value of `key` in a deployment's store.

@@ -106,6 +106,9 @@ pub struct RunOptions {
     /// owns are kept (Kafka Streams' `state.cleanup.delay.ms`): long enough
     /// for a rebalance to give the partition back without a full restore.
     pub state_cleanup_delay: Duration,
+    /// Where each committed transaction writes what its work used (a fleet
+    /// host's `_onceflow.usage`), inside the transaction; `None`: nowhere.
+    pub usage_topic: Option<String>,
 }
 
 /// Kafka's default `delete.retention.ms` (one day), when a changelog's

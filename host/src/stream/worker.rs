@@ -13,7 +13,7 @@
 //! ```
 //!
 //! `Core::commit` is the protocol: changelog records for every dirty key,
-//! flush, `send_offsets_to_transaction(offsets, group metadata as of the
+//! the transaction's usage record (on a fleet host), flush, `send_offsets_to_transaction(offsets, group metadata as of the
 //! transaction's first record)`,
 //! `commit_transaction` (each call retried within one 30 s budget), and only
 //! then the overlays go to RocksDB together with the changelog positions.
@@ -45,7 +45,7 @@ use crate::kafka::{self, TxnFailure};
 use crate::metrics::{Metrics, WorkerLoad};
 use crate::state::rocks::RocksPartition;
 use crate::task::{BatchOutcome, Task, TaskError};
-use crate::types::{InputRecord, error_chain};
+use crate::types::{InputRecord, Usage, UsageRecord, error_chain};
 
 /// How long a blocking transactional call may take before the producer is
 /// considered to be in an unknown state.
@@ -156,6 +156,46 @@ struct Pending {
     skipped: u64,
     /// Bytes of the outputs produced (held by the producer until acked).
     output_bytes: u64,
+    /// Bytes of the input records processed.
+    input_bytes: u64,
+    /// Bytes of the changelog records written at commit.
+    state_bytes: u64,
+    /// Fuel burned, this transaction's and aborted attempts' since the last
+    /// commit (carried over an abort: the guest did burn it).
+    fuel: u64,
+    /// Log lines taken from the deployment's unbilled count (carried over
+    /// an abort too).
+    log_lines: u64,
+}
+
+impl Pending {
+    /// What an abort leaves to be counted by the next commit.
+    fn carried(&self) -> Pending {
+        Pending {
+            fuel: self.fuel,
+            log_lines: self.log_lines,
+            ..Pending::default()
+        }
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            records_in: self.records,
+            bytes_in: self.input_bytes,
+            records_out: self.outputs,
+            bytes_out: self.output_bytes,
+            state_bytes: self.state_bytes,
+            dead_letters: self.dead_lettered,
+            fuel: self.fuel,
+            log_lines: self.log_lines,
+        }
+    }
+}
+
+/// Bytes of an input record, as usage counts them.
+fn input_bytes(r: &InputRecord) -> u64 {
+    let headers: usize = r.headers.iter().map(|h| h.key.len() + h.value.len()).sum();
+    (r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len) + headers) as u64
 }
 
 /// A transaction commits once its outputs reach this many bytes, whatever
@@ -965,7 +1005,9 @@ impl Core {
             let task = self.tasks.get_mut(&partition).expect("checked above");
             let mut outcome = BatchOutcome::default();
             let result = task.process_batch(&records, &mut outcome);
-            Metrics::add(&self.d.metrics.fuel, task.take_fuel_used());
+            let fuel = task.take_fuel_used();
+            Metrics::add(&self.d.metrics.fuel, fuel);
+            self.pending.fuel += fuel;
             if let Err(e) = result {
                 return Err(self.fail_batch(e));
             }
@@ -991,6 +1033,7 @@ impl Core {
                 }
             }
             self.pending.records += records.len() as u64;
+            self.pending.input_bytes += records.iter().map(input_bytes).sum::<u64>();
             self.pending.outputs += outcome.outputs.len() as u64;
             self.pending.dead_lettered += outcome.dead_lettered;
             self.pending.skipped += outcome.skipped;
@@ -1022,6 +1065,44 @@ impl Core {
                     if let Err(e) = kafka::send(&self.producer, record) {
                         return self.on_txn_error(consumer, "producing a changelog record", e);
                     }
+                    self.pending.state_bytes +=
+                        (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+                }
+            }
+        }
+
+        // 1b. What this transaction's work used, in the same transaction
+        //     (a fleet host only): committed work is counted exactly once.
+        if let Some(topic) = self.d.options.usage_topic.clone() {
+            self.pending.log_lines += self
+                .d
+                .metrics
+                .unbilled_log_lines
+                .swap(0, std::sync::atomic::Ordering::Relaxed);
+            let usage = self.pending.usage();
+            if usage != Usage::default() {
+                let m = &self.d.manifest;
+                let record = UsageRecord {
+                    tenant: m.tenant.clone(),
+                    deployment: m.name.clone(),
+                    host: self.d.options.instance_id.clone(),
+                    ts_ms: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as i64),
+                    usage,
+                };
+                let key = format!("{}/{}", m.tenant, m.name);
+                let value = serde_json::to_vec(&record).unwrap_or_default();
+                let out = kafka::Outgoing {
+                    topic: &topic,
+                    partition: None,
+                    key: Some(key.as_bytes()),
+                    value: Some(&value),
+                    headers: &[],
+                    timestamp: None,
+                };
+                if let Err(e) = kafka::send(&self.producer, out) {
+                    return self.on_txn_error(consumer, "producing a usage record", e);
                 }
             }
         }
@@ -1139,6 +1220,9 @@ impl Core {
         Metrics::add(&m.outputs, p.outputs);
         Metrics::add(&m.dead_lettered, p.dead_lettered);
         Metrics::add(&m.skipped, p.skipped);
+        Metrics::add(&m.bytes_in, p.input_bytes);
+        Metrics::add(&m.bytes_out, p.output_bytes);
+        Metrics::add(&m.state_bytes, p.state_bytes);
         Metrics::add(&m.commits, 1);
         m.commit_latency(started.elapsed());
         Ok(())
@@ -1335,7 +1419,7 @@ impl Core {
         self.in_txn = false;
         self.txn_group = None;
         self.next_offsets.clear();
-        self.pending = Pending::default();
+        self.pending = self.pending.carried();
         *self.producer.context().deliveries() = Deliveries::default();
     }
 

@@ -1,0 +1,70 @@
+//! Billing-grade usage: what each deployment's committed work used, read
+//! back from `_onceflow.usage`.
+//!
+//! Every committed transaction of a fleet host's worker writes one
+//! [`UsageRecord`] into that same transaction (`stream/worker.rs`, step 1b
+//! of the commit): input records and bytes, outputs and bytes, changelog
+//! bytes, dead letters, fuel and log lines. An aborted transaction's record
+//! is never read (read_committed), a committed one is read once: the sums
+//! count committed work exactly once, whatever crashed meanwhile. The topic
+//! is the record of truth; `/metrics` shows the same counters per host
+//! process (they restart at 0 with it).
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use rdkafka::Message as _;
+
+use super::ControlPlane;
+use super::registry::USAGE_TOPIC;
+use crate::kafka::{self, KafkaError};
+use crate::types::{Usage, UsageRecord};
+
+/// How long reading the usage topic to its end may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl ControlPlane {
+    /// Sums the usage records of `tenant` (`None`: every tenant) written at
+    /// or after `since_ms`, per `(tenant, deployment)`.
+    pub fn read_usage(
+        &self,
+        tenant: Option<&str>,
+        since_ms: i64,
+    ) -> Result<BTreeMap<(String, String), Usage>, KafkaError> {
+        let (consumer, (low, end)) = self.read_from(USAGE_TOPIC, |low, _| Some(low))?;
+        let mut totals: BTreeMap<(String, String), Usage> = BTreeMap::new();
+        if end <= low {
+            return Ok(totals);
+        }
+        let prefix = tenant.map(|t| format!("{t}/"));
+        kafka::read_to_end(
+            &consumer,
+            1,
+            USAGE_TOPIC,
+            Instant::now() + READ_TIMEOUT,
+            |m| {
+                let key_matches = m
+                    .key()
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .is_some_and(|k| prefix.as_ref().is_none_or(|p| k.starts_with(p)));
+                if !key_matches {
+                    return ControlFlow::Continue(());
+                }
+                let Some(record) = m
+                    .payload()
+                    .and_then(|p| serde_json::from_slice::<UsageRecord>(p).ok())
+                else {
+                    return ControlFlow::Continue(());
+                };
+                if record.ts_ms >= since_ms && tenant.is_none_or(|t| t == record.tenant) {
+                    *totals
+                        .entry((record.tenant, record.deployment))
+                        .or_default() += record.usage;
+                }
+                ControlFlow::Continue(())
+            },
+        )?;
+        Ok(totals)
+    }
+}
