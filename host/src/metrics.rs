@@ -51,6 +51,9 @@ pub struct Metrics {
     pub state_bytes: AtomicU64,
     /// Guest log lines written (after the rate limit).
     pub log_lines: AtomicU64,
+    /// Time (µs) its workers waited because the tenant was over its CPU
+    /// share.
+    pub throttled_us: AtomicU64,
     /// Log lines not yet counted in a usage record (see [`Usage`]): the
     /// next committed transaction of any worker takes them.
     pub unbilled_log_lines: AtomicU64,
@@ -84,6 +87,7 @@ impl Default for Metrics {
             state_bytes: AtomicU64::default(),
             log_lines: AtomicU64::default(),
             unbilled_log_lines: AtomicU64::default(),
+            throttled_us: AtomicU64::default(),
             workers: Mutex::default(),
             restart_log: Mutex::default(),
             commit_latency_us: Mutex::default(),
@@ -306,7 +310,7 @@ impl Exposition {
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         type Get = fn(&Metrics) -> u64;
-        let counters: [(&str, &str, Get); 14] = [
+        let counters: [(&str, &str, Get); 15] = [
             (
                 "onceflow_records",
                 "Input records processed (committed)",
@@ -369,6 +373,11 @@ impl Collector for Exposition {
             ("onceflow_log_lines", "Guest log lines written", |m| {
                 m.log_lines.load(Ordering::Relaxed)
             }),
+            (
+                "onceflow_cpu_throttled_microseconds",
+                "Time its workers waited because the tenant was over its cpu-share",
+                |m| m.throttled_us.load(Ordering::Relaxed),
+            ),
         ];
         let labels = |(t, d, v, _): &(String, String, u64, Arc<Metrics>)| {
             vec![

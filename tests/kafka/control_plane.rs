@@ -50,6 +50,11 @@ struct Fleet {
 /// `tenants.toml` for the control-plane tests, acme's `token-sha256`
 /// given as TOML (one digest in quotes, or a list while rotating).
 fn tenants_toml(acme_digests: &str) -> String {
+    tenants_toml_with(acme_digests, 100)
+}
+
+/// As [`tenants_toml`], with globex's `cpu-share`.
+fn tenants_toml_with(acme_digests: &str, globex_cpu_share: u32) -> String {
     let hash = onceflow::fleet::tenancy::hash_token;
     format!(
         r#"
@@ -73,6 +78,7 @@ deployments = 3
 worker-threads = 4
 memory-mb = 64
 fuel-per-record = 50000000
+cpu-share = {globex_cpu_share}
 "#,
         hash(OPERATOR),
         hash(GLOBEX)
@@ -1027,15 +1033,71 @@ fn d_hostile_neighbour_latency() {
 
     let producer = common::cluster::plain_producer(cluster());
     let mut beside = Vec::new();
-    for kind in ["loop", "alloc", "panic"] {
-        let evil = hostile(fleet.dir.path(), "globex", kind);
+    // A neighbour with 10x the victim's load of heavy (but valid) records,
+    // first with no CPU limit (cpu-share 100), then held to 10% of the
+    // host's CPU (tenants.toml re-read, no restart); then the hostile
+    // kinds under the same limit.
+    let acme = format!("\"{}\"", onceflow::fleet::tenancy::hash_token(ACME));
+    let phases = [
+        ("burn", 100),
+        ("burn", 10),
+        ("loop", 10),
+        ("alloc", 10),
+        ("panic", 10),
+    ];
+    for (kind, share) in phases {
+        std::fs::write(&fleet.tenants, tenants_toml_with(&acme, share)).expect("write");
+        std::thread::sleep(Duration::from_secs(3));
+        let evil = hostile(fleet.dir.path(), "globex", &format!("{kind}-{share}"));
         h.json(GLOBEX, &["deploy", path(&evil.manifest)]);
-        // Each feed: a hostile record and an ordinary one, 5 times a second.
-        let p99 = run_phase(kind, &|| {
-            common::cluster::send(&producer, &evil.input, "k", kind);
-            common::cluster::send(&producer, &evil.input, "k", "ordinary");
+        let label = format!("{kind}_share{share}");
+        // Each feed, 5 times a second: burn, 40 records of 2 M iterations
+        // (the neighbour wants more than a core); the others, a hostile
+        // record and an ordinary one.
+        let p99 = run_phase(&label, &|| {
+            if kind == "burn" {
+                use rdkafka::producer::{BaseRecord, Producer};
+                for _ in 0..40 {
+                    let record = BaseRecord::to(&evil.input).key("k").payload("burn:2000000");
+                    producer.send(record).expect("queue a burn record");
+                }
+                producer.flush(Duration::from_secs(30)).expect("flush");
+            } else {
+                common::cluster::send(&producer, &evil.input, "k", kind);
+                common::cluster::send(&producer, &evil.input, "k", "ordinary");
+            }
         });
-        beside.push((kind, p99));
+        beside.push((label, p99));
+        let metrics = h.metrics(OPERATOR);
+        let series = |name: &str| {
+            metrics
+                .lines()
+                .find(|l| l.starts_with(name) && l.contains(&evil.name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let records = series("onceflow_records_total{");
+        figure(
+            &format!("cp_neighbour_records_{kind}_share{share}"),
+            records,
+        );
+        // Held back, never starved: its records go on.
+        assert!(records > 0.0, "the neighbour ({kind}) made no progress");
+        if kind == "burn" {
+            let throttled = series("onceflow_cpu_throttled_microseconds_total{") / 1e6;
+            figure(
+                &format!("cp_neighbour_throttled_s_share{share}"),
+                format!("{throttled:.1}"),
+            );
+            if share < 100 {
+                assert!(throttled > 0.0, "the neighbour was never held back");
+            } else {
+                assert!(throttled == 0.0, "held back without a limit");
+            }
+            h.json(GLOBEX, &["delete", &evil.name]);
+            continue;
+        }
         let d = h.json(GLOBEX, &["describe", &evil.name]);
         assert!(
             d["hosts"][0]["dead_lettered"].as_u64().unwrap_or(0) > 0,

@@ -298,6 +298,7 @@ impl KafkaArgs {
             report_interval: Duration::from_millis(self.report_interval_ms.max(100)),
             state_cleanup_delay: Duration::from_millis(self.state_cleanup_delay_ms),
             usage_topic: None,
+            cpu_budget: None,
         })
     }
 }

@@ -41,6 +41,8 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use crate::stream::cpu::CpuBudget;
+
 pub use control::ControlPlane;
 pub use error::FleetError;
 pub use logs::{DeploymentLogSink, remember_error};
@@ -70,6 +72,12 @@ pub fn parse_manifest(tenant: &str, name: &str, text: &str) -> Result<Manifest, 
     )
 }
 
+/// CPU seconds per second for a `cpu-share` percent of this host.
+fn cpu_rate(share: u32) -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    f64::from(share.min(100)) / 100.0 * cores as f64
+}
+
 /// One host.
 pub struct Fleet {
     /// This host's id: the instance id of every deployment it runs.
@@ -90,6 +98,9 @@ pub struct Fleet {
     /// two deploys of one tenant on this host are admitted one after the
     /// other (before, eight at once against a quota of 2 all got in).
     admissions: Mutex<BTreeMap<String, Arc<Mutex<()>>>>,
+    /// Each limited tenant's CPU budget on this host, shared by all its
+    /// deployments' workers.
+    cpu_budgets: Mutex<BTreeMap<String, Arc<CpuBudget>>>,
 }
 
 impl Fleet {
@@ -113,6 +124,7 @@ impl Fleet {
             shutdown,
             duplicates: Mutex::default(),
             admissions: Mutex::default(),
+            cpu_budgets: Mutex::default(),
         })
     }
 
@@ -128,7 +140,28 @@ impl Fleet {
     /// running: a tenant removed from the file can no longer call the API,
     /// and what it deployed runs until the operator deletes it.
     pub fn replace_tenants(&self, tenants: Tenants) {
+        let budgets = self.cpu_budgets.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, budget) in budgets.iter() {
+            let share = tenants.get(name).map_or(100, |t| t.quotas.cpu_share);
+            budget.set_rate(cpu_rate(share));
+        }
         *self.tenants.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tenants);
+    }
+
+    /// The CPU budget of `tenant`'s workers on this host (`None` while its
+    /// `cpu-share` is 100: no limit). Made on first use, shared after.
+    pub fn cpu_budget(&self, tenant: &str) -> Option<Arc<CpuBudget>> {
+        let share = self.tenants().get(tenant)?.quotas.cpu_share;
+        let mut budgets = self.cpu_budgets.lock().unwrap_or_else(|e| e.into_inner());
+        if share >= 100 && !budgets.contains_key(tenant) {
+            return None;
+        }
+        Some(
+            budgets
+                .entry(tenant.to_owned())
+                .or_insert_with(|| Arc::new(CpuBudget::new(cpu_rate(share))))
+                .clone(),
+        )
     }
 
     fn running(&self) -> MutexGuard<'_, BTreeMap<String, Running>> {

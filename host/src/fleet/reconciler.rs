@@ -207,15 +207,13 @@ impl Fleet {
                     {
                         r.state = RunState::Running;
                     }
-                    stream::run_with_metrics(
-                        manifest,
-                        processor,
-                        me.options.clone(),
-                        shutdown,
-                        metrics,
-                    )
-                    .map(|_| ())
-                    .map_err(FleetError::from)
+                    let options = stream::RunOptions {
+                        cpu_budget: me.cpu_budget(&record.tenant),
+                        ..me.options.clone()
+                    };
+                    stream::run_with_metrics(manifest, processor, options, shutdown, metrics)
+                        .map(|_| ())
+                        .map_err(FleetError::from)
                 })
         };
         let (thread, state) = match thread {

@@ -19,6 +19,7 @@
 //! fuel-per-record = 100000000      # limits.fuel-per-record
 //! timeout-ms = 60000               # limits.timeout-ms (a call's deadline)
 //! log-lines-per-second = 1000      # limits.log-lines-per-second
+//! cpu-share = 100                  # percent of a host's CPU its guests may take
 //! ```
 //!
 //! Kafka treats `.` and `_` in topic names as one character, so tenant
@@ -89,6 +90,10 @@ pub struct Quotas {
     pub timeout_ms: u64,
     /// Largest `limits.log-lines-per-second` (per instance).
     pub log_lines_per_second: u32,
+    /// Percent of a host's CPU (all its cores) the tenant's guest calls on
+    /// that host may take together; past it, its workers wait
+    /// (`stream/cpu.rs`). 100: no limit.
+    pub cpu_share: u32,
 }
 
 impl Default for Quotas {
@@ -101,6 +106,7 @@ impl Default for Quotas {
             fuel_per_record: 100_000_000,
             timeout_ms: 60_000,
             log_lines_per_second: 1_000,
+            cpu_share: 100,
         }
     }
 }
@@ -265,6 +271,12 @@ impl Tenants {
                 return Err(format!(
                     "tenant {:?}: topic-prefix {topic_prefix:?} must start with \"{}.\" so one prefixed ACL covers its topics, groups and transactional ids",
                     t.name, t.name
+                ));
+            }
+            if !(1..=100).contains(&t.quotas.cpu_share) {
+                return Err(format!(
+                    "tenant {:?}: cpu-share = {} must be a percent of the host's CPU, 1 to 100",
+                    t.name, t.quotas.cpu_share
                 ));
             }
             let own = t

@@ -12,6 +12,7 @@
 
 pub mod changelog;
 mod clients;
+pub mod cpu;
 pub mod names;
 pub mod verify;
 mod worker;
@@ -109,6 +110,9 @@ pub struct RunOptions {
     /// Where each committed transaction writes what its work used (a fleet
     /// host's `_onceflow.usage`), inside the transaction; `None`: nowhere.
     pub usage_topic: Option<String>,
+    /// The tenant's share of this host's CPU, charged by every guest call
+    /// (`None`: no limit).
+    pub cpu_budget: Option<std::sync::Arc<cpu::CpuBudget>>,
 }
 
 /// Kafka's default `delete.retention.ms` (one day), when a changelog's

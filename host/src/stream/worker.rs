@@ -1004,7 +1004,16 @@ impl Core {
             self.ensure_txn(consumer)?;
             let task = self.tasks.get_mut(&partition).expect("checked above");
             let mut outcome = BatchOutcome::default();
+            let call_started = Instant::now();
             let result = task.process_batch(&records, &mut outcome);
+            if let Some(budget) = &self.d.options.cpu_budget {
+                // Over the tenant's CPU share: wait before the next call.
+                let wait = budget.charge(call_started.elapsed());
+                if !wait.is_zero() {
+                    std::thread::sleep(wait);
+                    Metrics::add(&self.d.metrics.throttled_us, wait.as_micros() as u64);
+                }
+            }
             let fuel = task.take_fuel_used();
             Metrics::add(&self.d.metrics.fuel, fuel);
             self.pending.fuel += fuel;

@@ -78,6 +78,15 @@ impl Processor for Hostile {
                     &[],
                 )
             }
+            Some(v) if v.starts_with(b"burn:") => {
+                // Legitimate but heavy: N iterations, then an output.
+                let n = size_of(&v[b"burn:".len()..])?;
+                let mut counter: u64 = 0;
+                for _ in 0..n {
+                    counter = black_box(counter.wrapping_add(1));
+                }
+                ctx.emit_with("out", record.key.as_deref(), Some(b"burnt"), &[])
+            }
             Some(v) if v.starts_with(b"flood:") => {
                 let n = size_of(&v[b"flood:".len()..])?;
                 let value = vec![b'f'; 999_000];

@@ -1,0 +1,114 @@
+//! A tenant's share of the host's CPU: a budget of guest-call time that
+//! every worker of the tenant's deployments on this host charges after
+//! each `process` call, and that makes a worker wait before its next call
+//! while the tenant is over its share.
+//!
+//! Fuel bounds one record; this bounds a tenant: a neighbour looping to its
+//! fuel limit on every record, or simply sending 10x the load, gets its
+//! share of the cores and no more, and the other tenants' workers the rest.
+//! The charge is the call's wall time, which is its CPU time when the host
+//! is idle (a guest call does no I/O) and more when the host is contended:
+//! a tenant is held back hardest exactly when others want the CPU.
+//!
+//! A token bucket: the budget refills at `share x cores` seconds per second
+//! up to [`BURST`] of it, a call's time is taken out, and while the balance
+//! is negative the next call waits for it to refill (at most [`MAX_WAIT`]
+//! at a time, so the worker still polls and commits).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The longest a budget may save up: a tenant idle for a while may then
+/// run this long at full speed.
+pub const BURST: Duration = Duration::from_millis(250);
+/// The longest one wait: a worker over budget still serves its consumer
+/// and commits between waits.
+pub const MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// One tenant's CPU budget on one host, shared by its workers.
+#[derive(Debug)]
+pub struct CpuBudget {
+    state: Mutex<Bucket>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    /// CPU seconds per second of wall time.
+    rate: f64,
+    /// Seconds of guest-call time available (negative: owed).
+    balance: f64,
+    at: Instant,
+}
+
+impl CpuBudget {
+    /// A budget of `rate` CPU seconds per second (`share x cores`).
+    pub fn new(rate: f64) -> Self {
+        Self {
+            state: Mutex::new(Bucket {
+                rate: rate.max(0.01),
+                balance: 0.0,
+                at: Instant::now(),
+            }),
+        }
+    }
+
+    /// Changes the rate (the tenant's quota changed).
+    pub fn set_rate(&self, rate: f64) {
+        let mut b = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        b.refill();
+        b.rate = rate.max(0.01);
+    }
+
+    /// The rate, in CPU seconds per second.
+    pub fn rate(&self) -> f64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).rate
+    }
+
+    /// Takes `used` out of the budget; returns how long the caller should
+    /// wait before its next call (zero while within the share).
+    pub fn charge(&self, used: Duration) -> Duration {
+        let mut b = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        b.refill();
+        b.balance -= used.as_secs_f64();
+        if b.balance >= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(-b.balance / b.rate).min(MAX_WAIT)
+    }
+}
+
+impl Bucket {
+    fn refill(&mut self) {
+        let now = Instant::now();
+        let burst = BURST.as_secs_f64() * self.rate;
+        self.balance =
+            (self.balance + now.duration_since(self.at).as_secs_f64() * self.rate).min(burst);
+        self.at = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_over_its_share_waits_for_it() {
+        // Half a core: 100 ms of calls owe ~200 ms of waiting, minus the
+        // little that refilled meanwhile.
+        let b = CpuBudget::new(0.5);
+        let wait = b.charge(Duration::from_millis(100));
+        assert!(
+            wait > Duration::from_millis(150) && wait <= Duration::from_millis(200),
+            "{wait:?}"
+        );
+        // A huge call waits at most MAX_WAIT at a time.
+        assert_eq!(b.charge(Duration::from_secs(10)), MAX_WAIT);
+        // Within the share: no wait once the budget has refilled.
+        let b = CpuBudget::new(4.0);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(b.charge(Duration::from_millis(100)), Duration::ZERO);
+        // The rate can change.
+        b.set_rate(1.0);
+        assert!((b.rate() - 1.0).abs() < 1e-9);
+    }
+}
