@@ -61,6 +61,21 @@ pub enum KafkaError {
         /// What is wrong and what to do.
         message: String,
     },
+    /// The brokers' authorizer refused this client's principal an operation
+    /// on a resource: retrying cannot help until an ACL is granted.
+    #[error(
+        "{resource}: not authorized: the brokers refused {operation} on it to this client's \
+         principal: {code}; grant the principal its prefixed ACLs (docs/kafka-security.md), or \
+         check -X sasl.username"
+    )]
+    NotAuthorized {
+        /// What was refused, e.g. `topic "acme.payments"`.
+        resource: String,
+        /// The ACL operation needed (Describe, Read, Write, Create, ...).
+        operation: String,
+        /// The brokers' answer.
+        code: RDKafkaErrorCode,
+    },
 }
 
 impl KafkaError {
@@ -87,6 +102,37 @@ impl KafkaError {
             message: message.into(),
         }
     }
+
+    /// The authorizer refused `operation` on `resource` (see
+    /// [`authorization_failure`]).
+    pub(crate) fn not_authorized(
+        resource: impl Into<String>,
+        operation: impl Into<String>,
+        code: RDKafkaErrorCode,
+    ) -> Self {
+        Self::NotAuthorized {
+            resource: resource.into(),
+            operation: operation.into(),
+            code,
+        }
+    }
+}
+
+/// Whether a code is the brokers' authorizer refusing this client's
+/// principal (an ACL is missing).
+pub(crate) fn is_authorization(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+    )
+}
+
+/// The authorizer's refusal in a client error, if that is what it is.
+pub(crate) fn authorization_failure(e: &ClientError) -> Option<RDKafkaErrorCode> {
+    e.rdkafka_error_code().filter(|c| is_authorization(*c))
 }
 
 impl Connection {
@@ -134,7 +180,10 @@ impl Connection {
     }
 }
 
-/// The partitions of `topic`, or `None` when it does not exist.
+/// The partitions of `topic`, or `None` when it does not exist. A topic
+/// this client's principal may not describe is an error
+/// ([`KafkaError::NotAuthorized`]): the brokers answer so whether it
+/// exists or not, and "does not exist" would send the user the wrong way.
 pub(crate) fn partitions<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
@@ -142,11 +191,19 @@ pub(crate) fn partitions<C: ConsumerContext>(
     let md = consumer
         .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
         .map_err(|e| KafkaError::client(format!("fetching metadata of {topic}"), e))?;
-    Ok(md.topics().first().and_then(|t| match t.error() {
-        Some(_) => None,
-        None if t.partitions().is_empty() => None,
-        None => Some(t.partitions().iter().map(|p| p.id()).collect()),
-    }))
+    let Some(t) = md.topics().first() else {
+        return Ok(None);
+    };
+    match t.error().map(RDKafkaErrorCode::from) {
+        Some(code) if is_authorization(code) => Err(KafkaError::not_authorized(
+            format!("topic {topic:?}"),
+            "Describe",
+            code,
+        )),
+        Some(_) => Ok(None),
+        None if t.partitions().is_empty() => Ok(None),
+        None => Ok(Some(t.partitions().iter().map(|p| p.id()).collect())),
+    }
 }
 
 /// Polls an assigned reader (see [`Connection::reader`]) until each of its
@@ -246,7 +303,11 @@ pub(crate) fn topic_config(
     let mut config = std::collections::BTreeMap::new();
     for r in results {
         let resource = r.map_err(|code| {
-            KafkaError::topic(topic, format!("cannot read its configuration: {code}"))
+            if is_authorization(code) {
+                KafkaError::not_authorized(format!("topic {topic:?}"), "DescribeConfigs", code)
+            } else {
+                KafkaError::topic(topic, format!("cannot read its configuration: {code}"))
+            }
         })?;
         for e in resource.entries {
             if let Some(v) = e.value {
@@ -435,6 +496,13 @@ pub(crate) fn create_topics(conn: &Connection, specs: &[TopicSpec<'_>]) -> Resul
             Ok(topic) => tracing::info!(%topic, "created topic"),
             Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => {
                 tracing::debug!(%topic, "topic already exists")
+            }
+            Err((topic, code)) if is_authorization(code) => {
+                return Err(KafkaError::not_authorized(
+                    format!("topic {topic:?}"),
+                    "Create",
+                    code,
+                ));
             }
             Err((topic, code)) => {
                 return Err(KafkaError::topic(
@@ -718,6 +786,38 @@ mod tests {
             assert!(is_fencing(&e), "{code:?} is fencing");
             assert!(!is_stale_generation(&e));
         }
+    }
+
+    #[test]
+    fn authorization_failures_are_told_apart() {
+        for code in [
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+            RDKafkaErrorCode::ClusterAuthorizationFailed,
+        ] {
+            assert_eq!(
+                authorization_failure(&ClientError::Global(code)),
+                Some(code)
+            );
+        }
+        assert_eq!(
+            authorization_failure(&ClientError::Global(
+                RDKafkaErrorCode::BrokerTransportFailure
+            )),
+            None
+        );
+        let e = KafkaError::not_authorized(
+            "topic \"acme.payments\"",
+            "Describe",
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        );
+        assert!(
+            e.to_string().starts_with(
+                "topic \"acme.payments\": not authorized: the brokers refused Describe"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
