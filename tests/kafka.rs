@@ -8,7 +8,8 @@
 //! the Rust wallet, then the ported wallets (both on the shared cluster),
 //! then the control plane (on its own cluster), then the network-fault drill
 //! (three brokers behind a fault proxy; scripts/drill runs it alone, longer),
-//! then the hardening of the exactly-once path, item by item (issue 16).
+//! then the hardening of the exactly-once path, item by item (issue 16),
+//! then SASL_SSL to the brokers (one node of its own with ACLs enforced).
 
 mod common;
 
@@ -22,3 +23,5 @@ mod c_control_plane;
 mod d_drill;
 #[path = "kafka/hardening.rs"]
 mod e_hardening;
+#[path = "kafka/sasl.rs"]
+mod f_sasl;

@@ -61,6 +61,21 @@ pub enum KafkaError {
         /// What is wrong and what to do.
         message: String,
     },
+    /// The brokers' authorizer refused this client's principal an operation
+    /// on a resource: retrying cannot help until an ACL is granted.
+    #[error(
+        "{resource}: not authorized: the brokers refused {operation} on it to this client's \
+         principal: {code}; grant the principal its prefixed ACLs (docs/kafka-security.md), or \
+         check -X sasl.username"
+    )]
+    NotAuthorized {
+        /// What was refused, e.g. `topic "acme.payments"`.
+        resource: String,
+        /// The ACL operation needed (Describe, Read, Write, Create, ...).
+        operation: String,
+        /// The brokers' answer.
+        code: RDKafkaErrorCode,
+    },
 }
 
 impl KafkaError {
@@ -87,6 +102,37 @@ impl KafkaError {
             message: message.into(),
         }
     }
+
+    /// The authorizer refused `operation` on `resource` (see
+    /// [`authorization_failure`]).
+    pub(crate) fn not_authorized(
+        resource: impl Into<String>,
+        operation: impl Into<String>,
+        code: RDKafkaErrorCode,
+    ) -> Self {
+        Self::NotAuthorized {
+            resource: resource.into(),
+            operation: operation.into(),
+            code,
+        }
+    }
+}
+
+/// Whether a code is the brokers' authorizer refusing this client's
+/// principal (an ACL is missing).
+pub(crate) fn is_authorization(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+    )
+}
+
+/// The authorizer's refusal in a client error, if that is what it is.
+pub(crate) fn authorization_failure(e: &ClientError) -> Option<RDKafkaErrorCode> {
+    e.rdkafka_error_code().filter(|c| is_authorization(*c))
 }
 
 impl Connection {
@@ -134,7 +180,10 @@ impl Connection {
     }
 }
 
-/// The partitions of `topic`, or `None` when it does not exist.
+/// The partitions of `topic`, or `None` when it does not exist. A topic
+/// this client's principal may not describe is an error
+/// ([`KafkaError::NotAuthorized`]): the brokers answer so whether it
+/// exists or not, and "does not exist" would send the user the wrong way.
 pub(crate) fn partitions<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
@@ -142,11 +191,19 @@ pub(crate) fn partitions<C: ConsumerContext>(
     let md = consumer
         .fetch_metadata(Some(topic), ADMIN_TIMEOUT)
         .map_err(|e| KafkaError::client(format!("fetching metadata of {topic}"), e))?;
-    Ok(md.topics().first().and_then(|t| match t.error() {
-        Some(_) => None,
-        None if t.partitions().is_empty() => None,
-        None => Some(t.partitions().iter().map(|p| p.id()).collect()),
-    }))
+    let Some(t) = md.topics().first() else {
+        return Ok(None);
+    };
+    match t.error().map(RDKafkaErrorCode::from) {
+        Some(code) if is_authorization(code) => Err(KafkaError::not_authorized(
+            format!("topic {topic:?}"),
+            "Describe",
+            code,
+        )),
+        Some(_) => Ok(None),
+        None if t.partitions().is_empty() => Ok(None),
+        None => Ok(Some(t.partitions().iter().map(|p| p.id()).collect())),
+    }
 }
 
 /// Polls an assigned reader (see [`Connection::reader`]) until each of its
@@ -246,7 +303,11 @@ pub(crate) fn topic_config(
     let mut config = std::collections::BTreeMap::new();
     for r in results {
         let resource = r.map_err(|code| {
-            KafkaError::topic(topic, format!("cannot read its configuration: {code}"))
+            if is_authorization(code) {
+                KafkaError::not_authorized(format!("topic {topic:?}"), "DescribeConfigs", code)
+            } else {
+                KafkaError::topic(topic, format!("cannot read its configuration: {code}"))
+            }
         })?;
         for e in resource.entries {
             if let Some(v) = e.value {
@@ -436,6 +497,13 @@ pub(crate) fn create_topics(conn: &Connection, specs: &[TopicSpec<'_>]) -> Resul
             Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => {
                 tracing::debug!(%topic, "topic already exists")
             }
+            Err((topic, code)) if is_authorization(code) => {
+                return Err(KafkaError::not_authorized(
+                    format!("topic {topic:?}"),
+                    "Create",
+                    code,
+                ));
+            }
             Err((topic, code)) => {
                 return Err(KafkaError::topic(
                     topic,
@@ -600,7 +668,8 @@ impl ErrorLog {
 
 /// The context of the helper consumers that read to a partition's end
 /// (restore, verify): the end-of-partition events they ask for are not
-/// errors, and other client errors are rate-limited.
+/// errors, nor is a SASL handshake cut short by their own close, and other
+/// client errors are rate-limited.
 #[derive(Default)]
 pub(crate) struct QuietContext {
     errors: ErrorLog,
@@ -608,10 +677,40 @@ pub(crate) struct QuietContext {
 
 impl rdkafka::client::ClientContext for QuietContext {
     fn error(&self, error: ClientError, reason: &str) {
-        if !is_end_of_partition(&error) {
+        if is_sasl_handshake_cut(reason) {
+            tracing::debug!("consumer: {error}: {reason}");
+        } else if !is_end_of_partition(&error) {
             self.errors.report("consumer", &error, reason);
         }
     }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        match level {
+            _ if is_sasl_handshake_cut(message) => {
+                tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Notice | L::Info => {
+                tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        }
+    }
+}
+
+/// Whether librdkafka reports a SASL handshake that its own disconnect cut
+/// short: a client closed while its group coordinator's connection was
+/// still authenticating. Benign (the request fails with a local transport
+/// error, not an authentication error), but logged at ERROR and sent to
+/// the error callback; `onceflow verify`'s short-lived readers met it on
+/// every run against a SASL_SSL broker (also confluent-kafka-python#1780).
+/// Wrong credentials say "Authentication failed" instead.
+fn is_sasl_handshake_cut(text: &str) -> bool {
+    text.contains("SaslAuthenticateRequest failed: Local: Broker transport failure")
 }
 
 /// Whether an error only says that a consumer reached a partition's end:
@@ -718,6 +817,50 @@ mod tests {
             assert!(is_fencing(&e), "{code:?} is fencing");
             assert!(!is_stale_generation(&e));
         }
+    }
+
+    #[test]
+    fn a_sasl_handshake_cut_by_a_close_is_not_an_error() {
+        assert!(is_sasl_handshake_cut(
+            "GroupCoordinator: SASL authentication error: SaslAuthenticateRequest failed: \
+             Local: Broker transport failure (after 0ms in state DOWN)"
+        ));
+        assert!(!is_sasl_handshake_cut(
+            "sasl_ssl://127.0.0.1:9093/1: SASL authentication error: Authentication failed \
+             during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"
+        ));
+    }
+
+    #[test]
+    fn authorization_failures_are_told_apart() {
+        for code in [
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+            RDKafkaErrorCode::ClusterAuthorizationFailed,
+        ] {
+            assert_eq!(
+                authorization_failure(&ClientError::Global(code)),
+                Some(code)
+            );
+        }
+        assert_eq!(
+            authorization_failure(&ClientError::Global(
+                RDKafkaErrorCode::BrokerTransportFailure
+            )),
+            None
+        );
+        let e = KafkaError::not_authorized(
+            "topic \"acme.payments\"",
+            "Describe",
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        );
+        assert!(
+            e.to_string().starts_with(
+                "topic \"acme.payments\": not authorized: the brokers refused Describe"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct Cluster {
     /// Behind a proxy: node i advertises `proxy_port + i - 1` to the hosts,
     /// where the proxy must listen and forward to `broker_port(i)`.
     pub proxy_port: Option<u16>,
+    /// More arguments for `scripts/kafka up` (the SASL_SSL listener's).
+    pub up_args: Vec<String>,
 }
 
 /// Behind a proxy, the proxies' ports are this far above the brokers', and
@@ -146,13 +148,52 @@ impl Cluster {
             port,
             brokers,
             proxy_port,
+            up_args: Vec::new(),
         }
+    }
+
+    /// Starts one node that also serves SASL_SSL on its port + 1
+    /// (scripts/kafka `up --sasl-cert`): SCRAM-SHA-512 over TLS with the
+    /// key and certificate chain in `cert` (PEM), the SCRAM users `admin`
+    /// (a super user) and `users` (`NAME=PASSWORD` each), and ACLs enforced.
+    /// The hosts (`host_bootstrap`) connect there; the rig's own clients and
+    /// the tools use the PLAINTEXT listener, whose principal is the broker's
+    /// own, a super user. A cluster left running under this name is purged
+    /// first: it would serve another certificate.
+    pub fn start_with_sasl(
+        name: &str,
+        port: u16,
+        cert: &std::path::Path,
+        admin: &str,
+        users: &[&str],
+    ) -> Cluster {
+        let mut c = Self::place(name, port, 1, false);
+        let sasl_port = c.port + 1;
+        c.host_bootstrap = format!("127.0.0.1:{sasl_port}");
+        c.up_args = vec![
+            "--sasl-cert".to_owned(),
+            cert.to_str().expect("utf-8 path").to_owned(),
+            "--sasl-port".to_owned(),
+            sasl_port.to_string(),
+            "--sasl-admin".to_owned(),
+            admin.to_owned(),
+        ];
+        for user in users {
+            c.up_args
+                .extend(["--sasl-user".to_owned(), (*user).to_owned()]);
+        }
+        c.purge_quietly();
+        c.up();
+        c
     }
 
     /// Starts the cluster (a running one is kept; a stopped one starts with
     /// fresh data).
     pub fn up(&self) {
-        let out = self.script(&["up", "--brokers", &self.brokers.to_string()]);
+        let brokers = self.brokers.to_string();
+        let mut args = vec!["up", "--brokers", &brokers];
+        args.extend(self.up_args.iter().map(String::as_str));
+        let out = self.script(&args);
         assert!(
             out.status.success(),
             "scripts/kafka up failed:\n{}\n{}",
@@ -300,6 +341,25 @@ impl Cluster {
             })
             .unwrap_or(0);
         (committed, end)
+    }
+}
+
+/// A test's own cluster, leaked so that wallets can borrow it for
+/// `'static`, and stopped (by the PIDs scripts/kafka recorded) with its data
+/// deleted when this drops, also when the test fails.
+pub struct OwnCluster(pub &'static Cluster);
+
+impl OwnCluster {
+    pub fn new(cluster: Cluster) -> OwnCluster {
+        OwnCluster(Box::leak(Box::new(cluster)))
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        if !self.0.purge_quietly() {
+            eprintln!("could not purge the cluster in {}", self.0.dir.display());
+        }
     }
 }
 

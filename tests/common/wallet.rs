@@ -268,8 +268,14 @@ dead-letter-topic = "{dlq}"
 
     /// `onceflow verify` on this wallet's topics, as a user runs it.
     pub fn verify_cli(&self) -> std::process::Output {
+        self.verify_cli_at(&self.cluster.bootstrap, &[])
+    }
+
+    /// `onceflow verify` through `bootstrap` with `extra` arguments (`-X`).
+    pub fn verify_cli_at(&self, bootstrap: &str, extra: &[&str]) -> std::process::Output {
         super::onceflow()
-            .args(["verify", "--bootstrap-servers", &self.cluster.bootstrap])
+            .args(["verify", "--bootstrap-servers", bootstrap])
+            .args(extra)
             .args(["--input", &self.payments, "--echo", &self.audit])
             .args(["--totals", &self.balances, "--dead-letter", &self.dlq])
             .output()

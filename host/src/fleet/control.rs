@@ -267,10 +267,13 @@ impl ControlPlane {
         &self.conn
     }
 
-    /// A reader of the control topics (read_committed, reports ends).
+    /// A reader of the control topics (read_committed, reports ends). Its
+    /// group is never joined, but brokers that enforce ACLs let only a
+    /// principal that may describe it look up its coordinator: it is under
+    /// the internal prefix, as the control topics are (docs/kafka-security.md).
     pub(super) fn reader(&self) -> Result<BaseConsumer<kafka::QuietContext>, KafkaError> {
         self.conn.reader(
-            "onceflow-control-unused",
+            "_onceflow.control",
             "read_committed",
             50,
             kafka::QuietContext::default(),

@@ -264,14 +264,15 @@ fn write(
 /// The committed value of `key` in a store, read from its changelog up to
 /// the last stable offset (read_committed): only committed state, from any
 /// host. Returns (partition, value) for each partition whose task holds the
-/// key.
+/// key. The reader's group (never joined) is named after the changelog, so
+/// it is under the tenant's prefix for ACLs.
 pub fn query(
     conn: &Connection,
     topic: &str,
     key: &[u8],
 ) -> Result<Vec<(i32, Vec<u8>)>, KafkaError> {
     let consumer = conn.reader(
-        "onceflow-query",
+        &format!("{topic}.onceflow-query"),
         "read_committed",
         10,
         kafka::QuietContext::default(),

@@ -36,7 +36,7 @@ use crate::task::TaskConfig;
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     /// A Kafka operation failed (a missing or unusable topic is
-    /// [`KafkaError::Topic`]).
+    /// [`KafkaError::Topic`], a missing ACL [`KafkaError::NotAuthorized`]).
     #[error(transparent)]
     Kafka(#[from] KafkaError),
     /// A record failed under the `fail` policy: the deployment stops.
@@ -78,7 +78,7 @@ impl StreamError {
         matches!(
             self,
             Self::ProcessorFailed(_)
-                | Self::Kafka(KafkaError::Topic { .. })
+                | Self::Kafka(KafkaError::Topic { .. } | KafkaError::NotAuthorized { .. })
                 | Self::Unsendable { .. }
                 | Self::Settings(_)
         )

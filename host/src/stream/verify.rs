@@ -329,9 +329,14 @@ fn parse_input(value: Option<&[u8]>, o: &VerifyOptions) -> Option<(String, Strin
 
 type Client = BaseConsumer<kafka::QuietContext>;
 
+/// A reader. It never joins its group, but librdkafka's `assign` needs one
+/// and looks up its coordinator, which brokers that enforce ACLs allow only
+/// a principal that may describe the group: named after the input topic, it
+/// falls under the tenant's group prefix as the topic does under its topic
+/// prefix (`-X group.id=...` still wins).
 fn client(o: &VerifyOptions, isolation: &str) -> Result<Client, KafkaError> {
     o.kafka.reader(
-        "onceflow-verify",
+        &format!("{}.onceflow-verify", o.input),
         isolation,
         10,
         kafka::QuietContext::default(),

@@ -100,7 +100,14 @@ pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError>
 struct Deliveries {
     changelog_offsets: HashMap<(String, i32), i64>,
     failures: u64,
-    first_failure: Option<(Option<RDKafkaErrorCode>, String)>,
+    first_failure: Option<(Option<RDKafkaErrorCode>, FailedDelivery)>,
+}
+
+/// A record the brokers did not take.
+struct FailedDelivery {
+    topic: String,
+    /// The error, and the topic.
+    message: String,
 }
 
 struct ProducerCtx {
@@ -139,8 +146,13 @@ impl ProducerContext for ProducerCtx {
             Err((e, m)) => {
                 d.failures += 1;
                 if d.first_failure.is_none() {
-                    d.first_failure =
-                        Some((e.rdkafka_error_code(), format!("{e} (topic {})", m.topic())));
+                    d.first_failure = Some((
+                        e.rdkafka_error_code(),
+                        FailedDelivery {
+                            topic: m.topic().to_owned(),
+                            message: format!("{e} (topic {})", m.topic()),
+                        },
+                    ));
                 }
             }
         }
@@ -476,11 +488,44 @@ fn new_producer(d: &Deployment, n: u32) -> Result<Arc<BaseProducer<ProducerCtx>>
             })
             .map_err(|e| StreamError::kafka("creating the producer", e))?;
     if d.exactly_once() {
-        producer
-            .init_transactions(TXN_CALL_TIMEOUT)
-            .map_err(|e| StreamError::Restart(format!("init_transactions: {e}")))?;
+        producer.init_transactions(TXN_CALL_TIMEOUT).map_err(
+            |e| match kafka::authorization_failure(&e) {
+                Some(code) => refused(d, n, code, None),
+                None => StreamError::Restart(format!("init_transactions: {e}")),
+            },
+        )?;
     }
     Ok(Arc::new(producer))
+}
+
+/// The brokers' authorizer refused worker `n` something (an ACL is
+/// missing): what, named from the answer's code (`topic` when the call
+/// names one). Retrying cannot help, so the deployment stops with this, as
+/// Kafka Streams stops on an authorization exception; grant the ACL, then
+/// start (or `resume`) it again.
+fn refused(d: &Deployment, n: u32, code: RDKafkaErrorCode, topic: Option<&str>) -> StreamError {
+    let (resource, operation) = match code {
+        RDKafkaErrorCode::GroupAuthorizationFailed => (
+            format!("consumer group {:?}", d.manifest.application_id()),
+            "Read",
+        ),
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
+            (format!("transactional id {:?}", client_id(d, n)), "Write")
+        }
+        RDKafkaErrorCode::TopicAuthorizationFailed => match topic {
+            Some(t) => (format!("topic {t:?}"), "Write"),
+            None => (
+                format!(
+                    "a topic of {} (inputs {}, outputs, dead letters, changelogs)",
+                    d.manifest.application_id(),
+                    d.manifest.inputs.join(", ")
+                ),
+                "Read or Write",
+            ),
+        },
+        _ => ("the cluster".to_owned(), "IdempotentWrite"),
+    };
+    StreamError::Kafka(kafka::KafkaError::not_authorized(resource, operation, code))
 }
 
 /// How long past its own timeout a transactional call may run before its
@@ -722,6 +767,13 @@ impl Session {
                 // consumer is finished; rejoin with a new one.
                 Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
                     return Err(StreamError::Restart(format!("consumer: fatal: {code}")));
+                }
+                // No ACL for the group or an input: polling on would only
+                // repeat the refusal.
+                Some(Err(e)) if kafka::authorization_failure(&e).is_some() => {
+                    let code = kafka::authorization_failure(&e).expect("checked");
+                    let worker = lock(&self.core).worker;
+                    return Err(refused(&self.d, worker, code, None));
                 }
                 Some(Err(e)) => {
                     // Transient (brokers down, a transport failure): librdkafka
@@ -1128,6 +1180,11 @@ impl Core {
             failed
         };
         if let Some((count, (code, first))) = failed {
+            if let Some(code) = code.filter(|c| kafka::is_authorization(*c)) {
+                let _ = self.abort(None);
+                return Err(refused(&self.d, self.worker, code, Some(&first.topic)));
+            }
+            let first = first.message;
             if let Some(code) = code.filter(|c| is_unsendable(*c)) {
                 // Retrying cannot help: the same record would be refused
                 // again, forever.
@@ -1244,6 +1301,10 @@ impl Core {
         operation: &str,
         e: KafkaError,
     ) -> Result<(), StreamError> {
+        if let Some(code) = kafka::authorization_failure(&e) {
+            let _ = self.abort(None);
+            return Err(refused(&self.d, self.worker, code, None));
+        }
         if kafka::is_fencing(&e) {
             Metrics::add(&self.d.metrics.fenced, 1);
             tracing::warn!(worker = self.worker, "{operation}: fenced: {e}");

@@ -1,0 +1,296 @@
+//! The brokers' side of TLS and SASL (issue 15, item 4): a broker with a
+//! SASL_SSL listener (SCRAM-SHA-512, a certificate this test makes, ACLs
+//! enforced) runs the wallet exactly once for a tenant principal that holds
+//! only its prefixed ACLs (docs/security.md), `onceflow verify` included,
+//! and principals without them are refused with an error that says so.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::cluster::{Cluster, OwnCluster, serial};
+use crate::common::wallet::Wallet;
+
+/// A CA and a broker certificate it signed, for 127.0.0.1 (librdkafka
+/// checks the broker's name), made with the openssl CLI.
+struct Certificates {
+    /// The CA's certificate: the clients' `ssl.ca.location`.
+    ca: PathBuf,
+    /// The broker's key (PKCS#8), certificate and chain in one PEM file.
+    broker: PathBuf,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl (the openssl CLI is needed)");
+    assert!(
+        out.status.success(),
+        "openssl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn make_certificates(dir: &Path) -> Certificates {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=onceflow-test-ca",
+    ];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
+    openssl(dir, &ca);
+    let mut csr = vec!["req", "-subj", "/CN=localhost"];
+    csr.extend(ec);
+    csr.extend(["-keyout", "broker.key", "-out", "broker.csr"]);
+    openssl(dir, &csr);
+    std::fs::write(
+        dir.join("san.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("write san.cnf");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "broker.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "1",
+            "-days",
+            "2",
+            "-extfile",
+            "san.cnf",
+            "-out",
+            "broker.crt",
+        ],
+    );
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).expect("read a PEM file");
+    let broker = dir.join("broker.pem");
+    std::fs::write(
+        &broker,
+        read("broker.key") + &read("broker.crt") + &read("ca.pem"),
+    )
+    .expect("write broker.pem");
+    Certificates {
+        ca: dir.join("ca.pem"),
+        broker,
+    }
+}
+
+/// `scripts/kafka acls --add ...` on the cluster (through its PLAINTEXT
+/// listener, whose principal is a super user).
+fn grant(cluster: &Cluster, args: &[&str]) {
+    let mut all = vec!["acls", "--add", "--resource-pattern-type", "prefixed"];
+    all.extend(args);
+    let out = cluster.script(&all);
+    assert!(
+        out.status.success(),
+        "scripts/kafka {}: {}{}",
+        all.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The `-X` settings of a client that authenticates as `user`.
+fn sasl_settings(ca: &Path, user: &str) -> Vec<String> {
+    [
+        "security.protocol=SASL_SSL".to_owned(),
+        "sasl.mechanisms=SCRAM-SHA-512".to_owned(),
+        format!("sasl.username={user}"),
+        format!("sasl.password={user}-secret"),
+        format!("ssl.ca.location={}", ca.display()),
+    ]
+    .into_iter()
+    .flat_map(|kv| ["-X".to_owned(), kv])
+    .collect()
+}
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// `onceflow run` of the wallet as `user`, which must stop by itself within
+/// 60 s (refused); returns its log.
+fn refused_run(w: &Wallet, ca: &Path, user: &str) -> String {
+    let settings = sasl_settings(ca, user);
+    let mut host = w.start(user, &as_strs(&settings));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = host.exited() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "onceflow run as {user} (missing ACLs) still runs after 60 s; log:\n{}",
+            host.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = host.log_text();
+    assert_eq!(status.code(), Some(1), "onceflow run as {user}:\n{log}");
+    log
+}
+
+#[test]
+fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refused() {
+    let _g = serial();
+    let started = Instant::now();
+    let certs_dir = tempfile::tempdir().expect("temp dir");
+    let certs = make_certificates(certs_dir.path());
+    // Tenant `acme` holds the prefixed ACLs; `partial` only those on the
+    // topics; `intruder` none.
+    let own = OwnCluster::new(Cluster::start_with_sasl(
+        "sasl",
+        19792,
+        &certs.broker,
+        "admin=admin-secret",
+        &[
+            "acme=acme-secret",
+            "partial=partial-secret",
+            "intruder=intruder-secret",
+        ],
+    ));
+    let cluster = own.0;
+    let up = started.elapsed();
+
+    // The ACLs of docs/security.md, for tenant `acme` (prefix `acme.`).
+    grant(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:acme",
+            "--allow-principal",
+            "User:partial",
+            "--topic",
+            "acme.",
+            "--operation",
+            "Read",
+            "--operation",
+            "Write",
+            "--operation",
+            "Create",
+            "--operation",
+            "DescribeConfigs",
+        ],
+    );
+    grant(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:acme",
+            "--group",
+            "acme.",
+            "--operation",
+            "Read",
+        ],
+    );
+    grant(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:acme",
+            "--transactional-id",
+            "acme.",
+            "--operation",
+            "Write",
+        ],
+    );
+    let granted = started.elapsed();
+
+    // The wallet of tenant acme on acme.* topics (created and fed by the
+    // rig through PLAINTEXT), run and verified through SASL_SSL as acme.
+    let w = Wallet::in_tenant(cluster, "acme", "acme.", "sasl", "exactly_once_v2", 3);
+    let produced = w.produce(0, 2_000, 50, Some(100));
+    let acme = sasl_settings(&certs.ca, "acme");
+    let host = w.start("a", &as_strs(&acme));
+    w.wait_done(Duration::from_secs(90));
+    assert!(host.stop().success(), "onceflow run exits 0 on SIGTERM");
+    let checked = w.verify_cli_at(&cluster.host_bootstrap, &as_strs(&acme));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr),
+    );
+    println!(
+        "$ onceflow verify --bootstrap-servers {} -X security.protocol=SASL_SSL \
+         -X sasl.mechanisms=SCRAM-SHA-512 -X sasl.username=acme -X sasl.password=... \
+         -X ssl.ca.location=ca.pem --input {} --echo {} --totals {} --dead-letter {}\n{stdout}",
+        cluster.host_bootstrap, w.payments, w.audit, w.balances, w.dlq
+    );
+    let keys = produced.totals.len();
+    let expected = format!(
+        "input {payments}: {all} records, {valid} valid, {invalid} invalid, {keys} keys\n\
+         echo {audit}: {valid} records, 0 missing, 0 duplicates, 0 unexpected\n\
+         totals {balances}: {valid} records, 0 of {keys} keys wrong\n\
+         dead letters {dlq}: {invalid} records\n\
+         verdict: exact (no gap, no duplicate, every total right, no open transaction)\n",
+        payments = w.payments,
+        audit = w.audit,
+        balances = w.balances,
+        dlq = w.dlq,
+        all = produced.valid + produced.invalid,
+        valid = produced.valid,
+        invalid = produced.invalid,
+    );
+    assert!(checked.status.success(), "{stdout}{stderr}");
+    assert_eq!(stdout, expected, "stderr:\n{stderr}");
+    // Its reader's group is under the tenant's prefix: no refusal logged.
+    assert!(
+        !stderr.contains("WARN") && !stderr.contains("ERROR"),
+        "a healthy verify through SASL_SSL printed warnings:\n{stderr}"
+    );
+    let ran = started.elapsed();
+
+    // No ACL at all: the first thing asked, the input's metadata, is
+    // refused; the error says so and names the topic (it said "does not
+    // exist" before).
+    let log = refused_run(&w, &certs.ca, "intruder");
+    let topic_refused = format!(
+        "error: topic {:?}: not authorized: the brokers refused Describe on it",
+        w.payments
+    );
+    assert!(log.contains(&topic_refused), "{log}");
+    let intruder = sasl_settings(&certs.ca, "intruder");
+    let checked = w.verify_cli_at(&cluster.host_bootstrap, &as_strs(&intruder));
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert!(!checked.status.success(), "verify as intruder succeeded");
+    assert!(stderr.contains(&topic_refused), "{stderr}");
+    println!("$ onceflow run ... -X sasl.username=intruder ...\n{topic_refused} ...");
+
+    // The topics' ACLs only: the producer's transactional id is refused,
+    // and the deployment stops (it retried forever before).
+    let log = refused_run(&w, &certs.ca, "partial");
+    let txn_refused = format!(
+        "error: transactional id \"{}-partial-0\": not authorized: the brokers refused Write on it",
+        w.app
+    );
+    assert!(log.contains(&txn_refused), "{log}");
+    println!("$ onceflow run ... -X sasl.username=partial ...\n{txn_refused} ...");
+
+    println!(
+        "FIGURE sasl_test_seconds {:.1} (broker up {:.1}, ACLs {:.1}, wallet and verify {:.1})",
+        started.elapsed().as_secs_f64(),
+        up.as_secs_f64(),
+        (granted - up).as_secs_f64(),
+        (ran - granted).as_secs_f64()
+    );
+}
