@@ -49,6 +49,19 @@ pub struct OutputRecord {
     pub timestamp: Option<i64>,
 }
 
+impl InputRecord {
+    /// Bytes of key, value and headers (what usage counts as bytes in).
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.value.as_ref().map_or(0, Vec::len)
+            + self
+                .headers
+                .iter()
+                .map(|h| h.key.len() + h.value.len())
+                .sum::<usize>()
+    }
+}
+
 impl OutputRecord {
     /// Bytes of key, value and headers: what counts against
     /// [`MAX_RECORD_BYTES`].

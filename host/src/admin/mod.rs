@@ -146,6 +146,17 @@ fn tenant_of(fleet: &Fleet, headers: &HeaderMap) -> ApiResult<Tenant> {
     }
 }
 
+/// The calling tenant's name, or `None` for the operator (who reads every
+/// tenant's metrics and usage).
+fn tenant_or_operator(fleet: &Fleet, headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let tenants = fleet.tenants();
+    match bearer(headers).and_then(|t| tenants.authenticate(t)) {
+        Some(Principal::Tenant(t)) => Ok(Some(t.name.clone())),
+        Some(Principal::Operator) => Ok(None),
+        None => Err(unauthorized()),
+    }
+}
+
 /// Uploads one tenant may have in progress at once on a host.
 pub const UPLOADS_PER_TENANT: usize = 2;
 /// Largest deploy request body: the manifest and the artifact's digest,
@@ -375,12 +386,7 @@ async fn healthz(State(fleet): State<Arc<Fleet>>) -> axum::Json<Health> {
 }
 
 async fn metrics(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResult<Response> {
-    let tenants = fleet.tenants();
-    let tenant = match bearer(&headers).and_then(|t| tenants.authenticate(t)) {
-        Some(Principal::Tenant(t)) => Some(t.name.clone()),
-        Some(Principal::Operator) => None,
-        None => return Err(unauthorized()),
-    };
+    let tenant = tenant_or_operator(&fleet, &headers)?;
     let text = fleet
         .exposition(tenant.as_deref())
         .encode_text()
@@ -516,12 +522,7 @@ async fn usage(
     Query(params): Query<UsageParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let tenants = fleet.tenants();
-    let tenant = match bearer(&headers).and_then(|t| tenants.authenticate(t)) {
-        Some(Principal::Tenant(t)) => Some(t.name.clone()),
-        Some(Principal::Operator) => None,
-        None => return Err(unauthorized()),
-    };
+    let tenant = tenant_or_operator(&fleet, &headers)?;
     // The operator's reads count under a name no tenant can have.
     let slot = reads.enter(tenant.as_deref().unwrap_or("_operator"))?;
     let report = blocking(move || {

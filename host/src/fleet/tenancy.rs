@@ -238,19 +238,6 @@ impl Tenants {
         })
     }
 
-    /// Reads `tenants.toml` for a host: as [`Tenants::load`], and a file
-    /// with no tenant is refused (nobody could deploy).
-    pub fn load_for_host(path: &Path) -> Result<Self, TenancyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TenancyError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse_for_host(&text).map_err(|message| TenancyError::Invalid {
-            path: path.to_owned(),
-            message,
-        })
-    }
-
     fn parse_for_host(text: &str) -> Result<Self, String> {
         let tenants = Self::parse(text)?;
         if tenants.tenants.is_empty() {
@@ -369,10 +356,17 @@ pub struct TenantsFile {
 }
 
 impl TenantsFile {
-    /// Reads `path` for a host ([`Tenants::load_for_host`]).
+    /// Reads `path` for a host: as [`Tenants::load`], and a file with no
+    /// tenant is refused (nobody could deploy).
     pub fn open(path: &Path) -> Result<(Self, Tenants), TenancyError> {
-        let tenants = Tenants::load_for_host(path)?;
-        let seen = std::fs::read_to_string(path).unwrap_or_default();
+        let seen = std::fs::read_to_string(path).map_err(|source| TenancyError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let tenants = Tenants::parse_for_host(&seen).map_err(|message| TenancyError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
         Ok((
             Self {
                 path: path.to_owned(),

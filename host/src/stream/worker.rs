@@ -204,12 +204,6 @@ impl Pending {
     }
 }
 
-/// Bytes of an input record, as usage counts them.
-fn input_bytes(r: &InputRecord) -> u64 {
-    let headers: usize = r.headers.iter().map(|h| h.key.len() + h.value.len()).sum();
-    (r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len) + headers) as u64
-}
-
 /// A transaction commits once its outputs reach this many bytes, whatever
 /// the commit interval: the producer holds them until the commit.
 const MAX_TXN_OUTPUT_BYTES: u64 = 64 << 20;
@@ -1094,7 +1088,7 @@ impl Core {
                 }
             }
             self.pending.records += records.len() as u64;
-            self.pending.input_bytes += records.iter().map(input_bytes).sum::<u64>();
+            self.pending.input_bytes += records.iter().map(|r| r.size() as u64).sum::<u64>();
             self.pending.outputs += outcome.outputs.len() as u64;
             self.pending.dead_lettered += outcome.dead_lettered;
             self.pending.skipped += outcome.skipped;
