@@ -32,6 +32,9 @@ pub struct HostConfig {
     /// How long to wait at start for the brokers and the control topics
     /// (a cluster that is starting, or topics just created).
     pub kafka_wait: Duration,
+    /// How long an uploaded component no deployment runs is kept before it
+    /// may be collected (`fleet/artifacts.rs`).
+    pub artifact_grace: Duration,
 }
 
 /// Why a host could not start or stopped with an error.
@@ -92,6 +95,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         tls,
         run,
         kafka_wait,
+        artifact_grace,
     } = config;
     // The certificate first: a bad file is refused before any Kafka work.
     let tls = tls
@@ -115,6 +119,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         .map_err(HostError::Control)?;
     let sandbox = Sandbox::new(SandboxConfig::default()).map_err(HostError::Sandbox)?;
     let fleet = Fleet::new(control.clone(), tenants, sandbox, run, shutdown.clone());
+    fleet.set_artifact_grace(artifact_grace);
     if let Err(e) = fleet.check_unique_host_id() {
         control.close();
         return Err(HostError::Identity(e));

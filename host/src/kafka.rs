@@ -272,6 +272,24 @@ pub(crate) fn watermarks<C: ConsumerContext>(
         .map_err(|e| KafkaError::client(format!("reading the bounds of {topic}/{partition}"), e))
 }
 
+/// The next offset an assigned reader will return from `topic`'s
+/// `partition`: past the transaction markers and aborted records it skipped
+/// (librdkafka advances past them); -1 before its first fetch.
+pub(crate) fn position<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+) -> i64 {
+    consumer
+        .position()
+        .ok()
+        .and_then(|tpl| {
+            tpl.find_partition(topic, partition)
+                .and_then(|p| p.offset().to_raw())
+        })
+        .unwrap_or(-1)
+}
+
 /// A topic the host creates for itself.
 pub(crate) struct TopicSpec<'a> {
     pub name: &'a str,
@@ -336,23 +354,52 @@ pub(crate) fn metadata_client(conn: &Connection) -> Result<BaseConsumer, KafkaEr
         .map_err(|e| KafkaError::client("creating a metadata client", e))
 }
 
+/// Why an attempt of [`wait_until`] did not succeed.
+pub(crate) enum NotYet {
+    /// Try again; the reason is logged.
+    Retry(String),
+    /// Waiting cannot help (a refused ACL): give up at once.
+    Fatal(KafkaError),
+}
+
+impl From<String> for NotYet {
+    fn from(reason: String) -> Self {
+        Self::Retry(reason)
+    }
+}
+
+impl From<KafkaError> for NotYet {
+    /// A refusal is fatal; anything else is worth another try.
+    fn from(e: KafkaError) -> Self {
+        match e {
+            e @ KafkaError::NotAuthorized { .. } => Self::Fatal(e),
+            e => Self::Retry(crate::types::error_chain(&e)),
+        }
+    }
+}
+
 /// Calls `attempt` until it succeeds or `deadline` passes, logging what it
 /// waits for: once when it starts waiting, then every 10 s with the latest
 /// reason. `what` names what is awaited (e.g. "the Kafka brokers at
 /// host:port"), `hint` what to check if it never comes. The timeout names
-/// both, how long it waited and the last reason.
-pub(crate) fn wait_until<T>(
+/// both, how long it waited and the last reason. A [`NotYet::Fatal`]
+/// attempt ends the wait with its error.
+pub(crate) fn wait_until<T, E: Into<NotYet>>(
     what: &str,
     hint: &str,
     deadline: Instant,
-    mut attempt: impl FnMut(Duration) -> Result<T, String>,
+    mut attempt: impl FnMut(Duration) -> Result<T, E>,
 ) -> Result<T, KafkaError> {
     let started = Instant::now();
     let mut last_log: Option<Instant> = None;
     loop {
         // Each attempt gets at most 5 s, and never past the deadline.
         let left = deadline.saturating_duration_since(Instant::now());
-        let reason = match attempt(left.clamp(Duration::from_millis(500), Duration::from_secs(5))) {
+        let outcome = attempt(left.clamp(Duration::from_millis(500), Duration::from_secs(5)))
+            .map_err(Into::into);
+        let reason = match outcome {
+            Err(NotYet::Fatal(e)) => return Err(e),
+            Err(NotYet::Retry(reason)) => reason,
             Ok(v) => {
                 if last_log.is_some() {
                     tracing::info!(
@@ -362,7 +409,6 @@ pub(crate) fn wait_until<T>(
                 }
                 return Ok(v);
             }
-            Err(reason) => reason,
         };
         if Instant::now() >= deadline {
             return Err(KafkaError::timeout(

@@ -229,6 +229,11 @@ pub struct Limits {
     /// and dropped.
     #[serde(default = "default_log_rate")]
     pub log_lines_per_second: u32,
+    /// Committed state per instance, in MiB: the keys and values of all its
+    /// stores. A write past it is refused and its record goes to the error
+    /// policy; deletes always go through.
+    #[serde(default = "default_state_mb")]
+    pub state_mb: u64,
 }
 
 impl Default for Limits {
@@ -238,6 +243,7 @@ impl Default for Limits {
             fuel_per_record: default_fuel(),
             timeout_ms: default_timeout_ms(),
             log_lines_per_second: default_log_rate(),
+            state_mb: default_state_mb(),
         }
     }
 }
@@ -253,6 +259,9 @@ fn default_timeout_ms() -> u64 {
 }
 fn default_log_rate() -> u32 {
     default_limits::LOG_LINES_PER_SECOND
+}
+fn default_state_mb() -> u64 {
+    default_limits::STATE_MB
 }
 
 /// The raw file, exactly as written.
@@ -438,6 +447,7 @@ impl Manifest {
         let l = &raw.limits;
         in_range("limits.memory-mb", l.memory_mb, 4096)?;
         in_range("limits.timeout-ms", l.timeout_ms, 600_000)?;
+        in_range("limits.state-mb", l.state_mb, 1 << 20)?;
         let mut config = Vec::with_capacity(raw.config.len());
         for (key, value) in raw.config {
             let value = match value {

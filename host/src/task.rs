@@ -71,6 +71,9 @@ pub struct TaskConfig {
     pub outputs: Vec<(String, String)>,
     /// State store names.
     pub stores: Vec<String>,
+    /// Most bytes of keys and values the stores of one task hold together
+    /// (`limits.state-mb`).
+    pub state_limit_bytes: u64,
 }
 
 impl TaskConfig {
@@ -85,6 +88,7 @@ impl TaskConfig {
                 .map(|(a, t)| (a.clone(), t.clone()))
                 .collect(),
             stores: m.stores.clone(),
+            state_limit_bytes: m.limits.state_mb.saturating_mul(1 << 20),
         }
     }
 }
@@ -152,6 +156,8 @@ struct TaskEffects {
     call_bytes: u64,
     /// Whether the call went past [`MAX_CALL_BYTES`].
     over_budget: bool,
+    /// Whether a write of the call was refused for `limits.state-mb`.
+    state_full: bool,
 }
 
 impl TaskEffects {
@@ -177,7 +183,14 @@ impl Effects for TaskEffects {
                 MAX_CALL_BYTES,
             )));
         }
-        self.state.put(store, key, value)
+        let put = self.state.put(store, key, value);
+        if matches!(
+            put,
+            Err(AccessError::Refused(StoreAccessError::StateFull(_)))
+        ) {
+            self.state_full = true;
+        }
+        put
     }
     fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
         self.state.delete(store, key)
@@ -252,7 +265,7 @@ impl Task {
         committed: Box<dyn PartitionStore>,
     ) -> Self {
         let outputs = config.outputs.clone();
-        let state = TaskState::new(&config.stores, committed);
+        let state = TaskState::new(&config.stores, committed).limit_bytes(config.state_limit_bytes);
         Self {
             partition,
             processor,
@@ -265,6 +278,7 @@ impl Task {
                 call_outputs: Vec::new(),
                 call_bytes: 0,
                 over_budget: false,
+                state_full: false,
             }),
         }
     }
@@ -361,22 +375,39 @@ impl Task {
             let fx = self.fx();
             fx.call_bytes = 0;
             fx.over_budget = false;
+            fx.state_full = false;
         }
         let guest = self.guest.as_mut().expect("instantiated above");
         let result = guest.process(records, &mut self.effects);
         self.fuel_used += guest.take_fuel_used();
-        if self.fx_ref().over_budget {
-            // Whatever the guest made of the refusals, the call failed.
-            let message = format!(
+        let fx = self.fx_ref();
+        let refused = if fx.over_budget {
+            Some(format!(
                 "the outputs and state writes of one call exceeded the host's limit of {} MiB: \
                  the record emits or writes too much at once",
                 MAX_CALL_BYTES >> 20
-            );
+            ))
+        } else if fx.state_full {
+            Some(format!(
+                "{} (partition {} holds {} bytes)",
+                StoreAccessError::StateFull(self.config.state_limit_bytes),
+                self.partition,
+                fx.state.visible_bytes()
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = refused {
+            // Whatever the guest made of the refusals, the call failed.
             return Ok(Err(match result {
                 Err(CallFailure::Rejected { index, .. }) => {
                     CallFailure::Rejected { index, message }
                 }
-                Err(trapped @ CallFailure::Trapped { .. }) => trapped,
+                // The refusal is why: a guest that unwraps it traps.
+                Err(CallFailure::Trapped { index, reason }) => CallFailure::Trapped {
+                    index,
+                    reason: format!("{message}; then the guest trapped: {reason}"),
+                },
                 Err(host @ CallFailure::Host(_)) => host,
                 Ok(()) => CallFailure::Rejected {
                     index: None,

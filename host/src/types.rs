@@ -91,6 +91,9 @@ pub enum StoreAccessError {
     UnknownStore(String),
     /// The key or value exceeds the limit (bytes).
     TooLarge(u64),
+    /// The write would take the instance's state past `limits.state-mb`
+    /// (the limit in bytes; the guest sees `too-large` with it).
+    StateFull(u64),
 }
 
 impl fmt::Display for StoreAccessError {
@@ -101,6 +104,12 @@ impl fmt::Display for StoreAccessError {
                 "unknown state store {name:?}: declare it under `stores` in onceflow.toml"
             ),
             Self::TooLarge(limit) => write!(f, "key and value together larger than {limit} bytes"),
+            Self::StateFull(limit) => write!(
+                f,
+                "the state of this instance would exceed limits.state-mb ({} MiB): delete keys \
+                 the processor no longer needs, or raise limits.state-mb",
+                limit >> 20
+            ),
         }
     }
 }
@@ -287,6 +296,9 @@ pub mod default_limits {
     pub const TIMEOUT_MS: u64 = 10_000;
     /// Guest log lines per second per instance.
     pub const LOG_LINES_PER_SECOND: u32 = 100;
+    /// Committed state per instance (keys and values of all its stores),
+    /// MiB.
+    pub const STATE_MB: u64 = 1024;
 }
 
 /// What a deployment used, as counted in one usage record: written to

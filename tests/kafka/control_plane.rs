@@ -14,10 +14,13 @@
 //! - a second host with a live host's id is refused; so is a deployment
 //!   whose changelog topics would be another's;
 //! - the admin API over HTTPS with `--ca-cert`, a token rotated and
-//!   `tenants.toml` re-read without a restart.
+//!   `tenants.toml` re-read without a restart;
+//! - a tenant's uploads held to its `artifact-mb` quota, and the unused
+//!   ones collected.
 //!
 //! Figures are printed as `FIGURE name value` lines (run with --nocapture).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -31,9 +34,10 @@ fn figure(name: &str, value: impl std::fmt::Display) {
     println!("FIGURE {name} {value}");
 }
 
-const ACME: &str = "acme-token-1";
+pub(crate) const ACME: &str = "acme-token-1";
 const GLOBEX: &str = "globex-token-2";
-const OPERATOR: &str = "operator-token-3";
+pub(crate) const OPERATOR: &str = "operator-token-3";
+const INITECH: &str = "initech-token-4";
 
 /// The control-plane tests' own single-node cluster.
 fn cluster() -> &'static Cluster {
@@ -42,7 +46,7 @@ fn cluster() -> &'static Cluster {
 }
 
 /// A tenants file and a place for hosts' state and logs.
-struct Fleet {
+pub(crate) struct Fleet {
     dir: tempfile::TempDir,
     tenants: PathBuf,
 }
@@ -79,14 +83,22 @@ worker-threads = 4
 memory-mb = 64
 fuel-per-record = 50000000
 cpu-share = {globex_cpu_share}
+
+[[tenant]]
+name = "initech"
+token-sha256 = "{}"
+[tenant.quotas]
+deployments = 2
+artifact-mb = 4
 "#,
         hash(OPERATOR),
-        hash(GLOBEX)
+        hash(GLOBEX),
+        hash(INITECH)
     )
 }
 
 impl Fleet {
-    fn new() -> Fleet {
+    pub(crate) fn new() -> Fleet {
         let dir = tempfile::tempdir().expect("temp dir");
         let tenants = dir.path().join("tenants.toml");
         let acme = format!("\"{}\"", onceflow::fleet::tenancy::hash_token(ACME));
@@ -102,7 +114,7 @@ impl Fleet {
 
     /// Starts `onceflow host` on `bootstrap` with its state in
     /// `state-<label>` and its log in `<label>.log`, without waiting for it.
-    fn spawn_host(&self, label: &str, bootstrap: &str, extra: &[&str]) -> HostProc {
+    pub(crate) fn spawn_host(&self, label: &str, bootstrap: &str, extra: &[&str]) -> HostProc {
         self.spawn_host_tls(label, bootstrap, extra, None)
     }
 
@@ -207,7 +219,7 @@ fn free_port() -> u16 {
 }
 
 /// A running `onceflow host`, killed on drop.
-struct HostProc {
+pub(crate) struct HostProc {
     child: Child,
     log: PathBuf,
     server: String,
@@ -220,7 +232,7 @@ struct HostProc {
 impl HostProc {
     /// Waits until the host serves `/healthz`; panics with its log if it
     /// exits or takes longer than `timeout`.
-    fn wait_healthy(&mut self, name: &str, timeout: Duration) {
+    pub(crate) fn wait_healthy(&mut self, name: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(r) = self.client.get(format!("{}/healthz", self.server)).send()
@@ -249,7 +261,7 @@ impl HostProc {
     }
 
     /// Waits up to `timeout` for the host to exit on its own.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.exited() {
@@ -260,7 +272,7 @@ impl HostProc {
         None
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -269,7 +281,7 @@ impl HostProc {
         let _ = self.child.wait();
     }
 
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         // SAFETY: signalling our own child.
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
@@ -297,7 +309,7 @@ impl HostProc {
     }
 
     /// Runs the CLI with `--output json`, expecting success.
-    fn json(&self, token: &str, args: &[&str]) -> Value {
+    pub(crate) fn json(&self, token: &str, args: &[&str]) -> Value {
         let mut all = args.to_vec();
         all.extend(["--output", "json"]);
         let out = self.cli(token, &all);
@@ -345,7 +357,7 @@ impl Drop for HostProc {
     }
 }
 
-fn path(p: &Path) -> &str {
+pub(crate) fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
@@ -754,6 +766,7 @@ dead-letter-topic = "{dlq}"
 memory-mb = 16
 fuel-per-record = 5000000
 timeout-ms = 2000
+log-lines-per-second = 1000
 "#,
             name = h.name,
             input = h.input,
@@ -1044,7 +1057,25 @@ fn d_hostile_neighbour_latency() {
         ("loop", 10),
         ("alloc", 10),
         ("panic", 10),
+        ("outputs", 10),
+        ("logs", 10),
     ];
+    // A second deployment of acme's that logs three lines: a neighbour
+    // flooding its own logs must not push them out of `onceflow logs`
+    // (before: one log topic for all, read from its last 10,000 records).
+    let quiet = hostile(fleet.dir.path(), "acme", "quiet");
+    h.json(ACME, &["deploy", path(&quiet.manifest)]);
+    common::cluster::send(&producer, &quiet.input, "k", "logs:3");
+    let quiet_lines = || {
+        let out = h.cli(ACME, &["logs", &quiet.name]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("hostile log line"))
+            .count()
+    };
+    wait_for("acme's three log lines", Duration::from_secs(60), || {
+        quiet_lines() == 3
+    });
     for (kind, share) in phases {
         std::fs::write(&fleet.tenants, tenants_toml_with(&acme, share)).expect("write");
         std::thread::sleep(Duration::from_secs(3));
@@ -1052,17 +1083,22 @@ fn d_hostile_neighbour_latency() {
         h.json(GLOBEX, &["deploy", path(&evil.manifest)]);
         let label = format!("{kind}_share{share}");
         // Each feed, 5 times a second: burn, 40 records of 2 M iterations
-        // (the neighbour wants more than a core); the others, a hostile
+        // (the neighbour wants more than a core); outputs, a record of
+        // 10,000 outputs; logs, a record of 2,000 log lines (past its rate
+        // limit of 1,000 a second per instance); the others, a hostile
         // record and an ordinary one.
-        let p99 = run_phase(&label, &|| {
-            if kind == "burn" {
+        let p99 = run_phase(&label, &|| match kind {
+            "burn" => {
                 use rdkafka::producer::{BaseRecord, Producer};
                 for _ in 0..40 {
                     let record = BaseRecord::to(&evil.input).key("k").payload("burn:2000000");
                     producer.send(record).expect("queue a burn record");
                 }
                 producer.flush(Duration::from_secs(30)).expect("flush");
-            } else {
+            }
+            "outputs" => common::cluster::send(&producer, &evil.input, "k", "outputs:10000"),
+            "logs" => common::cluster::send(&producer, &evil.input, "k", "logs:2000"),
+            _ => {
                 common::cluster::send(&producer, &evil.input, "k", kind);
                 common::cluster::send(&producer, &evil.input, "k", "ordinary");
             }
@@ -1098,6 +1134,19 @@ fn d_hostile_neighbour_latency() {
             h.json(GLOBEX, &["delete", &evil.name]);
             continue;
         }
+        if kind == "logs" {
+            let flooded = h.cli(GLOBEX, &["logs", &evil.name, "--output", "json"]);
+            let lines = common::json_lines(&flooded.stdout).len();
+            figure("cp_neighbour_log_lines_read", lines);
+            assert!(lines >= 1_000, "the neighbour's flood was logged: {lines}");
+            let kept = quiet_lines();
+            figure("cp_victim_log_lines_kept_after_flood", kept);
+            assert_eq!(kept, 3, "the flood evicted another tenant's log lines");
+        }
+        if matches!(kind, "outputs" | "logs") {
+            h.json(GLOBEX, &["delete", &evil.name]);
+            continue;
+        }
         let d = h.json(GLOBEX, &["describe", &evil.name]);
         assert!(
             d["hosts"][0]["dead_lettered"].as_u64().unwrap_or(0) > 0,
@@ -1123,6 +1172,7 @@ fn d_hostile_neighbour_latency() {
         );
     }
     h.json(ACME, &["delete", &w.name, "--purge-state"]);
+    h.json(ACME, &["delete", &quiet.name, "--purge-state"]);
     h.stop();
 }
 
@@ -1203,7 +1253,7 @@ fn f_a_host_on_a_fresh_cluster_waits_for_its_topics_and_brokers() {
             "_onceflow.deployments",
             "_onceflow.status",
             "_onceflow.artifacts",
-            "_onceflow.logs",
+            "_onceflow.usage",
         ] {
             assert!(fresh.0.topic_exists(topic), "{topic} was not created");
         }
@@ -1429,8 +1479,9 @@ fn answer_before_the_body(server: &str, head: &str, body: &[u8], wait: Duration)
 ///   (before: a 1.2 MB manifest was accepted and failed as a raw
 ///   `MessageSizeTooLarge` 503);
 /// - a tenant cannot deploy another tenant's component by its digest;
-/// - eight concurrent deploys against a quota of 3 admit exactly 3 (before:
-///   all eight could get in);
+/// - eight concurrent deploys, through two hosts, against a quota of 3
+///   admit exactly 3 (before: all eight could get in through one host;
+///   with one admission lock per host, each host still admitted up to 3);
 /// - a tenant's long polls of its logs are bounded (8 per host), and past
 ///   that refused at once (429).
 #[test]
@@ -1567,11 +1618,16 @@ fn i_bodies_limits_and_quota_races() {
     let manifests: Vec<Hostile> = (0..8)
         .map(|i| hostile(fleet.dir.path(), "acme", &format!("race{i}")))
         .collect();
+    // Split over two hosts: admission must be atomic across hosts, not
+    // only within one (before: each host admitted up to the quota).
+    let h2 = fleet.start_host("doors2");
     let children: Vec<Child> = manifests
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
+            let server = if i % 2 == 0 { &h.server } else { &h2.server };
             onceflow()
-                .args(["deploy", path(&m.manifest), "--server", &h.server])
+                .args(["deploy", path(&m.manifest), "--server", server])
                 .env("ONCEFLOW_TOKEN", ACME)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -1597,8 +1653,8 @@ fn i_bodies_limits_and_quota_races() {
             && listed == 3
             && refusals.iter().all(|e| e.contains("quota exceeded")),
         format!(
-            "8 concurrent deploys against a quota of 3 ({before} deployed before): {admitted} \
-             admitted, {listed} listed, refusals {refusals:?}"
+            "8 concurrent deploys through two hosts against a quota of 3 ({before} deployed \
+             before): {admitted} admitted, {listed} listed, refusals {refusals:?}"
         ),
     );
 
@@ -1651,6 +1707,7 @@ fn i_bodies_limits_and_quota_races() {
             h.cli(ACME, &["delete", &m.name, "--purge-state"]);
         }
     }
+    h2.stop();
     h.stop();
     assert!(open.is_empty(), "doors still open:\n{}", open.join("\n"));
 }
@@ -1794,5 +1851,140 @@ fn k_https_token_rotation_and_reload() {
     h.json(ACME_NEXT, &["list"]);
     h.json(GLOBEX, &["list"]);
     assert!(h.exited().is_none(), "the host stopped on a bad edit");
+    h.stop();
+}
+
+/// The latest value of each key in `_onceflow.artifacts` (`None`: a
+/// tombstone).
+fn artifact_records() -> HashMap<String, Option<usize>> {
+    use rdkafka::Message;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &cluster().bootstrap)
+        .set("group.id", "onceflow-test-artifacts")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset("_onceflow.artifacts", 0, rdkafka::Offset::Beginning)
+        .expect("partition");
+    consumer.assign(&tpl).expect("assign");
+    let mut latest = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                latest.insert(key, m.payload().map(<[u8]>::len));
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return latest,
+            _ => {}
+        }
+    }
+    panic!("did not read _onceflow.artifacts to its end in 60 s");
+}
+
+/// A tenant's uploads count against its `artifact-mb` quota, and the ones
+/// none of its deployments runs are collected after the grace period,
+/// chunks and all; a component a deployment runs is kept. Before: no
+/// quota, nothing ever collected (12 uploads of 20 MB accepted in 10 s).
+#[test]
+fn l_artifact_quota_and_collection() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let mut h = fleet.spawn_host(
+        "gc1",
+        &cluster().bootstrap,
+        &["--host-id", "gc1", "--artifact-grace-secs", "3"],
+    );
+    h.wait_healthy("gc1", Duration::from_secs(90));
+    // A deployment of initech's: its component is in use.
+    let used = hostile(fleet.dir.path(), "initech", "gc");
+    h.json(INITECH, &["deploy", path(&used.manifest)]);
+    let used_size = std::fs::metadata(
+        build_guest("tests/guests/hostile/onceflow.toml")
+            .parent()
+            .expect("dir")
+            .join("target/onceflow/hostile.wasm"),
+    )
+    .expect("the built hostile guest")
+    .len() as usize;
+    // Two uploads that fit beside it in 4 MiB, and a third that does not;
+    // each padded to a digest of its own.
+    let base = wallet_component();
+    let pad = ((4 << 20) - used_size) / 2 - base.len() - 20_000 - 1024;
+    let client = reqwest::blocking::Client::new();
+    let salt = std::process::id() as usize % 1000;
+    let upload = |i: usize| -> (u16, Value) {
+        let r = client
+            .post(format!("{}/v1/artifacts", h.server))
+            .bearer_auth(INITECH)
+            .body(padded(&base, pad + salt + i))
+            .send()
+            .expect("upload");
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    };
+    let digest = |v: &Value| v["artifact"].as_str().unwrap_or_default().to_owned();
+    let (s1, first) = upload(1);
+    let (s2, second) = upload(2);
+    assert!(
+        s1 < 300 && s2 < 300,
+        "two uploads within the quota: {first} {second}"
+    );
+    let (s3, refused) = upload(3);
+    println!("over the quota: HTTP {s3} {refused}");
+    let message = refused.to_string();
+    assert!(
+        s3 == 403
+            && message.contains("quota exceeded")
+            && message.contains("artifact-mb quota of 4 MiB"),
+        "a third upload past 4 MiB: HTTP {s3} {refused}"
+    );
+    // Past the grace period, the same upload collects the two unused ones.
+    std::thread::sleep(Duration::from_secs(4));
+    let (s4, third) = upload(3);
+    assert!(s4 < 300, "the upload after collection: HTTP {s4} {third}");
+    let (a1, a2) = (digest(&first), digest(&second));
+    let records = artifact_records();
+    for sha in [&a1, &a2] {
+        assert_eq!(
+            records.get(&format!("{sha}/index")),
+            Some(&None),
+            "component {sha} was not collected"
+        );
+        assert_eq!(
+            records.get(&format!("{sha}/0")),
+            Some(&None),
+            "its chunks stay"
+        );
+    }
+    let running = h.json(INITECH, &["describe", &used.name]);
+    let used_sha = running["artifact"].as_str().expect("artifact").to_owned();
+    assert!(
+        records
+            .get(&format!("{used_sha}/index"))
+            .is_some_and(Option::is_some),
+        "the component a deployment runs was collected"
+    );
+    // A collected component can no longer be deployed by its digest.
+    let answer = client
+        .put(format!("{}/v1/deployments/{}", h.server, used.name))
+        .bearer_auth(INITECH)
+        .json(&serde_json::json!({
+            "manifest": std::fs::read_to_string(&used.manifest).expect("manifest"),
+            "artifact": a1,
+        }))
+        .send()
+        .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()));
+    assert!(
+        answer
+            .as_ref()
+            .is_ok_and(|(status, text)| *status == 422 && text.contains("was not uploaded")),
+        "deploying a collected component: {answer:?}"
+    );
+    figure("door_artifact_quota_refusal_status", s3);
+    h.json(INITECH, &["delete", &used.name, "--purge-state"]);
     h.stop();
 }

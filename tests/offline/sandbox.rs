@@ -457,3 +457,48 @@ fn records_run_again_after_a_failed_call_meet_a_fresh_instance() {
         .collect();
     assert_eq!(counts, ["1", "2", "1"], "{outputs:?}");
 }
+
+#[test]
+fn state_past_limits_state_mb_is_refused_and_deletes_make_room() {
+    let (mut manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    manifest.limits.state_mb = 1;
+    let keep = "keep:300000";
+    // Three values of ~300 kB fit in 1 MiB; the fourth does not, until a
+    // delete makes room.
+    let records = vec![
+        record("hostile-in", 0, "k0", keep),
+        record("hostile-in", 1, "k1", keep),
+        record("hostile-in", 2, "k2", keep),
+        record("hostile-in", 3, "k3", keep),
+        record("hostile-in", 4, "k0", "forget"),
+        record("hostile-in", 5, "k3", keep),
+    ];
+    for batch_size in [records.len(), 1] {
+        let mut runner = OfflineRunner::new(processor.clone(), &manifest);
+        let outputs = run(&mut runner, &records, batch_size);
+        let reasons: Vec<String> = outputs.iter().filter_map(error_of).collect();
+        assert_eq!(reasons.len(), 1, "one dead letter: {reasons:?}");
+        assert!(
+            reasons[0].contains("would exceed limits.state-mb (1 MiB)")
+                && reasons[0].contains("delete keys"),
+            "{}",
+            reasons[0]
+        );
+        let dead = outputs
+            .iter()
+            .find(|o| error_of(o).is_some())
+            .expect("a dead letter");
+        assert_eq!(dead.key.as_deref(), Some(&b"k3"[..]), "the fourth put");
+        let state = runner.dump_state().unwrap();
+        let seen = state
+            .iter()
+            .find(|(_, s, _)| s == "seen")
+            .expect("seen store");
+        let keys: Vec<&[u8]> = seen.2.iter().map(|(k, _)| k.as_slice()).collect();
+        assert_eq!(
+            keys,
+            vec![&b"k1"[..], b"k2", b"k3"],
+            "batch size {batch_size}"
+        );
+    }
+}

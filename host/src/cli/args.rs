@@ -449,6 +449,11 @@ pub struct HostArgs {
     /// (s), logging what is awaited; then exit with an error.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub kafka_wait_secs: u64,
+    /// How long an uploaded component that no deployment runs is kept (s):
+    /// then any host may collect it (and it stops counting against its
+    /// tenant's `artifact-mb`). Every host should be given the same value.
+    #[arg(long, default_value_t = 3600)]
+    pub artifact_grace_secs: u64,
     /// Kafka and state settings.
     #[command(flatten)]
     pub kafka: KafkaArgs,

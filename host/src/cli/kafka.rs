@@ -50,6 +50,7 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
         tls,
         run,
         kafka_wait: Duration::from_secs(a.kafka_wait_secs),
+        artifact_grace: Duration::from_secs(a.artifact_grace_secs),
     };
     let running = host::start(config, shutdown).map_err(|e| match e {
         e @ (HostError::Bind { .. } | HostError::Tls(_)) => usage(error_chain(&e)),

@@ -1,7 +1,19 @@
 //! Components in the artifacts topic: content-addressed (sha256), chunked
 //! to fit Kafka's record limit, and cached on each host's disk. Each upload
-//! also writes a grant (`<sha>/grant/<tenant>`): a tenant deploys only
-//! components it uploaded itself, not another tenant's by its digest.
+//! also writes a grant (`<tenant>/<sha>` in `_onceflow.grants`, a
+//! [`Grant`]): a tenant deploys only components it uploaded itself, not
+//! another tenant's by its digest, and its grants' sizes count against its
+//! `artifact-mb` quota.
+//!
+//! Collection ([`ControlPlane::collect_artifacts`]): a grant that none of
+//! its tenant's deployments runs, uploaded longer ago than the grace
+//! period, is removed; a component left with no grant and run by no
+//! deployment has its chunks removed (tombstones; compaction frees the
+//! bytes) and leaves the hosts' caches. Every host collects every 10
+//! minutes, and a tenant's upload over its quota collects that tenant's
+//! first. Grants written by older hosts (`<sha>/grant/<tenant>` in the
+//! artifacts topic) still let their tenant deploy; their components are
+//! not counted or collected.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -13,8 +25,22 @@ use sha2::{Digest, Sha256};
 
 use super::FleetError;
 use super::control::ControlPlane;
-use super::registry::{ARTIFACT_CHUNK, ARTIFACTS_TOPIC, chunk_key, grant_key, parse_chunk_key};
+use super::registry::{
+    ARTIFACT_CHUNK, ARTIFACTS_TOPIC, Desired, GRANTS_TOPIC, Grant, chunk_key, grant_key, now_ms,
+    parse_chunk_key, tenant_grant_key,
+};
 use crate::kafka;
+
+/// What one collection removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Collected {
+    /// Grants removed (a tenant's uploads no deployment of its runs).
+    pub grants: usize,
+    /// Components removed from the artifacts topic.
+    pub components: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
 
 impl ControlPlane {
     fn cached_artifact(&self, sha256: &str) -> PathBuf {
@@ -52,6 +78,10 @@ impl ControlPlane {
 
     /// Whether `tenant` uploaded the component `sha256` (through any host).
     pub fn granted(&self, tenant: &str, sha256: &str) -> Result<bool, FleetError> {
+        if self.grants.get(&tenant_grant_key(tenant, sha256)).is_some() {
+            return Ok(true);
+        }
+        // A grant an older host wrote, in the artifacts topic.
         let marker = self.cached_grant(sha256, tenant);
         if marker.exists() {
             return Ok(true);
@@ -70,6 +100,102 @@ impl ControlPlane {
             write_atomically(&marker, b"")?;
         }
         Ok(found)
+    }
+
+    /// Bytes of components `tenant` holds (its grants), leaving out
+    /// `except`.
+    pub fn held_bytes(&self, tenant: &str, except: &str) -> u64 {
+        let prefix = format!("{tenant}/");
+        self.grants
+            .entries_with_prefix(&prefix)
+            .into_iter()
+            .filter(|(k, _)| k[prefix.len()..] != *except)
+            .map(|(_, g)| g.size)
+            .sum()
+    }
+
+    /// Removes the grants that none of their tenant's deployments runs and
+    /// that were uploaded more than `grace` ago (only `tenant`'s, when
+    /// given), then the components left with no grant that no deployment
+    /// runs. See the module's doc.
+    pub fn collect_artifacts(
+        &self,
+        tenant: Option<&str>,
+        grace: Duration,
+    ) -> Result<Collected, FleetError> {
+        let deployments = self.deployments.all();
+        let runs = |tenant: Option<&str>, sha: &str| {
+            deployments.iter().any(|d| {
+                d.desired != Desired::Deleted
+                    && d.artifact == sha
+                    && tenant.is_none_or(|t| d.tenant == t)
+            })
+        };
+        let before = now_ms() - i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let prefix = tenant.map(|t| format!("{t}/")).unwrap_or_default();
+        let mut done = Collected::default();
+        let mut orphans = BTreeMap::new();
+        for (key, grant) in self.grants.entries_with_prefix(&prefix) {
+            let Some((owner, sha)) = key.split_once('/') else {
+                continue;
+            };
+            if grant.uploaded_ms >= before || runs(Some(owner), sha) {
+                continue;
+            }
+            let offset = self.publish(GRANTS_TOPIC, &key, None)?;
+            self.grants
+                .wait_past(offset, super::control::PUBLISH_TIMEOUT);
+            let _ = std::fs::remove_file(self.cached_grant(sha, owner));
+            done.grants += 1;
+            orphans.insert(sha.to_owned(), grant);
+            tracing::info!(tenant = owner, artifact = sha, "collected an unused upload");
+        }
+        // Every component with no grant left and no deployment running it
+        // (this collection's, and any an earlier one left half done).
+        let granted: std::collections::HashSet<String> = self
+            .grants
+            .entries_with_prefix("")
+            .into_iter()
+            .filter_map(|(k, _)| k.split_once('/').map(|(_, sha)| sha.to_owned()))
+            .collect();
+        for (sha, grant) in orphans {
+            if granted.contains(&sha) || runs(None, &sha) {
+                continue;
+            }
+            self.publish(ARTIFACTS_TOPIC, &format!("{sha}/index"), None)?;
+            for i in 0..grant.chunks {
+                self.publish(ARTIFACTS_TOPIC, &chunk_key(&sha, i), None)?;
+            }
+            let _ = std::fs::remove_file(self.cached_artifact(&sha));
+            done.components += 1;
+            done.bytes += grant.size;
+            tracing::info!(artifact = %sha, bytes = grant.size, "collected a component no deployment runs");
+        }
+        Ok(done)
+    }
+
+    /// Removes from this host's cache the components that no grant and no
+    /// deployment names any more (another host collected them).
+    pub fn prune_cache(&self) {
+        let Ok(dir) = std::fs::read_dir(&self.artifact_cache) else {
+            return;
+        };
+        let deployments = self.deployments.all();
+        let granted: std::collections::HashSet<String> = self
+            .grants
+            .entries_with_prefix("")
+            .into_iter()
+            .filter_map(|(k, _)| k.split_once('/').map(|(_, sha)| sha.to_owned()))
+            .collect();
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(sha) = name.strip_suffix(".wasm") else {
+                continue;
+            };
+            if !granted.contains(sha) && !deployments.iter().any(|d| d.artifact == sha) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// Stores a component in the artifacts topic and in the local cache;
@@ -92,9 +218,23 @@ impl ControlPlane {
         for (i, chunk) in chunks.iter().enumerate() {
             self.publish(ARTIFACTS_TOPIC, &chunk_key(&sha, i), Some(chunk))?;
         }
-        self.publish(ARTIFACTS_TOPIC, &grant_key(&sha, tenant), Some(b"{}"))?;
+        let grant = Grant {
+            size: bytes.len() as u64,
+            chunks: count,
+            uploaded_ms: now_ms(),
+        };
+        // A record of numbers always encodes.
+        let json = serde_json::to_vec(&grant).unwrap_or_default();
+        let offset = self.publish(GRANTS_TOPIC, &tenant_grant_key(tenant, &sha), Some(&json))?;
+        if !self
+            .grants
+            .wait_past(offset, super::control::PUBLISH_TIMEOUT)
+        {
+            return Err(FleetError::Unavailable(
+                "the grants topic did not read back its own write within 30 s".to_owned(),
+            ));
+        }
         write_atomically(&self.cached_artifact(&sha), bytes)?;
-        write_atomically(&self.cached_grant(&sha, tenant), b"")?;
         Ok(sha)
     }
 

@@ -1,6 +1,5 @@
 //! The control plane's Kafka side: the internal topics that hold the
-//! deployment registry, the components, the hosts' status and the guest
-//! logs (see [`super::registry`] for their layout). Components are in
+//! deployment registry, the components, the hosts' status and usage (see [`super::registry`] for their layout). Components are in
 //! `artifacts.rs`, guest logs in `logs.rs`; this file opens the topics,
 //! tails the registry and the statuses into memory, and writes records.
 //!
@@ -24,8 +23,8 @@ use serde::de::DeserializeOwned;
 
 use super::FleetError;
 use super::registry::{
-    ARTIFACTS_TOPIC, DEPLOYMENTS_TOPIC, DeploymentRecord, HostStatus, LOGS_TOPIC, STATUS_TOPIC,
-    USAGE_RETENTION_DAYS, USAGE_TOPIC, heartbeat_key, status_key,
+    ARTIFACTS_TOPIC, DEPLOYMENTS_TOPIC, DeploymentRecord, GRANTS_TOPIC, Grant, HostStatus,
+    STATUS_TOPIC, USAGE_RETENTION_DAYS, USAGE_TOPIC, heartbeat_key, status_key,
 };
 use crate::kafka::{self, Connection, KafkaError, TopicSpec};
 
@@ -98,13 +97,24 @@ impl<T: Clone> View<T> {
             .collect()
     }
 
+    /// Entries (with their keys) whose key starts with `prefix`.
+    pub fn entries_with_prefix(&self, prefix: &str) -> Vec<(String, T)> {
+        self.entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
     /// The next offset this view will read.
     pub fn position(&self) -> i64 {
         *self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits until the view has read past `offset` (read-your-writes).
-    fn wait_past(&self, offset: i64, timeout: Duration) -> bool {
+    pub(super) fn wait_past(&self, offset: i64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut at = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         while *at <= offset {
@@ -141,7 +151,11 @@ pub struct ControlPlane {
     pub deployments: Arc<View<DeploymentRecord>>,
     /// Every host's status of every deployment.
     pub statuses: Arc<View<HostStatus>>,
+    /// Which tenant uploaded which component (`artifacts.rs`).
+    pub grants: Arc<View<Grant>>,
     pub(super) artifact_cache: PathBuf,
+    /// Tenants whose log topic this host has made sure of (`logs.rs`).
+    pub(super) log_topics: Mutex<std::collections::HashSet<String>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -157,7 +171,6 @@ impl ControlPlane {
     ) -> Result<Arc<Self>, FleetError> {
         let deadline = Instant::now() + wait;
         kafka::wait_for_brokers(&conn, deadline)?;
-        let week = (7 * 24 * 3600 * 1000u64).to_string();
         let usage_retention = (USAGE_RETENTION_DAYS * 24 * 3600 * 1000).to_string();
         let specs = [
             TopicSpec {
@@ -174,6 +187,11 @@ impl ControlPlane {
                 ],
             },
             TopicSpec {
+                name: GRANTS_TOPIC,
+                partitions: 1,
+                config: &[("cleanup.policy", "compact")],
+            },
+            TopicSpec {
                 name: STATUS_TOPIC,
                 partitions: 1,
                 config: &[
@@ -181,11 +199,6 @@ impl ControlPlane {
                     ("segment.ms", "600000"),
                     ("min.cleanable.dirty.ratio", "0.1"),
                 ],
-            },
-            TopicSpec {
-                name: LOGS_TOPIC,
-                partitions: 1,
-                config: &[("cleanup.policy", "delete"), ("retention.ms", &week)],
             },
             TopicSpec {
                 name: USAGE_TOPIC,
@@ -205,7 +218,7 @@ impl ControlPlane {
             ),
             "can this host create topics (ACLs, enough brokers for the replication factor)?",
             deadline,
-            |_| kafka::create_topics(&conn, &specs).map_err(|e| crate::types::error_chain(&e)),
+            |_| kafka::create_topics(&conn, &specs),
         )?;
         kafka::wait_for_topics(
             &conn,
@@ -213,7 +226,7 @@ impl ControlPlane {
                 DEPLOYMENTS_TOPIC,
                 STATUS_TOPIC,
                 ARTIFACTS_TOPIC,
-                LOGS_TOPIC,
+                GRANTS_TOPIC,
                 USAGE_TOPIC,
             ],
             deadline,
@@ -237,18 +250,23 @@ impl ControlPlane {
         let stop = Arc::new(AtomicBool::new(false));
         let deployments = Arc::new(View::new());
         let statuses = Arc::new(View::new());
+        let grants = Arc::new(View::new());
         let me = Arc::new(Self {
             conn,
             producer,
             deployments: deployments.clone(),
             statuses: statuses.clone(),
+            grants: grants.clone(),
             artifact_cache,
+            log_topics: Mutex::default(),
             stop: stop.clone(),
         });
         let end_d = me.tail(DEPLOYMENTS_TOPIC, deployments.clone(), deadline)?;
         let end_s = me.tail(STATUS_TOPIC, statuses.clone(), deadline)?;
+        let end_g = me.tail(GRANTS_TOPIC, grants.clone(), deadline)?;
         if !deployments.wait_past(end_d - 1, PUBLISH_TIMEOUT)
             || !statuses.wait_past(end_s - 1, PUBLISH_TIMEOUT)
+            || !grants.wait_past(end_g - 1, PUBLISH_TIMEOUT)
         {
             return Err(FleetError::Unavailable(
                 "could not read the registry topics to their end within 30 s".to_owned(),
@@ -310,10 +328,7 @@ impl ControlPlane {
             &format!("the end of {topic}"),
             "are the brokers healthy?",
             deadline.max(Instant::now() + Duration::from_secs(5)),
-            |_| {
-                self.read_from(topic, |_, _| None)
-                    .map_err(|e| crate::types::error_chain(&e))
-            },
+            |_| self.read_from(topic, |_, _| None),
         )?;
         let stop = self.stop.clone();
         std::thread::Builder::new()
@@ -349,7 +364,18 @@ impl ControlPlane {
                                 m.offset() + 1;
                             view.moved.notify_all();
                         }
-                        Some(Err(ClientError::PartitionEOF(_))) => {}
+                        Some(Err(ClientError::PartitionEOF(_))) => {
+                            // At the end: past any transaction marker too
+                            // (admissions write the registry in
+                            // transactions), which no record reports.
+                            let at = kafka::position(&consumer, topic, 0);
+                            let mut progress =
+                                view.progress.lock().unwrap_or_else(|e| e.into_inner());
+                            if at > *progress {
+                                *progress = at;
+                                view.moved.notify_all();
+                            }
+                        }
                         Some(Err(e)) => {
                             tracing::debug!(topic, "registry consumer: {e}");
                             std::thread::sleep(Duration::from_millis(100));

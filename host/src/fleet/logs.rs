@@ -1,5 +1,7 @@
-//! Guest logs: written by each host to the log topic (not transactional),
-//! read back by the admin API.
+//! Guest logs: written by each host to its tenant's log topic (not
+//! transactional), read back by the admin API. One topic per tenant
+//! ([`logs_topic`]), each with its own byte retention: a tenant that floods
+//! its logs evicts its own lines, never another tenant's.
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -9,22 +11,61 @@ use std::time::{Duration, Instant};
 use rdkafka::Message;
 use rdkafka::producer::BaseRecord;
 
+use super::FleetError;
 use super::control::{ControlPlane, Delivery};
-use super::registry::{LOGS_TOPIC, LogEntry, now_ms};
-use crate::kafka::{self, KafkaError};
+use super::registry::{LOG_RETENTION_BYTES, LogEntry, logs_topic, now_ms};
+use crate::kafka::{self, KafkaError, TopicSpec};
 use crate::metrics::Metrics;
 use crate::sandbox::log::{GuestLogLine, LogLabels, LogSink};
 
 /// Most lines one read returns.
 const MAX_LINES: usize = 1000;
+/// How long guest log lines are kept (at most [`LOG_RETENTION_BYTES`]).
+const LOG_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
 
 impl ControlPlane {
-    /// Appends a guest log line (not transactional: logs of aborted work
-    /// are kept too, which is what one wants when debugging).
-    pub fn append_log(&self, key: &str, entry: &LogEntry) {
+    /// Creates `tenant`'s log topic unless this host already made sure of
+    /// it (a host starting a deployment of the tenant calls this first).
+    pub fn ensure_log_topic(&self, tenant: &str) -> Result<(), FleetError> {
+        let mut known = self.log_topics.lock().unwrap_or_else(|e| e.into_inner());
+        if known.contains(tenant) {
+            return Ok(());
+        }
+        let topic = logs_topic(tenant);
+        let (ms, bytes, segment) = (
+            LOG_RETENTION_MS.to_string(),
+            LOG_RETENTION_BYTES.to_string(),
+            (LOG_RETENTION_BYTES / 8).to_string(),
+        );
+        kafka::create_topics(
+            self.connection(),
+            &[TopicSpec {
+                name: &topic,
+                partitions: 1,
+                config: &[
+                    ("cleanup.policy", "delete"),
+                    ("retention.ms", &ms),
+                    ("retention.bytes", &bytes),
+                    // Retention drops whole segments: several per topic.
+                    ("segment.bytes", &segment),
+                ],
+            }],
+        )?;
+        kafka::wait_for_topics(
+            self.connection(),
+            &[&topic],
+            Instant::now() + Duration::from_secs(30),
+        )?;
+        known.insert(tenant.to_owned());
+        Ok(())
+    }
+
+    /// Appends a guest log line to `topic` (not transactional: logs of
+    /// aborted work are kept too, which is what one wants when debugging).
+    pub fn append_log(&self, topic: &str, key: &str, entry: &LogEntry) {
         if let Ok(json) = serde_json::to_vec(entry) {
             let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
-                BaseRecord::with_opaque_to(LOGS_TOPIC, Box::new(None))
+                BaseRecord::with_opaque_to(topic, Box::new(None))
                     .key(key)
                     .payload(json.as_slice());
             if let Err((e, _)) = self.producer.send(record) {
@@ -33,30 +74,40 @@ impl ControlPlane {
         }
     }
 
-    /// Log lines of `key` from offset `from` (default: the last `tail`
-    /// records of the log topic): everything up to the topic's end, and
-    /// when that is nothing, waits up to `wait` for more. Returns the lines
-    /// and the offset to continue from.
+    /// Log lines of deployment `<tenant>/<name>` from offset `from` of its
+    /// tenant's log topic (default: the last `tail` records of the topic):
+    /// everything up to the topic's end, and when that is nothing, waits up
+    /// to `wait` for more. Returns the lines and the offset to continue
+    /// from. A tenant that never logged has no topic yet: no lines.
     pub fn read_logs(
         &self,
+        tenant: &str,
         key: &str,
         from: Option<i64>,
         tail: i64,
         wait: Duration,
     ) -> Result<(Vec<LogEntry>, i64), KafkaError> {
         let started = Instant::now();
-        let (consumer, (_, start)) = self.read_from(LOGS_TOPIC, |low, end| {
-            Some(from.unwrap_or(end - tail).clamp(low, end.max(low)))
-        })?;
+        let topic = logs_topic(tenant);
+        let consumer = self.reader()?;
+        if kafka::partitions(&consumer, &topic)?.is_none() {
+            if !wait.is_zero() {
+                std::thread::sleep(wait.min(Duration::from_secs(1)));
+            }
+            return Ok((Vec::new(), from.unwrap_or(0).max(0)));
+        }
+        let (low, end) = kafka::watermarks(&consumer, &topic, 0)?;
+        let start = from.unwrap_or(end - tail).clamp(low, end.max(low));
+        kafka::assign(&consumer, &[(&topic, 0, Some(start))])?;
         let mut lines = Vec::new();
         let mut next = start;
         // Up to the end as of now, then (with nothing to show) a long poll.
         let at_end = started + Duration::from_secs(30);
-        kafka::read_to_end(&consumer, 1, LOGS_TOPIC, at_end, |m| {
+        kafka::read_to_end(&consumer, 1, &topic, at_end, |m| {
             collect(key, m, &mut lines, &mut next)
         })?;
         if lines.is_empty() && !wait.is_zero() {
-            let waited = kafka::read_to_end(&consumer, 1, LOGS_TOPIC, started + wait, |m| {
+            let waited = kafka::read_to_end(&consumer, 1, &topic, started + wait, |m| {
                 collect(key, m, &mut lines, &mut next)
             });
             match waited {
@@ -92,6 +143,8 @@ fn collect(
 /// host's own log, and the latest warnings kept for `describe`.
 pub struct DeploymentLogSink {
     control: Arc<ControlPlane>,
+    /// The tenant's log topic.
+    topic: String,
     key: String,
     host: String,
     recent_errors: Arc<Mutex<VecDeque<String>>>,
@@ -104,6 +157,7 @@ impl DeploymentLogSink {
     /// and counting lines in `metrics`.
     pub fn new(
         control: Arc<ControlPlane>,
+        tenant: &str,
         key: String,
         host: String,
         recent_errors: Arc<Mutex<VecDeque<String>>>,
@@ -111,6 +165,7 @@ impl DeploymentLogSink {
     ) -> Self {
         Self {
             control,
+            topic: logs_topic(tenant),
             key,
             host,
             recent_errors,
@@ -122,6 +177,7 @@ impl DeploymentLogSink {
 impl DeploymentLogSink {
     fn append(&self, labels: &LogLabels, level: String, message: String) {
         self.control.append_log(
+            &self.topic,
             &self.key,
             &LogEntry {
                 ts_ms: now_ms(),

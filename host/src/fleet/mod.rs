@@ -12,6 +12,7 @@
 //! | `artifacts.rs`, `logs.rs` | components and guest logs in their topics |
 //! | `registry.rs` | the records in those topics |
 //! | `tenancy.rs` | tenants, tokens, namespaces and quotas |
+//! | `admission.rs` | a deploy's quota check and write as one compare-and-set across hosts |
 //! | `identity.rs` | one id, one host process: incarnations, heartbeats, refusing a duplicate |
 //!
 //! Hosts never talk to each other. Every host runs every deployment that
@@ -25,6 +26,7 @@
 //! application id, state directory and transactional ids, so state and
 //! offsets carry over with no gap and no duplicate.
 
+mod admission;
 mod artifacts;
 pub mod control;
 mod error;
@@ -40,6 +42,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
 use crate::stream::cpu::CpuBudget;
 
@@ -101,6 +104,8 @@ pub struct Fleet {
     /// Each limited tenant's CPU budget on this host, shared by all its
     /// deployments' workers.
     cpu_budgets: Mutex<BTreeMap<String, Arc<CpuBudget>>>,
+    /// How long an unused upload is kept (`artifacts.rs`).
+    artifact_grace: RwLock<Duration>,
 }
 
 impl Fleet {
@@ -125,7 +130,24 @@ impl Fleet {
             duplicates: Mutex::default(),
             admissions: Mutex::default(),
             cpu_budgets: Mutex::default(),
+            artifact_grace: RwLock::new(Duration::from_secs(3600)),
         })
+    }
+
+    /// Sets how long an uploaded component that no deployment runs is kept
+    /// before it may be collected (default 1 h).
+    pub fn set_artifact_grace(&self, grace: Duration) {
+        *self
+            .artifact_grace
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = grace;
+    }
+
+    fn artifact_grace(&self) -> Duration {
+        *self
+            .artifact_grace
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The tenants in force now (a request keeps the ones it started with).

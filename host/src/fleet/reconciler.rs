@@ -17,6 +17,10 @@ use crate::sandbox::Processor;
 use crate::stream;
 use crate::task::processor_policy;
 
+/// How often each host collects components no deployment runs
+/// (`artifacts.rs`).
+const COLLECT_INTERVAL: Duration = Duration::from_secs(600);
+
 /// Where a deployment stands on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunState {
@@ -59,9 +63,20 @@ impl Fleet {
     pub fn run(self: &Arc<Self>) {
         let mut seen = -1;
         let mut heartbeat = Instant::now() - STATUS_INTERVAL;
+        let mut collected = Instant::now();
         while !self.shutdown.load(Ordering::Relaxed) {
             self.reconcile();
             self.publish_statuses();
+            if collected.elapsed() >= COLLECT_INTERVAL {
+                match self.control.collect_artifacts(None, self.artifact_grace()) {
+                    Ok(_) => self.control.prune_cache(),
+                    Err(e) => tracing::warn!(
+                        "collecting unused components failed (tried again in 10 minutes): {}",
+                        crate::types::error_chain(&e)
+                    ),
+                }
+                collected = Instant::now();
+            }
             if heartbeat.elapsed() >= STATUS_INTERVAL {
                 self.heartbeat();
                 self.watch_for_duplicates();
@@ -244,12 +259,14 @@ impl Fleet {
         metrics: Arc<Metrics>,
     ) -> Result<Processor, FleetError> {
         let bytes = self.control.artifact(&record.artifact)?;
+        self.control.ensure_log_topic(&record.tenant)?;
         let processor = self
             .sandbox
             .load(&bytes, processor_policy(manifest))
             .map_err(FleetError::Component)?;
         let sink = DeploymentLogSink::new(
             self.control.clone(),
+            &record.tenant,
             record.key(),
             self.host_id.clone(),
             recent,

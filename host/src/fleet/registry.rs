@@ -4,10 +4,11 @@
 //! | topic | key | value |
 //! |---|---|---|
 //! | `_onceflow.deployments` | `<tenant>/<name>` | [`DeploymentRecord`] (JSON) |
-//! | `_onceflow.artifacts` | `<sha256>/<index>` | chunk `index` of the component ([`ARTIFACT_CHUNK`] bytes at most) |
+//! | `_onceflow.artifacts` | `<sha256>/<index>` | chunk `index` of the component ([`ARTIFACT_CHUNK`] bytes at most); `<sha256>/index` their count |
+//! | `_onceflow.grants` | `<tenant>/<sha256>` | [`Grant`] (JSON): the tenant uploaded it (older hosts wrote `<sha256>/grant/<tenant>` in the artifacts topic) |
 //! | `_onceflow.status` | `<tenant>/<name>/<host>` | [`HostStatus`] (JSON), refreshed by each host |
 //! | `_onceflow.status` | `_host/<host>` ([`heartbeat_key`]) | the host's heartbeat: a [`HostStatus`] with an empty tenant and name (so hosts that predate it read it, and list it under no deployment) |
-//! | `_onceflow.logs` | `<tenant>/<name>` | [`LogEntry`](crate::api::LogLine) (JSON); not compacted, not transactional |
+//! | `_onceflow.logs.<tenant>` ([`logs_topic`]) | `<tenant>/<name>` | [`LogEntry`](crate::api::LogLine) (JSON); one topic per tenant, not compacted, not transactional |
 //!
 //! Components are content-addressed (sha256), so a redeploy of the same
 //! bytes uploads nothing new, and chunked, so a 20 MB Python component fits
@@ -19,10 +20,20 @@ use serde::{Deserialize, Serialize};
 pub const DEPLOYMENTS_TOPIC: &str = "_onceflow.deployments";
 /// The artifacts topic.
 pub const ARTIFACTS_TOPIC: &str = "_onceflow.artifacts";
+/// Which tenant uploaded which component (`<tenant>/<sha256>` →
+/// [`Grant`]): what a tenant may deploy, and what counts against its
+/// `artifact-mb` quota.
+pub const GRANTS_TOPIC: &str = "_onceflow.grants";
 /// The hosts' status topic.
 pub const STATUS_TOPIC: &str = "_onceflow.status";
-/// The guest log topic.
-pub const LOGS_TOPIC: &str = "_onceflow.logs";
+/// The guest log topic of `tenant`: one per tenant, each with its own
+/// retention ([`LOG_RETENTION_BYTES`]), so that a tenant flooding its logs
+/// evicts only its own lines.
+pub fn logs_topic(tenant: &str) -> String {
+    format!("_onceflow.logs.{tenant}")
+}
+/// Most bytes of guest log lines kept per tenant (then the oldest go).
+pub const LOG_RETENTION_BYTES: u64 = 256 << 20;
 /// What each committed transaction used (`fleet/usage.rs`), written in the
 /// transaction; kept [`USAGE_RETENTION_DAYS`].
 pub const USAGE_TOPIC: &str = "_onceflow.usage";
@@ -35,6 +46,24 @@ pub const MAX_ARTIFACT_BYTES: usize = 128 * 1024 * 1024;
 /// Largest manifest accepted: a deployment record (manifest and all) must
 /// fit in one record of the deployments topic (1 MiB by default).
 pub const MAX_MANIFEST_BYTES: usize = 256 * 1024;
+
+/// A tenant's upload of a component, under `<tenant>/<sha256>` in
+/// [`GRANTS_TOPIC`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The component's size in bytes.
+    pub size: u64,
+    /// Its chunks in the artifacts topic.
+    pub chunks: usize,
+    /// When the tenant last uploaded it (ms since the epoch): a component no
+    /// deployment runs is collected a grace period after this.
+    pub uploaded_ms: i64,
+}
+
+/// The key of `tenant`'s grant of `sha256` in [`GRANTS_TOPIC`].
+pub fn tenant_grant_key(tenant: &str, sha256: &str) -> String {
+    format!("{tenant}/{sha256}")
+}
 
 /// What the tenant wants of a deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

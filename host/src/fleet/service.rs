@@ -22,6 +22,7 @@ use crate::sandbox::ProcessorPolicy;
 use crate::stream::{self, changelog, names};
 use crate::task::processor_policy;
 use crate::types::Usage;
+use sha2::Digest as _;
 
 /// A status older than this is reported as stale (its host is likely gone).
 const STALE_AFTER_MS: i64 = 10_000;
@@ -46,12 +47,46 @@ impl Fleet {
         self.sandbox
             .load(bytes, ProcessorPolicy::default())
             .map_err(FleetError::Component)?;
+        self.check_artifact_quota(tenant, bytes)?;
         let sha = self.control.put_artifact(&tenant.name, bytes)?;
         tracing::info!(tenant = %tenant.name, artifact = %sha, bytes = bytes.len(), "component stored");
         Ok(Uploaded {
             artifact: sha,
             size: bytes.len() as u64,
         })
+    }
+
+    /// Refuses an upload that would take the tenant past its `artifact-mb`
+    /// quota, after collecting its own uploads that no deployment of its
+    /// runs (older than the grace period). An upload it already holds adds
+    /// nothing.
+    fn check_artifact_quota(&self, tenant: &Tenant, bytes: &[u8]) -> Result<(), FleetError> {
+        let sha = hex::encode(sha2::Sha256::digest(bytes));
+        let quota = tenant.quotas.artifact_mb << 20;
+        let size = bytes.len() as u64;
+        let over = |held: u64| held + size > quota;
+        if !over(self.control.held_bytes(&tenant.name, &sha)) {
+            return Ok(());
+        }
+        let collected = self
+            .control
+            .collect_artifacts(Some(&tenant.name), self.artifact_grace())?;
+        let held = self.control.held_bytes(&tenant.name, &sha);
+        if over(held) {
+            return Err(FleetError::Refused(format!(
+                "quota exceeded: tenant {:?} holds {:.1} MiB of uploaded components and this one \
+                 is {:.1} MiB, over its artifact-mb quota of {} MiB. Components that none of its \
+                 deployments runs are collected {} s after their upload ({} collected just now): \
+                 delete deployments you no longer need, or wait",
+                tenant.name,
+                held as f64 / 1048576.0,
+                size as f64 / 1048576.0,
+                tenant.quotas.artifact_mb,
+                self.artifact_grace().as_secs(),
+                collected.grants,
+            )));
+        }
+        Ok(())
     }
 
     /// Deploys (or upgrades) `name` after checking the manifest, the
@@ -80,25 +115,32 @@ impl Fleet {
                 manifest.name
             )));
         }
-        // Quota check and write, one deploy of this tenant at a time.
+        // One deploy of this tenant at a time on this host; across hosts,
+        // the final quota check and the write are one compare-and-set
+        // (`admission.rs`). This first check refuses early, before the
+        // component is fetched and compiled.
         let lock = self.admission_lock(&tenant.name);
         let _admitting = lock.lock().unwrap_or_else(|e| e.into_inner());
         let conn = self.control.connection();
         let instances = |m: &Manifest| -> Result<u32, FleetError> {
             Ok(stream::input_partitions(m, conn)?.map_or(0, |n| n.max(0) as u32))
         };
-        let mut others = Vec::new();
-        for r in self.live_records(tenant) {
-            let Ok(m) = manifest_of(&r) else { continue };
-            others.push(Existing {
-                name: r.name,
-                worker_threads: m.processing.worker_threads,
-                guest_memory_mb: u64::from(instances(&m)?) * m.limits.memory_mb,
-            });
-        }
-        tenant
-            .admit(&manifest, instances(&manifest)?, &others)
-            .map_err(FleetError::Refused)?;
+        let wanted = instances(&manifest)?;
+        let admit = |records: &[DeploymentRecord]| -> Result<(), FleetError> {
+            let mut others = Vec::new();
+            for r in records.iter().filter(|r| r.desired != Desired::Deleted) {
+                let Ok(m) = manifest_of(r) else { continue };
+                others.push(Existing {
+                    name: r.name.clone(),
+                    worker_threads: m.processing.worker_threads,
+                    guest_memory_mb: u64::from(instances(&m)?) * m.limits.memory_mb,
+                });
+            }
+            tenant
+                .admit(&manifest, wanted, &others)
+                .map_err(FleetError::Refused)
+        };
+        admit(&self.live_records(tenant))?;
         self.check_names(tenant, &manifest)?;
         // Only the tenant's own uploads (or a component one of its
         // deployments already ran, uploaded before grants existed); another
@@ -126,22 +168,24 @@ impl Fleet {
             .load(&bytes, processor_policy(&manifest))
             .map_err(FleetError::Component)?;
         stream::prepare_topics(&manifest, self.control.connection())?;
-        let previous = self
-            .control
-            .deployments
-            .get(&deployment_key(&tenant.name, name));
-        let record = DeploymentRecord {
-            tenant: tenant.name.clone(),
-            name: name.to_owned(),
-            version: previous.as_ref().map_or(1, |p| p.version + 1),
-            manifest: req.manifest,
-            artifact: req.artifact,
-            artifact_size: bytes.len() as u64,
-            desired: Desired::Running,
-            purge_state: false,
-            updated_ms: now_ms(),
-        };
-        self.control.put_deployment(&record)?;
+        let key = deployment_key(&tenant.name, name);
+        let mut previous = None;
+        let record = self.control.admit(&tenant.name, |records| {
+            let live: Vec<DeploymentRecord> = records.values().cloned().collect();
+            admit(&live)?;
+            previous = records.get(&key).cloned();
+            Ok(DeploymentRecord {
+                tenant: tenant.name.clone(),
+                name: name.to_owned(),
+                version: previous.as_ref().map_or(1, |p| p.version + 1),
+                manifest: req.manifest.clone(),
+                artifact: req.artifact.clone(),
+                artifact_size: bytes.len() as u64,
+                desired: Desired::Running,
+                purge_state: false,
+                updated_ms: now_ms(),
+            })
+        })?;
         tracing::info!(deployment = %record.key(), version = record.version, "deployed");
         let deployed = if previous.is_some_and(|p| p.desired != Desired::Deleted) {
             Deployed::Upgraded
@@ -280,9 +324,13 @@ impl Fleet {
     ) -> Result<LogLines, FleetError> {
         let r = self.own_record(tenant, name)?;
         let wait = Duration::from_millis(params.wait_ms).min(MAX_LOG_WAIT);
-        let (lines, next) =
-            self.control
-                .read_logs(&r.key(), params.from, params.tail.clamp(1, 1_000_000), wait)?;
+        let (lines, next) = self.control.read_logs(
+            &r.tenant,
+            &r.key(),
+            params.from,
+            params.tail.clamp(1, 1_000_000),
+            wait,
+        )?;
         Ok(LogLines { lines, next })
     }
 

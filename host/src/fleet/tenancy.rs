@@ -19,7 +19,9 @@
 //! fuel-per-record = 100000000      # limits.fuel-per-record
 //! timeout-ms = 60000               # limits.timeout-ms (a call's deadline)
 //! log-lines-per-second = 1000      # limits.log-lines-per-second
+//! state-mb = 1024                  # limits.state-mb (state per instance)
 //! cpu-share = 100                  # percent of a host's CPU its guests may take
+//! artifact-mb = 1024               # its uploaded components together
 //! ```
 //!
 //! Kafka treats `.` and `_` in topic names as one character, so tenant
@@ -90,10 +92,17 @@ pub struct Quotas {
     pub timeout_ms: u64,
     /// Largest `limits.log-lines-per-second` (per instance).
     pub log_lines_per_second: u32,
+    /// Largest `limits.state-mb`: committed state per instance (input
+    /// partition), all its stores together.
+    pub state_mb: u64,
     /// Percent of a host's CPU (all its cores) the tenant's guest calls on
     /// that host may take together; past it, its workers wait
     /// (`stream/cpu.rs`). 100: no limit.
     pub cpu_share: u32,
+    /// MiB of uploaded components the tenant holds together (each counted
+    /// once however often uploaded); components none of its deployments
+    /// runs are collected after the hosts' `--artifact-grace-secs`.
+    pub artifact_mb: u64,
 }
 
 impl Default for Quotas {
@@ -106,7 +115,9 @@ impl Default for Quotas {
             fuel_per_record: 100_000_000,
             timeout_ms: 60_000,
             log_lines_per_second: 1_000,
+            state_mb: 1024,
             cpu_share: 100,
+            artifact_mb: 1024,
         }
     }
 }
@@ -482,6 +493,12 @@ impl Tenant {
             return Err(format!(
                 "limits.log-lines-per-second = {} exceeds your quota of {} per instance",
                 m.limits.log_lines_per_second, q.log_lines_per_second
+            ));
+        }
+        if m.limits.state_mb > q.state_mb {
+            return Err(format!(
+                "limits.state-mb = {} exceeds your quota of {} MiB of state per instance",
+                m.limits.state_mb, q.state_mb
             ));
         }
         let others: Vec<&Existing> = others.iter().filter(|e| e.name != m.name).collect();

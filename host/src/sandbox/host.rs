@@ -134,9 +134,9 @@ fn state_result<T>(r: Result<T, AccessError>) -> Result<Result<T, wit::StateErro
         Err(AccessError::Refused(StoreAccessError::UnknownStore(s))) => {
             Ok(Err(wit::StateError::UnknownStore(s)))
         }
-        Err(AccessError::Refused(StoreAccessError::TooLarge(n))) => {
-            Ok(Err(wit::StateError::TooLarge(n)))
-        }
+        Err(AccessError::Refused(
+            StoreAccessError::TooLarge(n) | StoreAccessError::StateFull(n),
+        )) => Ok(Err(wit::StateError::TooLarge(n))),
         Err(AccessError::Failed(m)) => Err(wasmtime::Error::new(HostFailure(m))),
     }
 }

@@ -55,6 +55,15 @@ pub trait PartitionStore: Send {
     /// The next changelog offset to read for `store`: every changelog
     /// record before it is reflected in the store. `None`: never written.
     fn changelog_position(&self, store: &str) -> Result<Option<i64>, StateError>;
+    /// Bytes of keys and values committed in all stores together, counted
+    /// exactly by [`PartitionStore::write`] (what `limits.state-mb`
+    /// bounds).
+    fn live_bytes(&self) -> u64;
+}
+
+/// Bytes one entry takes against `limits.state-mb`.
+pub(crate) fn entry_bytes(key: &[u8], value: Option<&[u8]>) -> u64 {
+    value.map_or(0, |v| (key.len() + v.len()) as u64)
 }
 
 /// Committed changes to apply in one atomic write.
@@ -71,6 +80,7 @@ pub struct WriteBatch {
 pub struct MemoryPartition {
     stores: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
     positions: BTreeMap<String, i64>,
+    live_bytes: u64,
 }
 
 impl PartitionStore for MemoryPartition {
@@ -97,10 +107,12 @@ impl PartitionStore for MemoryPartition {
         for c in &batch.changes {
             let data = self.stores.entry(c.store.clone()).or_default();
             for (key, value) in &c.changes {
-                match value {
+                let old = match value {
                     Some(v) => data.insert(key.clone(), v.clone()),
                     None => data.remove(key),
                 };
+                self.live_bytes = (self.live_bytes + entry_bytes(key, value.as_deref()))
+                    .saturating_sub(entry_bytes(key, old.as_deref()));
             }
         }
         for (store, position) in &batch.positions {
@@ -111,6 +123,10 @@ impl PartitionStore for MemoryPartition {
 
     fn changelog_position(&self, store: &str) -> Result<Option<i64>, StateError> {
         Ok(self.positions.get(store).copied())
+    }
+
+    fn live_bytes(&self) -> u64 {
+        self.live_bytes
     }
 }
 
@@ -254,10 +270,19 @@ pub struct StoreChanges {
 pub struct TaskState {
     committed: Box<dyn PartitionStore>,
     stores: Vec<LayeredStore>,
+    /// Most bytes of keys and values all stores may hold together
+    /// (`limits.state-mb`): a write that would go past it is refused.
+    limit: u64,
+    /// What the transaction's writes change the committed bytes by, exactly
+    /// (each write looks up the value it replaces).
+    txn_delta: i64,
+    /// The same for the call in progress.
+    call_delta: i64,
 }
 
 impl TaskState {
-    /// Opens the task's state over its committed stores.
+    /// Opens the task's state over its committed stores, with no limit on
+    /// its size ([`TaskState::limit_bytes`]).
     pub fn new(stores: &[String], committed: Box<dyn PartitionStore>) -> Self {
         Self {
             committed,
@@ -269,7 +294,42 @@ impl TaskState {
                     call: Layer::new(),
                 })
                 .collect(),
+            limit: u64::MAX,
+            txn_delta: 0,
+            call_delta: 0,
         }
+    }
+
+    /// Refuses writes that would take the stores past `limit` bytes of
+    /// keys and values together (deletes and shrinking writes always go
+    /// through, so a full processor can make room).
+    pub fn limit_bytes(mut self, limit: u64) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Bytes of keys and values the stores hold, as the processor sees
+    /// them: committed, plus the transaction's and the call's writes.
+    pub fn visible_bytes(&self) -> u64 {
+        let pending = self.txn_delta + self.call_delta;
+        self.committed.live_bytes().saturating_add_signed(pending)
+    }
+
+    /// Counts a write of `key` (`value`; `None`: a delete) in the call
+    /// layer, refusing it when it grows the stores past the limit.
+    fn account(
+        &mut self,
+        store: &str,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), AccessError> {
+        let old = self.store(store)?.get(self.committed.as_ref(), key)?;
+        let delta = entry_bytes(key, value) as i64 - entry_bytes(key, old.as_deref()) as i64;
+        if delta > 0 && self.visible_bytes().saturating_add(delta as u64) > self.limit {
+            return Err(StoreAccessError::StateFull(self.limit).into());
+        }
+        self.call_delta += delta;
+        Ok(())
     }
 
     /// The committed stores (for restore and positions).
@@ -308,6 +368,7 @@ impl TaskState {
         if (key.len() + value.len()) as u64 > MAX_ENTRY_BYTES {
             return Err(StoreAccessError::TooLarge(MAX_ENTRY_BYTES).into());
         }
+        self.account(store, &key, Some(&value))?;
         self.store_mut(store)?.call.insert(key, Some(value));
         Ok(())
     }
@@ -317,6 +378,7 @@ impl TaskState {
         if key.len() as u64 > MAX_ENTRY_BYTES {
             return Err(StoreAccessError::TooLarge(MAX_ENTRY_BYTES).into());
         }
+        self.account(store, &key, None)?;
         self.store_mut(store)?.call.insert(key, None);
         Ok(())
     }
@@ -368,6 +430,7 @@ impl TaskState {
             let call = std::mem::take(&mut s.call);
             s.txn.extend(call);
         }
+        self.txn_delta += std::mem::take(&mut self.call_delta);
     }
 
     /// The call failed: forget its writes.
@@ -375,6 +438,7 @@ impl TaskState {
         for s in &mut self.stores {
             s.call.clear();
         }
+        self.call_delta = 0;
     }
 
     /// Whether any store has changes waiting for a commit.
@@ -409,6 +473,7 @@ impl TaskState {
                 changes: std::mem::take(&mut s.txn).into_iter().collect(),
             })
             .collect();
+        self.txn_delta = 0;
         if changes.is_empty() && positions.is_empty() {
             return Ok(());
         }
@@ -421,6 +486,8 @@ impl TaskState {
             s.txn.clear();
             s.call.clear();
         }
+        self.txn_delta = 0;
+        self.call_delta = 0;
     }
 
     /// Every store's visible entries (committed plus pending), for dumps.
@@ -495,6 +562,36 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn state_limit_counts_replaced_values_and_lets_deletes_through() {
+        // Committed: a=1 (2 bytes); at most 10 bytes.
+        let mut t = task_with(&[("a", "1")]).limit_bytes(10);
+        let full = Err(AccessError::Refused(StoreAccessError::StateFull(10)));
+        assert_eq!(t.put("s", b"b".to_vec(), b"12345678".to_vec()), full);
+        t.put("s", b"b".to_vec(), b"1234567".to_vec()).unwrap();
+        assert_eq!(t.visible_bytes(), 10);
+        // Growing a is refused; deleting it makes room; shrinking and
+        // same-size writes go through at the limit.
+        assert_eq!(t.put("s", b"a".to_vec(), b"12".to_vec()), full);
+        t.delete("s", b"a".to_vec()).unwrap();
+        assert_eq!(t.visible_bytes(), 8);
+        assert_eq!(t.put("s", b"a".to_vec(), b"12".to_vec()), full);
+        t.put("s", b"a".to_vec(), b"9".to_vec()).unwrap();
+        assert_eq!(t.visible_bytes(), 10);
+        // A failed call's writes no longer count.
+        t.discard_call();
+        assert_eq!(t.visible_bytes(), 2);
+        t.put("s", b"b".to_vec(), b"1234567".to_vec()).unwrap();
+        t.end_call();
+        t.apply_committed(vec![]).unwrap();
+        assert_eq!(t.committed().live_bytes(), 10);
+        assert_eq!(t.visible_bytes(), 10);
+        t.put("s", b"b".to_vec(), b"7654321".to_vec()).unwrap();
+        t.end_call();
+        t.abort();
+        assert_eq!(t.visible_bytes(), 10);
     }
 
     #[test]

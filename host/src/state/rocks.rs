@@ -4,21 +4,27 @@
 //! atomic write batch, so the database never claims a position its data
 //! does not reflect.
 
+use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, ReadOptions};
 
-use super::{PartitionStore, StateError, WriteBatch, bounds_empty};
+use super::{PartitionStore, StateError, WriteBatch, bounds_empty, entry_bytes};
 use crate::types::Entry;
 
 const META_CF: &str = "onceflow.meta";
 const POSITION_PREFIX: &str = "changelog-position/";
+/// Per store, the bytes of its keys and values (u64, big-endian), kept in
+/// the same write as the data ([`PartitionStore::live_bytes`]).
+const BYTES_PREFIX: &str = "live-bytes/";
 
 /// One task's stores in RocksDB.
 pub struct RocksPartition {
     db: DB,
     path: PathBuf,
+    /// Each store's bytes of keys and values, as in the metadata.
+    live: BTreeMap<String, u64>,
 }
 
 fn backend(store: &str, e: impl std::fmt::Display) -> StateError {
@@ -76,6 +82,8 @@ impl RocksPartition {
                 .ok_or_else(|| backend(META_CF, "no such column family"))?;
             db.delete_cf(meta, format!("{POSITION_PREFIX}{name}"))
                 .map_err(|e| backend(name, e))?;
+            db.delete_cf(meta, format!("{BYTES_PREFIX}{name}"))
+                .map_err(|e| backend(name, e))?;
             db.drop_cf(name).map_err(|e| backend(name, e))?;
             tracing::info!(
                 path = %path.display(),
@@ -83,10 +91,39 @@ impl RocksPartition {
                 "dropped the local copy of store {name}: the manifest no longer declares it"
             );
         }
-        Ok(Self {
+        let mut me = Self {
             db,
             path: path.to_path_buf(),
-        })
+            live: BTreeMap::new(),
+        };
+        for store in stores {
+            let bytes = me.load_live_bytes(store)?;
+            me.live.insert(store.clone(), bytes);
+        }
+        Ok(me)
+    }
+
+    /// `store`'s byte count from the metadata; counted once by reading the
+    /// store when a host that kept no count wrote it.
+    fn load_live_bytes(&self, store: &str) -> Result<u64, StateError> {
+        let meta = self.cf(META_CF)?;
+        let key = format!("{BYTES_PREFIX}{store}");
+        if let Some(raw) = self.db.get_cf(meta, &key).map_err(|e| backend(store, e))? {
+            let arr: [u8; 8] = raw
+                .as_slice()
+                .try_into()
+                .map_err(|_| backend(store, "corrupt byte count"))?;
+            return Ok(u64::from_be_bytes(arr));
+        }
+        let mut bytes = 0;
+        for item in self.db.iterator_cf(self.cf(store)?, IteratorMode::Start) {
+            let (k, v) = item.map_err(|e| backend(store, e))?;
+            bytes += entry_bytes(&k, Some(&v));
+        }
+        self.db
+            .put_cf(meta, &key, bytes.to_be_bytes())
+            .map_err(|e| backend(store, e))?;
+        Ok(bytes)
     }
 
     /// Where the database lives.
@@ -156,16 +193,40 @@ impl PartitionStore for RocksPartition {
 
     fn write(&mut self, batch: &WriteBatch) -> Result<(), StateError> {
         let mut wb = rocksdb::WriteBatch::default();
+        let mut live = self.live.clone();
+        let meta = self.cf(META_CF)?;
         for c in &batch.changes {
             let cf = self.cf(&c.store)?;
+            // Each key's size as this batch leaves it, for keys written
+            // more than once in it (a restore's batch may).
+            let mut written: BTreeMap<&[u8], u64> = BTreeMap::new();
+            let mut bytes = live.get(&c.store).copied().unwrap_or(0);
             for (key, value) in &c.changes {
+                let old = match written.get(key.as_slice()) {
+                    Some(&size) => size,
+                    None => {
+                        let found = self
+                            .db
+                            .get_pinned_cf(cf, key)
+                            .map_err(|e| backend(&c.store, e))?;
+                        entry_bytes(key, found.as_deref())
+                    }
+                };
+                let new = entry_bytes(key, value.as_deref());
+                bytes = (bytes + new).saturating_sub(old);
+                written.insert(key, new);
                 match value {
                     Some(v) => wb.put_cf(cf, key, v),
                     None => wb.delete_cf(cf, key),
                 }
             }
+            wb.put_cf(
+                meta,
+                format!("{BYTES_PREFIX}{}", c.store),
+                bytes.to_be_bytes(),
+            );
+            live.insert(c.store.clone(), bytes);
         }
-        let meta = self.cf(META_CF)?;
         for (store, position) in &batch.positions {
             wb.put_cf(
                 meta,
@@ -175,7 +236,13 @@ impl PartitionStore for RocksPartition {
         }
         self.db
             .write(wb)
-            .map_err(|e| backend(&self.path.display().to_string(), e))
+            .map_err(|e| backend(&self.path.display().to_string(), e))?;
+        self.live = live;
+        Ok(())
+    }
+
+    fn live_bytes(&self) -> u64 {
+        self.live.values().sum()
     }
 
     fn changelog_position(&self, store: &str) -> Result<Option<i64>, StateError> {
@@ -259,6 +326,44 @@ mod tests {
             vec![b"k1".to_vec(), b"k3".to_vec()]
         );
         assert!(keys(Bound::Included(b"z"), Bound::Included(b"a")).is_empty());
+        // k1=v1, k3=v3 and x=y: 10 bytes, kept across the reopen.
+        assert_eq!(p.live_bytes(), 10);
+    }
+
+    #[test]
+    fn the_byte_count_is_exact_and_made_for_a_database_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = vec!["a".to_owned()];
+        let batch = |changes: Vec<(&str, Option<&str>)>| WriteBatch {
+            changes: vec![StoreChanges {
+                store: "a".into(),
+                changes: changes
+                    .into_iter()
+                    .map(|(k, v)| (k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec())))
+                    .collect(),
+            }],
+            positions: vec![],
+        };
+        {
+            let mut p = RocksPartition::open(dir.path(), &stores).unwrap();
+            p.write(&batch(vec![("k1", Some("v1")), ("k2", Some("v2"))]))
+                .unwrap();
+            assert_eq!(p.live_bytes(), 8);
+            // A restore's batch may write one key twice: the second
+            // replaces the first, not the committed value.
+            p.write(&batch(vec![
+                ("k1", Some("vvvv")),
+                ("k1", Some("v")),
+                ("k2", None),
+            ]))
+            .unwrap();
+            assert_eq!(p.live_bytes(), 3);
+            // As a host before the count left it: data, no count.
+            let meta = p.cf(META_CF).unwrap();
+            p.db.delete_cf(meta, format!("{BYTES_PREFIX}a")).unwrap();
+        }
+        let p = RocksPartition::open(dir.path(), &stores).unwrap();
+        assert_eq!(p.live_bytes(), 3);
     }
 
     #[test]

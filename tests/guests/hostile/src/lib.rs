@@ -13,12 +13,17 @@
 //!   record's key and headers, to alias `out` (the host's lowering, field by
 //!   field);
 //! - `output:N`: emits one output of N bytes (value) to alias `out`;
+//! - `outputs:N`: emits N small outputs to alias `out` (heavy but valid);
+//! - `logs:N`: writes N log lines (the host's rate limit drops the excess);
 //! - `flood:N`: emits N outputs of 999,000 bytes each to alias `out`,
 //!   ignoring refusals (the host's memory, not the guest's, fills up);
 //! - `global`: increments a counter in the instance's memory (not in a
 //!   store) and emits its value: what a re-run record would see of memory
 //!   that already saw it;
 //! - `state:N`: puts an N-byte value under key `big` of store `seen`;
+//! - `keep:N`: puts an N-byte value under the record's key in store `seen`
+//!   (state that grows with the keys: `limits.state-mb` must hold);
+//! - `forget`: deletes the record's key from store `seen`;
 //! - with `fail-init` set in its `[config]`, `init` fails (every instance:
 //!   a deployment that can never start);
 //! - anything else: increments key `count` of store `seen` and emits the
@@ -95,9 +100,43 @@ impl Processor for Hostile {
                 }
                 Ok(())
             }
+            Some(v) if v.starts_with(b"outputs:") => {
+                // Legitimate but heavy: N small outputs for one record.
+                let n = size_of(&v[b"outputs:".len()..])?;
+                for i in 0..n {
+                    ctx.emit_with(
+                        "out",
+                        record.key.as_deref(),
+                        Some(i.to_string().as_bytes()),
+                        &[],
+                    )?;
+                }
+                Ok(())
+            }
+            Some(v) if v.starts_with(b"logs:") => {
+                // N log lines for one record (the host's rate limit drops
+                // the excess).
+                let n = size_of(&v[b"logs:".len()..])?;
+                for i in 0..n {
+                    onceflow_sdk::log::write(
+                        onceflow_sdk::Level::Info,
+                        format!("hostile log line {i} of {n}"),
+                    );
+                }
+                Ok(())
+            }
             Some(v) if v.starts_with(b"output:") => {
                 let n = size_of(&v[7..])?;
                 ctx.emit_with("out", record.key.as_deref(), Some(&vec![b'o'; n]), &[])
+            }
+            Some(v) if v.starts_with(b"keep:") => {
+                let n = size_of(&v[5..])?;
+                let key = record.key.as_deref().unwrap_or_default();
+                ctx.store("seen").put(key, vec![b'k'; n])
+            }
+            Some(b"forget") => {
+                let key = record.key.as_deref().unwrap_or_default();
+                ctx.store("seen").delete(key)
             }
             Some(v) if v.starts_with(b"state:") => {
                 let n = size_of(&v[6..])?;
