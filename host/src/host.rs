@@ -118,8 +118,14 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
     let control = ControlPlane::connect(run.kafka.clone(), artifacts, kafka_wait)
         .map_err(HostError::Control)?;
     let sandbox = Sandbox::new(SandboxConfig::default()).map_err(HostError::Sandbox)?;
-    let fleet = Fleet::new(control.clone(), tenants, sandbox, run, shutdown.clone());
-    fleet.set_artifact_grace(artifact_grace);
+    let fleet = Fleet::new(
+        control.clone(),
+        tenants,
+        sandbox,
+        run,
+        shutdown.clone(),
+        artifact_grace,
+    );
     if let Err(e) = fleet.check_unique_host_id() {
         control.close();
         return Err(HostError::Identity(e));

@@ -49,16 +49,20 @@ pub struct OutputRecord {
     pub timestamp: Option<i64>,
 }
 
+/// Bytes of a record's key, value and headers.
+fn record_size(key: Option<&[u8]>, value: Option<&[u8]>, headers: &[Header]) -> usize {
+    key.map_or(0, <[u8]>::len)
+        + value.map_or(0, <[u8]>::len)
+        + headers
+            .iter()
+            .map(|h| h.key.len() + h.value.len())
+            .sum::<usize>()
+}
+
 impl InputRecord {
     /// Bytes of key, value and headers (what usage counts as bytes in).
     pub fn size(&self) -> usize {
-        self.key.as_ref().map_or(0, Vec::len)
-            + self.value.as_ref().map_or(0, Vec::len)
-            + self
-                .headers
-                .iter()
-                .map(|h| h.key.len() + h.value.len())
-                .sum::<usize>()
+        record_size(self.key.as_deref(), self.value.as_deref(), &self.headers)
     }
 }
 
@@ -66,13 +70,7 @@ impl OutputRecord {
     /// Bytes of key, value and headers: what counts against
     /// [`MAX_RECORD_BYTES`].
     pub fn size(&self) -> usize {
-        self.key.as_ref().map_or(0, Vec::len)
-            + self.value.as_ref().map_or(0, Vec::len)
-            + self
-                .headers
-                .iter()
-                .map(|h| h.key.len() + h.value.len())
-                .sum::<usize>()
+        record_size(self.key.as_deref(), self.value.as_deref(), &self.headers)
     }
 }
 

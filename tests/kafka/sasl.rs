@@ -158,7 +158,8 @@ fn refused_run(w: &Wallet, ca: &Path, user: &str) -> String {
 /// group coordinator breaks during the SASL handshake, seen on a loaded
 /// machine in about one verify of two; the verify's answer is unaffected.
 /// A healthy run should not print it (left for the first-hour issue, 14).
-const TRANSIENT: &str = "SASL SCRAM-SHA-512 mechanism handshake failed: Local: Broker transport failure";
+const TRANSIENT: &str =
+    "SASL SCRAM-SHA-512 mechanism handshake failed: Local: Broker transport failure";
 
 /// Asserts `onceflow verify`'s output says the wallet `w` ran exactly once
 /// on what was `produced`, with no warning on its stderr but lines that

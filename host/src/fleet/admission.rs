@@ -28,7 +28,7 @@ use rdkafka::error::KafkaError as ClientError;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
 use super::FleetError;
-use super::control::{ControlPlane, PUBLISH_TIMEOUT, PublishCtx};
+use super::control::{ControlPlane, PUBLISH_TIMEOUT, PublishCtx, apply_record};
 use super::registry::{DEPLOYMENTS_TOPIC, DeploymentRecord};
 use crate::kafka::{self, KafkaError};
 
@@ -207,21 +207,8 @@ impl ControlPlane {
                     let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
                         continue;
                     };
-                    if !key.starts_with(&prefix) {
-                        continue;
-                    }
-                    match m.payload().map(serde_json::from_slice::<DeploymentRecord>) {
-                        None => {
-                            records.remove(key);
-                        }
-                        Some(Ok(r)) => {
-                            records.insert(key.to_owned(), r);
-                        }
-                        Some(Err(e)) => tracing::warn!(
-                            key,
-                            offset = m.offset(),
-                            "ignoring an unreadable registry record: {e}"
-                        ),
+                    if key.starts_with(&prefix) {
+                        apply_record(&mut records, key, &m);
                     }
                 }
                 Some(Err(ClientError::PartitionEOF(_))) | None => {}

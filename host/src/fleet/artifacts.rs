@@ -152,12 +152,7 @@ impl ControlPlane {
         }
         // Every component with no grant left and no deployment running it
         // (this collection's, and any an earlier one left half done).
-        let granted: std::collections::HashSet<String> = self
-            .grants
-            .entries_with_prefix("")
-            .into_iter()
-            .filter_map(|(k, _)| k.split_once('/').map(|(_, sha)| sha.to_owned()))
-            .collect();
+        let granted = self.granted_components();
         for (sha, grant) in orphans {
             if granted.contains(&sha) || runs(None, &sha) {
                 continue;
@@ -174,6 +169,15 @@ impl ControlPlane {
         Ok(done)
     }
 
+    /// The components some tenant holds a grant of.
+    fn granted_components(&self) -> std::collections::HashSet<String> {
+        self.grants
+            .entries_with_prefix("")
+            .into_iter()
+            .filter_map(|(k, _)| k.split_once('/').map(|(_, sha)| sha.to_owned()))
+            .collect()
+    }
+
     /// Removes from this host's cache the components that no grant and no
     /// deployment names any more (another host collected them).
     pub fn prune_cache(&self) {
@@ -181,12 +185,7 @@ impl ControlPlane {
             return;
         };
         let deployments = self.deployments.all();
-        let granted: std::collections::HashSet<String> = self
-            .grants
-            .entries_with_prefix("")
-            .into_iter()
-            .filter_map(|(k, _)| k.split_once('/').map(|(_, sha)| sha.to_owned()))
-            .collect();
+        let granted = self.granted_components();
         for entry in dir.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Some(sha) = name.strip_suffix(".wasm") else {

@@ -341,25 +341,11 @@ impl ControlPlane {
                             else {
                                 continue;
                             };
-                            let mut entries =
-                                view.entries.write().unwrap_or_else(|e| e.into_inner());
-                            match m.payload() {
-                                None => {
-                                    entries.remove(key);
-                                }
-                                Some(bytes) => match serde_json::from_slice::<T>(bytes) {
-                                    Ok(v) => {
-                                        entries.insert(key.to_owned(), v);
-                                    }
-                                    Err(e) => tracing::warn!(
-                                        topic,
-                                        key,
-                                        offset = m.offset(),
-                                        "ignoring an unreadable registry record: {e}"
-                                    ),
-                                },
-                            }
-                            drop(entries);
+                            apply_record(
+                                &mut view.entries.write().unwrap_or_else(|e| e.into_inner()),
+                                key,
+                                &m,
+                            );
                             *view.progress.lock().unwrap_or_else(|e| e.into_inner()) =
                                 m.offset() + 1;
                             view.moved.notify_all();
@@ -479,5 +465,31 @@ impl ControlPlane {
     /// Flushes pending status and log writes.
     pub fn flush(&self) {
         let _ = self.producer.flush(Duration::from_secs(5));
+    }
+}
+
+/// Applies one record of a registry topic with key `key` to `entries`:
+/// its JSON value, or a tombstone removing the key. An unreadable value is
+/// logged and skipped.
+pub(super) fn apply_record<T: DeserializeOwned>(
+    entries: &mut BTreeMap<String, T>,
+    key: &str,
+    m: &impl Message,
+) {
+    match m.payload() {
+        None => {
+            entries.remove(key);
+        }
+        Some(bytes) => match serde_json::from_slice::<T>(bytes) {
+            Ok(v) => {
+                entries.insert(key.to_owned(), v);
+            }
+            Err(e) => tracing::warn!(
+                topic = m.topic(),
+                key,
+                offset = m.offset(),
+                "ignoring an unreadable registry record: {e}"
+            ),
+        },
     }
 }

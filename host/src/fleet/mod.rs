@@ -105,18 +105,20 @@ pub struct Fleet {
     /// deployments' workers.
     cpu_budgets: Mutex<BTreeMap<String, Arc<CpuBudget>>>,
     /// How long an unused upload is kept (`artifacts.rs`).
-    artifact_grace: RwLock<Duration>,
+    artifact_grace: Duration,
 }
 
 impl Fleet {
     /// A host over `control`, running deployments with `options` (its
-    /// `instance_id` is the host id).
+    /// `instance_id` is the host id), keeping uploads no deployment runs
+    /// for `artifact_grace`.
     pub fn new(
         control: Arc<ControlPlane>,
         tenants: Tenants,
         sandbox: Sandbox,
         options: RunOptions,
         shutdown: Arc<AtomicBool>,
+        artifact_grace: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {
             host_id: options.instance_id.clone(),
@@ -130,24 +132,8 @@ impl Fleet {
             duplicates: Mutex::default(),
             admissions: Mutex::default(),
             cpu_budgets: Mutex::default(),
-            artifact_grace: RwLock::new(Duration::from_secs(3600)),
+            artifact_grace,
         })
-    }
-
-    /// Sets how long an uploaded component that no deployment runs is kept
-    /// before it may be collected (default 1 h).
-    pub fn set_artifact_grace(&self, grace: Duration) {
-        *self
-            .artifact_grace
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = grace;
-    }
-
-    fn artifact_grace(&self) -> Duration {
-        *self
-            .artifact_grace
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The tenants in force now (a request keeps the ones it started with).

@@ -68,7 +68,7 @@ impl Fleet {
             self.reconcile();
             self.publish_statuses();
             if collected.elapsed() >= COLLECT_INTERVAL {
-                match self.control.collect_artifacts(None, self.artifact_grace()) {
+                match self.control.collect_artifacts(None, self.artifact_grace) {
                     Ok(_) => self.control.prune_cache(),
                     Err(e) => tracing::warn!(
                         "collecting unused components failed (tried again in 10 minutes): {}",

@@ -70,7 +70,7 @@ impl Fleet {
         }
         let collected = self
             .control
-            .collect_artifacts(Some(&tenant.name), self.artifact_grace())?;
+            .collect_artifacts(Some(&tenant.name), self.artifact_grace)?;
         let held = self.control.held_bytes(&tenant.name, &sha);
         if over(held) {
             return Err(FleetError::Refused(format!(
@@ -82,7 +82,7 @@ impl Fleet {
                 held as f64 / 1048576.0,
                 size as f64 / 1048576.0,
                 tenant.quotas.artifact_mb,
-                self.artifact_grace().as_secs(),
+                self.artifact_grace.as_secs(),
                 collected.grants,
             )));
         }
