@@ -39,7 +39,7 @@ impl Host {
             .append(true)
             .open(&log)
             .expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        let child = Command::new(crate::common::onceflow_bin())
             .arg("run")
             .arg(manifest)
             .args(["--bootstrap-servers", bootstrap])

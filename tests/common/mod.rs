@@ -24,9 +24,18 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// The `onceflow` binary cargo built for these tests.
+/// The `onceflow` binary the tests run: the one cargo built for them, or
+/// `ONCEFLOW_TEST_BIN` when set (a frozen copy for `scripts/isolation`, or
+/// an older build to show what a test found before a fix).
+pub fn onceflow_bin() -> PathBuf {
+    std::env::var_os("ONCEFLOW_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_onceflow")))
+}
+
+/// A command running [`onceflow_bin`].
 pub fn onceflow() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_onceflow"));
+    let mut cmd = Command::new(onceflow_bin());
     cmd.env("ONCEFLOW_LOG", "warn");
     cmd
 }

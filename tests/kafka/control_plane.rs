@@ -133,7 +133,7 @@ impl Fleet {
             .append(true)
             .open(&log)
             .expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        let child = Command::new(crate::common::onceflow_bin())
             .arg("host")
             .args(["--bootstrap-servers", bootstrap])
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -1154,6 +1154,28 @@ fn d_hostile_neighbour_latency() {
         );
         h.json(GLOBEX, &["delete", &evil.name]);
     }
+    // Two controls, for what the host cannot separate on a shared machine:
+    // the broker and the test's producer under the heaviest neighbour's
+    // broker load with no processor at all (10,000 records per feed, as
+    // `outputs` emits, written straight to a topic nobody reads), and the
+    // solo phase again (the machine's own drift over the run).
+    let idle = format!("globex.unread-{}", std::process::id());
+    cluster().create_topics(&[(&idle, 2)]);
+    let broker_only = run_phase("broker_only", &|| {
+        use rdkafka::producer::{BaseRecord, Producer};
+        for i in 0..10_000u32 {
+            let v = i.to_string();
+            let mut record = BaseRecord::to(&idle).key("k").payload(&v);
+            while let Err((_, r)) = producer.send(record) {
+                producer.poll(Duration::from_millis(10));
+                record = r;
+            }
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+    });
+    beside.push(("broker_only".to_string(), broker_only));
+    let solo_again = run_phase("solo_again", &|| {});
+    beside.push(("solo_again".to_string(), solo_again));
     assert_exact(
         &w.verify(false),
         &produced,
