@@ -425,7 +425,7 @@ pub(crate) fn wait_until<T, E: Into<NotYet>>(
         match last_log {
             None => {
                 tracing::info!(
-                    "waiting for {what} (up to {} s): {reason}",
+                    "waiting for {what} (up to {} s): {reason}; {hint}",
                     deadline
                         .saturating_duration_since(started)
                         .as_secs_f64()
@@ -754,9 +754,13 @@ impl rdkafka::client::ClientContext for QuietContext {
 /// error, not an authentication error), but logged at ERROR and sent to
 /// the error callback; `onceflow verify`'s short-lived readers met it on
 /// every run against a SASL_SSL broker (also confluent-kafka-python#1780).
-/// Wrong credentials say "Authentication failed" instead.
+/// Wrong credentials say "Authentication failed" instead. The cut comes in
+/// either step of the handshake: the mechanism handshake or the
+/// authentication that follows it.
 fn is_sasl_handshake_cut(text: &str) -> bool {
     text.contains("SaslAuthenticateRequest failed: Local: Broker transport failure")
+        || (text.contains("mechanism handshake failed")
+            && text.contains("Local: Broker transport failure"))
 }
 
 /// Whether an error only says that a consumer reached a partition's end:
@@ -870,6 +874,10 @@ mod tests {
         assert!(is_sasl_handshake_cut(
             "GroupCoordinator: SASL authentication error: SaslAuthenticateRequest failed: \
              Local: Broker transport failure (after 0ms in state DOWN)"
+        ));
+        assert!(is_sasl_handshake_cut(
+            "GroupCoordinator: SASL SCRAM-SHA-512 mechanism handshake failed: \
+             Local: Broker transport failure: broker's supported mechanisms: SCRAM-SHA-512"
         ));
         assert!(!is_sasl_handshake_cut(
             "sasl_ssl://127.0.0.1:9093/1: SASL authentication error: Authentication failed \

@@ -10,7 +10,9 @@
 //! with `key_base64` / `value_base64` in place of `key` / `value` for binary
 //! data; `key`/`value` may be `null`. Output, one line per record emitted,
 //! in emit order: `{"topic", "key", "value"}` (`key_base64`/`value_base64`
-//! when not UTF-8), plus `"error"` on dead letters.
+//! when not UTF-8), `"headers"` when the record has any (as in the input; a
+//! repeated header shows its last value), plus `"error"` on dead letters,
+//! whose other `onceflow.error.*` headers (the source's position) are left out.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -203,6 +205,8 @@ struct OutputLine<'a> {
     key: BytesField<'a>,
     #[serde(flatten)]
     value: BytesField<'a>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    headers: BTreeMap<&'a str, std::borrow::Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
@@ -245,6 +249,12 @@ pub fn write_output(
     } else {
         None
     };
+    let headers = record
+        .headers
+        .iter()
+        .filter(|h| error.is_none() || !h.key.starts_with(dead_letter_headers::PREFIX))
+        .map(|h| (h.key.as_str(), String::from_utf8_lossy(&h.value)))
+        .collect();
     let line = OutputLine {
         topic: &record.topic,
         key: BytesField {
@@ -255,6 +265,7 @@ pub fn write_output(
             name: "value",
             bytes: record.value.as_deref(),
         },
+        headers,
         error,
     };
     serde_json::to_writer(&mut *out, &line)?;
@@ -507,10 +518,35 @@ mod tests {
             timestamp: None,
         };
         write_output(&mut buf, &none, Some("dlq")).unwrap();
+        // Headers show (before: never), the host's dead-letter position
+        // headers do not; the guest's own on a dead letter do.
+        let with_headers = OutputRecord {
+            topic: "t".into(),
+            key: None,
+            value: None,
+            headers: vec![Header {
+                key: "trace".into(),
+                value: b"abc".to_vec(),
+            }],
+            timestamp: None,
+        };
+        write_output(&mut buf, &with_headers, None).unwrap();
+        let mut dead = none.clone();
+        dead.headers.push(Header {
+            key: dead_letter_headers::OFFSET.into(),
+            value: b"7".to_vec(),
+        });
+        dead.headers.push(Header {
+            key: "trace".into(),
+            value: b"abc".to_vec(),
+        });
+        write_output(&mut buf, &dead, Some("dlq")).unwrap();
         assert_eq!(
             String::from_utf8(buf).unwrap(),
             "{\"topic\":\"t\",\"key\":\"k\",\"value_base64\":\"/wA=\"}\n\
-             {\"topic\":\"dlq\",\"key\":null,\"value\":\"v\",\"error\":\"bad\"}\n"
+             {\"topic\":\"dlq\",\"key\":null,\"value\":\"v\",\"error\":\"bad\"}\n\
+             {\"topic\":\"t\",\"key\":null,\"value\":null,\"headers\":{\"trace\":\"abc\"}}\n\
+             {\"topic\":\"dlq\",\"key\":null,\"value\":\"v\",\"headers\":{\"trace\":\"abc\"},\"error\":\"bad\"}\n"
         );
     }
 }

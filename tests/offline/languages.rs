@@ -297,20 +297,19 @@ fn go_runtime_reaches_no_network_and_no_file() {
 }
 
 #[test]
-fn init_scaffolds_a_processor_that_builds_and_runs_in_every_language() {
+fn init_scaffolds_a_processor_in_every_language_and_a_rust_one_builds_anywhere() {
+    // Every language's scaffold is built, tested and deployed by the doc
+    // runner (docs/languages.md, scripts/doc-test); here: init itself, and
+    // a Rust project far from any checkout, which builds with the SDK
+    // init wrote into it (before: a path into the checkout the binary was
+    // built from).
     let dir = tempfile::tempdir().expect("temp dir");
-    let expected = [
-        r#"{"topic":"counts","key":"a","value":"1"}"#,
-        r#"{"topic":"counts","key":"b","value":"1"}"#,
-        r#"{"topic":"counts","key":"a","value":"2"}"#,
-        r#"{"topic":"events.dlq","key":null,"value":"no key: dead-lettered","error":"record has no key"}"#,
-    ];
     for language in ["rust", "js", "ts", "python", "go", "c"] {
         let project = dir.path().join(format!("{language}-counter"));
         let out = onceflow()
             .arg("init")
             .arg(&project)
-            .args(["--lang", language])
+            .args(["--lang", language, "--tenant", "acme"])
             .output()
             .expect("run onceflow init");
         assert!(
@@ -320,7 +319,9 @@ fn init_scaffolds_a_processor_that_builds_and_runs_in_every_language() {
         );
         let manifest = std::fs::read_to_string(project.join("onceflow.toml")).expect("manifest");
         assert!(
-            manifest.contains(&format!("language = \"{language}\"")),
+            manifest.contains(&format!("language = \"{language}\""))
+                && manifest.contains(r#"tenant = "acme""#)
+                && manifest.contains(r#"inputs = ["acme.events"]"#),
             "{manifest}"
         );
         // A second init into the same directory is refused.
@@ -334,24 +335,37 @@ fn init_scaffolds_a_processor_that_builds_and_runs_in_every_language() {
             !again.status.success(),
             "init {language} overwrote a project"
         );
-
-        let built = build_guest(project.join("onceflow.toml").to_str().expect("utf-8 path"));
-        let out = onceflow()
-            .arg("test")
-            .arg(&built)
-            .arg("--input")
-            .arg(project.join("sample.jsonl"))
-            .output()
-            .expect("run onceflow test");
-        assert!(
-            out.status.success(),
-            "test {language}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let lines: Vec<&str> = stdout.lines().collect();
-        assert_eq!(lines, expected, "{language}");
     }
+    let project = dir.path().join("rust-counter");
+    let cargo = std::fs::read_to_string(project.join("Cargo.toml")).expect("Cargo.toml");
+    assert!(
+        !cargo.contains(&repo().display().to_string()),
+        "the scaffold points into the checkout: {cargo}"
+    );
+    let built = build_guest(project.join("onceflow.toml").to_str().expect("utf-8 path"));
+    let out = onceflow()
+        .arg("test")
+        .arg(&built)
+        .arg("--input")
+        .arg(project.join("sample.jsonl"))
+        .output()
+        .expect("run onceflow test");
+    assert!(
+        out.status.success(),
+        "test: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            r#"{"topic":"acme.counts","key":"a","value":"1"}"#,
+            r#"{"topic":"acme.counts","key":"b","value":"1"}"#,
+            r#"{"topic":"acme.counts","key":"a","value":"2"}"#,
+            r#"{"topic":"acme.events.dlq","key":null,"value":"no key: dead-lettered","error":"record has no key"}"#,
+        ]
+    );
 }
 
 #[test]

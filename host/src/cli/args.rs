@@ -47,6 +47,13 @@ pub enum Command {
         /// The processor's name (default: the directory's).
         #[arg(long)]
         name: Option<String>,
+        /// The tenant it deploys under (its topics are under the tenant's
+        /// prefix).
+        #[arg(long, default_value = "demo")]
+        tenant: String,
+        /// The tenant's topic prefix, if not `<tenant>.`.
+        #[arg(long)]
+        topic_prefix: Option<String>,
     },
     /// Build a processor's component from source (per its onceflow.toml).
     Build {
@@ -224,6 +231,11 @@ pub struct KafkaArgs {
     /// Kafka bootstrap servers (host:port,...).
     #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
     pub bootstrap_servers: String,
+    /// How long to wait at start for the brokers (and a host's control
+    /// topics), in s: what is awaited is said after the first failed try
+    /// and every 10 s; then exit with an error naming it.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub kafka_wait_secs: u64,
     /// Local state directory (RocksDB per task); one per instance.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
@@ -445,10 +457,6 @@ pub struct HostArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, env = "ONCEFLOW_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
-    /// How long to wait at start for the brokers and the control topics
-    /// (s), logging what is awaited; then exit with an error.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub kafka_wait_secs: u64,
     /// How long an uploaded component that no deployment runs is kept (s):
     /// then any host may collect it (and it stops counting against its
     /// tenant's `artifact-mb`). Every host should be given the same value.
@@ -475,6 +483,7 @@ mod tests {
     fn args(state_dir: &std::path::Path) -> KafkaArgs {
         KafkaArgs {
             bootstrap_servers: "127.0.0.1:9".into(),
+            kafka_wait_secs: 60,
             state_dir: Some(state_dir.to_path_buf()),
             instance_id: None,
             session_timeout_ms: 10_000,

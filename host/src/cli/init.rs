@@ -6,7 +6,13 @@
 //!
 //! Every language uses its onceflow SDK layer (guest-sdk/), which
 //! `onceflow build` adds to the sources, so the processor is as short as in
-//! Rust.
+//! Rust. The Rust SDK is not on crates.io: `init` writes the copy this
+//! binary carries into the project (`onceflow-sdk/`, with the WIT), so the
+//! project builds wherever it is, with nothing else checked out.
+//!
+//! The scaffold belongs to a tenant (`--tenant`, default `demo`, the
+//! README's): its topics are under the tenant's prefix and its limits within
+//! the default quotas, so it deploys to a fleet as written.
 
 use std::path::{Path, PathBuf};
 
@@ -14,22 +20,51 @@ use anyhow::{Context as _, bail};
 
 use onceflow::manifest::Language;
 
+/// What `init` is asked for.
+#[derive(Debug, Clone)]
+pub struct Scaffold<'a> {
+    /// The language.
+    pub language: Language,
+    /// The processor's name (default: the directory's).
+    pub name: Option<&'a str>,
+    /// The tenant it deploys under.
+    pub tenant: &'a str,
+    /// The tenant's topic prefix (default `<tenant>.`).
+    pub topic_prefix: Option<&'a str>,
+}
+
 /// `onceflow init`: writes the scaffold and says what to do next.
-pub(super) fn cmd_init(
-    dir: &Path,
-    language: Language,
-    name: Option<&str>,
-) -> anyhow::Result<std::process::ExitCode> {
-    let written = init(dir, language, name)?;
+pub(super) fn cmd_init(dir: &Path, scaffold: &Scaffold) -> anyhow::Result<std::process::ExitCode> {
+    let written = init(dir, scaffold)?;
     for path in &written {
         println!("created {}", path.display());
     }
+    let prefix = topic_prefix(scaffold)?;
     println!(
-        "next: onceflow build {dir} && onceflow test {dir} --input {sample}",
+        "next: onceflow build {dir} && onceflow test {dir} --input {sample}\n\
+         deploy (tenant {tenant:?}): create the topics {prefix}events, {prefix}counts and \
+         {prefix}events.dlq, then `onceflow deploy {dir}`",
         dir = dir.display(),
-        sample = dir.join("sample.jsonl").display()
+        sample = dir.join("sample.jsonl").display(),
+        tenant = scaffold.tenant,
     );
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The topic prefix: given, or `<tenant>.`; checked as tenants.toml
+/// checks it.
+fn topic_prefix(scaffold: &Scaffold) -> anyhow::Result<String> {
+    onceflow::manifest::check_name(scaffold.tenant)
+        .map_err(|m| anyhow::anyhow!("--tenant: {m}"))?;
+    let own = format!("{}.", scaffold.tenant);
+    match scaffold.topic_prefix {
+        None => Ok(own),
+        Some(p) if p.starts_with(&own) => Ok(p.to_owned()),
+        Some(p) => bail!(
+            "--topic-prefix {p:?} must start with {own:?}: a tenant's topics start with its name \
+             and a dot (see the tenant's topic-prefix in tenants.toml)"
+        ),
+    }
 }
 
 /// `--lang`: a language as the manifest names it.
@@ -44,7 +79,7 @@ pub(super) fn parse_language(text: &str) -> Result<Language, String> {
 }
 
 /// The files `init` writes for `language`, as (relative path, contents).
-fn files(language: Language, name: &str) -> Vec<(String, String)> {
+fn files(language: Language, name: &str, tenant: &str, prefix: &str) -> Vec<(String, String)> {
     let (source, limits, extra): (&str, &str, Vec<(String, String)>) = match language {
         Language::Rust => (".", RUST_LIMITS, rust_files(name)),
         Language::Js => (
@@ -68,9 +103,10 @@ fn files(language: Language, name: &str) -> Vec<(String, String)> {
     let manifest = format!(
         r#"# Onceflow manifest (scaffolded by `onceflow init --lang {lang}`).
 # Build: onceflow build .        Try: onceflow test . --input sample.jsonl
+# Deploy: create the topics below, then onceflow deploy .
 name = "{name}"
-tenant = "demo"
-inputs = ["events"]                   # records keyed by what you count
+tenant = "{tenant}"                     # topics must start with its prefix, "{prefix}"
+inputs = ["{prefix}events"]                   # records keyed by what you count
 stores = ["counts"]                   # key -> count in decimal text
 
 [build]
@@ -79,7 +115,7 @@ source = "{source}"
 component = "target/onceflow/{name}.wasm"
 
 [outputs]            # alias = topic
-counts = "counts"                     # key = the record's key, value = its new count
+counts = "{prefix}counts"                     # key = the record's key, value = its new count
 
 [processing]
 guarantee = "exactly_once_v2"
@@ -87,16 +123,17 @@ commit-interval-ms = 100
 
 [errors]
 policy = "dead-letter"                # fail | skip | dead-letter
-dead-letter-topic = "events.dlq"
+dead-letter-topic = "{prefix}events.dlq"
 
-[limits]
+[limits]                              # within a tenant's default quotas
 {limits}timeout-ms = 5000
 "#,
         lang = language.name(),
     );
+    let sample = SAMPLE.replace("\"events\"", &format!("\"{prefix}events\""));
     let mut files = vec![
         ("onceflow.toml".to_owned(), manifest),
-        ("sample.jsonl".to_owned(), SAMPLE.to_owned()),
+        ("sample.jsonl".to_owned(), sample),
     ];
     files.extend(extra);
     files
@@ -104,8 +141,9 @@ dead-letter-topic = "events.dlq"
 
 /// Writes the scaffold into `dir` (created; it must not hold an
 /// onceflow.toml already) and returns the files written.
-pub fn init(dir: &Path, language: Language, name: Option<&str>) -> anyhow::Result<Vec<PathBuf>> {
-    let name = match name {
+pub fn init(dir: &Path, scaffold: &Scaffold) -> anyhow::Result<Vec<PathBuf>> {
+    let prefix = topic_prefix(scaffold)?;
+    let name = match scaffold.name {
         Some(name) => name.to_owned(),
         None => default_name(dir),
     };
@@ -128,7 +166,7 @@ pub fn init(dir: &Path, language: Language, name: Option<&str>) -> anyhow::Resul
         );
     }
     let mut written = Vec::new();
-    for (relative, contents) in files(language, &name) {
+    for (relative, contents) in files(scaffold.language, &name, scaffold.tenant, &prefix) {
         let path = dir.join(&relative);
         if path.exists() {
             bail!("{} exists: init does not overwrite files", path.display());
@@ -168,9 +206,11 @@ fn default_name(dir: &Path) -> String {
 }
 
 const RUST_LIMITS: &str = "memory-mb = 64\nfuel-per-record = 10000000\n";
-// Interpreters spend 15-60x the fuel of compiled code (docs/languages.md).
-const INTERPRETER_LIMITS_JS: &str = "memory-mb = 128\nfuel-per-record = 200000000\n";
-const INTERPRETER_LIMITS_PYTHON: &str = "memory-mb = 64\nfuel-per-record = 200000000\n";
+// Interpreters spend 15-75x the fuel of compiled code (docs/languages.md):
+// ~0.2-1 M on a small record. 50 M leaves room for large ones and is half
+// a tenant's default quota (100 M).
+const INTERPRETER_LIMITS_JS: &str = "memory-mb = 128\nfuel-per-record = 50000000\n";
+const INTERPRETER_LIMITS_PYTHON: &str = "memory-mb = 64\nfuel-per-record = 50000000\n";
 
 const SAMPLE: &str = r#"{"topic": "events", "key": "a", "value": "first"}
 {"topic": "events", "key": "b", "value": "second"}
@@ -178,15 +218,68 @@ const SAMPLE: &str = r#"{"topic": "events", "key": "a", "value": "first"}
 {"topic": "events", "value": "no key: dead-lettered"}
 "#;
 
+/// The Rust SDK this binary carries, as (path under `onceflow-sdk/`,
+/// contents); `lib.rs` finds the WIT in its own directory.
+const RUST_SDK: &[(&str, &str)] = &[
+    (
+        "src/context.rs",
+        include_str!("../../../guest-sdk/src/context.rs"),
+    ),
+    (
+        "src/error.rs",
+        include_str!("../../../guest-sdk/src/error.rs"),
+    ),
+    (
+        "src/export.rs",
+        include_str!("../../../guest-sdk/src/export.rs"),
+    ),
+    (
+        "src/host.rs",
+        include_str!("../../../guest-sdk/src/host.rs"),
+    ),
+    ("src/lib.rs", include_str!("../../../guest-sdk/src/lib.rs")),
+    ("src/log.rs", include_str!("../../../guest-sdk/src/log.rs")),
+    (
+        "src/record.rs",
+        include_str!("../../../guest-sdk/src/record.rs"),
+    ),
+    (
+        "src/testing.rs",
+        include_str!("../../../guest-sdk/src/testing.rs"),
+    ),
+    (
+        "wit/processor.wit",
+        include_str!("../../../wit/processor.wit"),
+    ),
+];
+
+/// The SDK's manifest outside the repository's workspace: the versions
+/// are the workspace's (a unit test keeps them equal).
+const RUST_SDK_MANIFEST: &str = r#"# The Onceflow Rust SDK, written by `onceflow init` (onceflow VERSION).
+# To take a newer SDK, replace this directory with the one a newer
+# `onceflow init --lang rust` writes.
+[package]
+name = "onceflow-sdk"
+description = "Write Onceflow stream processors in Rust, compiled to WebAssembly components."
+version = "VERSION"
+edition = "2024"
+license = "Apache-2.0"
+publish = false
+
+[features]
+default = ["json"]
+# `Record::value_json`, deserialising a record value with serde_json.
+json = ["dep:serde", "dep:serde_json"]
+
+[dependencies]
+wit-bindgen = "0.63"
+serde = { version = "1", features = ["derive"], optional = true }
+serde_json = { version = "1", optional = true }
+"#;
+
 fn rust_files(name: &str) -> Vec<(String, String)> {
-    // The SDK is not on crates.io: depend on the checkout this binary was
-    // built from.
-    let sdk = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(|repo| repo.join("guest-sdk"))
-        .unwrap_or_default();
     let crate_name = name.replace('-', "_");
-    vec![
+    let mut files = vec![
         (
             "Cargo.toml".into(),
             format!(
@@ -200,16 +293,30 @@ publish = false
 crate-type = ["cdylib"]
 
 [dependencies]
-onceflow-sdk = {{ path = "{sdk}" }}
+# The SDK is not on crates.io: `onceflow init` wrote a copy here.
+onceflow-sdk = {{ path = "onceflow-sdk" }}
 
 # A project of its own, not a member of an enclosing workspace.
 [workspace]
-"#,
-                sdk = sdk.display()
+"#
             ),
         ),
         ("src/lib.rs".into(), RUST.into()),
-    ]
+        (
+            "onceflow-sdk/Cargo.toml".into(),
+            RUST_SDK_MANIFEST.replace("VERSION", env!("CARGO_PKG_VERSION")),
+        ),
+    ];
+    for (path, contents) in RUST_SDK {
+        let contents = if *path == "src/lib.rs" {
+            // In the repository the WIT is beside the SDK; here, inside it.
+            contents.replace(r#"path: "../wit","#, r#"path: "wit","#)
+        } else {
+            (*contents).to_owned()
+        };
+        files.push((format!("onceflow-sdk/{path}"), contents));
+    }
+    files
 }
 
 const RUST: &str = r#"//! Counts records per key in the store `counts` and emits each new count.
@@ -354,14 +461,89 @@ mod tests {
     #[test]
     fn every_language_gets_a_manifest_naming_it_and_a_sample() {
         for language in Language::ALL {
-            let files = files(language, "demo");
+            let files = files(language, "demo", "acme", "acme.");
             let manifest = &files[0].1;
             assert!(
                 manifest.contains(&format!("language = \"{}\"", language.name())),
                 "{manifest}"
             );
-            assert!(files.iter().any(|(p, _)| p == "sample.jsonl"));
+            // Under the tenant's prefix, in the manifest and the sample.
+            let m = onceflow::manifest::Manifest::parse(manifest, PathBuf::from("onceflow.toml"))
+                .expect("the scaffold's manifest");
+            assert_eq!(m.tenant, "acme");
+            assert!(
+                m.inputs.iter().all(|t| t.starts_with("acme.")),
+                "{manifest}"
+            );
+            let (_, sample) = files
+                .iter()
+                .find(|(p, _)| p == "sample.jsonl")
+                .expect("sample");
+            assert!(sample.contains(r#""topic": "acme.events""#), "{sample}");
+            // Within the default quotas: deployable to a fleet as written.
+            let quotas = onceflow::fleet::tenancy::Quotas::default();
+            assert!(
+                m.limits.fuel_per_record <= quotas.fuel_per_record,
+                "{language:?}"
+            );
+            assert!(m.limits.memory_mb <= quotas.memory_mb, "{language:?}");
             assert!(files.len() >= 3, "{language:?}: a source file");
         }
+    }
+
+    #[test]
+    fn the_rust_sdk_travels_with_the_project() {
+        let files = rust_files("demo");
+        let get = |p: &str| &files.iter().find(|(path, _)| path == p).expect(p).1;
+        assert!(get("Cargo.toml").contains(r#"onceflow-sdk = { path = "onceflow-sdk" }"#));
+        assert!(get("onceflow-sdk/src/lib.rs").contains(r#"path: "wit","#));
+        assert!(!get("onceflow-sdk/src/lib.rs").contains("../wit"));
+        // The SDK's own modules, all of them.
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk/src");
+        for entry in std::fs::read_dir(&sdk).expect("guest-sdk/src") {
+            let name = entry.expect("entry").file_name();
+            let path = format!("onceflow-sdk/src/{}", name.to_string_lossy());
+            assert!(
+                files.iter().any(|(p, _)| *p == path),
+                "{path} is not vendored"
+            );
+        }
+        // The dependency versions are the workspace's.
+        let workspace: toml::Table =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml"))
+                .expect("Cargo.toml")
+                .parse()
+                .expect("toml");
+        let vendored: toml::Table = get("onceflow-sdk/Cargo.toml").parse().expect("toml");
+        let version = |t: &toml::Value| -> String {
+            t.as_str()
+                .map(str::to_owned)
+                .or_else(|| t.get("version").and_then(|v| v.as_str()).map(str::to_owned))
+                .expect("a version")
+        };
+        for dep in ["wit-bindgen", "serde", "serde_json"] {
+            assert_eq!(
+                version(&workspace["workspace"]["dependencies"][dep]),
+                version(&vendored["dependencies"][dep]),
+                "{dep}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_prefix_outside_the_tenant_is_refused() {
+        let s = Scaffold {
+            language: Language::Rust,
+            name: None,
+            tenant: "acme",
+            topic_prefix: Some("globex."),
+        };
+        let e = topic_prefix(&s).expect_err("refused").to_string();
+        assert!(e.contains("must start with \"acme.\""), "{e}");
+        let s = Scaffold {
+            topic_prefix: Some("acme.team-a."),
+            ..s
+        };
+        assert_eq!(topic_prefix(&s).expect("ok"), "acme.team-a.");
     }
 }

@@ -5,14 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use onceflow::admin::TlsFiles;
 use onceflow::fleet::TenantsFile;
 use onceflow::host::{self, HostConfig, HostError};
 use onceflow::kafka::Connection;
 use onceflow::sandbox::{Sandbox, SandboxConfig};
 use onceflow::stream::verify::{VerifyOptions, verify};
-use onceflow::task::processor_policy;
 use onceflow::types::error_chain;
 
 use super::args::{HostArgs, RunArgs, VerifyArgs, kafka_config};
@@ -49,7 +47,7 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
         tenants_file: Some(tenants_file),
         tls,
         run,
-        kafka_wait: Duration::from_secs(a.kafka_wait_secs),
+        kafka_wait: Duration::from_secs(a.kafka.kafka_wait_secs),
         artifact_grace: Duration::from_secs(a.artifact_grace_secs),
     };
     let running = host::start(config, shutdown).map_err(|e| match e {
@@ -71,11 +69,14 @@ pub fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let bytes = read_component(&component_path, Some(&manifest))?;
     let options = a.kafka.run_options()?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
-    let processor = sandbox
-        .load(&bytes, processor_policy(&manifest))
-        .with_context(|| format!("cannot load {}", component_path.display()))?;
+    let processor = super::local::load_processor(&sandbox, &bytes, &manifest, &component_path)?;
 
     let shutdown = on_signals()?;
+    // The brokers first: a wrong address is named within seconds.
+    onceflow::stream::wait_for_brokers(
+        &options.kafka,
+        Duration::from_secs(a.kafka.kafka_wait_secs),
+    )?;
     tracing::info!(
         instance = %options.instance_id,
         state_dir = %options.state_dir.display(),

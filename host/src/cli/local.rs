@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
+use onceflow::manifest::Manifest;
 use onceflow::offline::{self, OfflineRunner, RunError, RunOptions};
 use onceflow::sandbox::{self, Sandbox, SandboxConfig, SandboxError};
 use onceflow::task::processor_policy;
@@ -111,6 +112,33 @@ pub fn cmd_validate(target: &Path, output: OutputFormat) -> anyhow::Result<ExitC
 }
 
 /// `onceflow test`.
+/// Loads a component into the sandbox, saying so while it compiles (the
+/// first load of a component; an interpreter's takes half a minute).
+pub(super) fn load_processor(
+    sandbox: &Sandbox,
+    bytes: &[u8],
+    manifest: &Manifest,
+    component_path: &Path,
+) -> anyhow::Result<onceflow::sandbox::Processor> {
+    let load = || sandbox.load(bytes, processor_policy(manifest));
+    // Compiled code's components (tens of KiB) compile in well under a
+    // second; an interpreter's (10-20 MiB) in 10-30 s.
+    let loaded = if bytes.len() < 1 << 20 || sandbox.is_compiled(bytes) {
+        load()
+    } else {
+        super::progress::during(
+            false,
+            format!(
+                "compiling {} ({:.1} MiB) to native code, once per component (then cached)",
+                component_path.display(),
+                bytes.len() as f64 / (1 << 20) as f64
+            ),
+            load,
+        )
+    };
+    loaded.with_context(|| format!("cannot load {}", component_path.display()))
+}
+
 pub fn cmd_test(
     manifest_path: &Path,
     input: &Path,
@@ -134,9 +162,7 @@ pub fn cmd_test(
     .map_err(|e| usage(e.to_string()))?;
 
     let sandbox = Sandbox::new(SandboxConfig::default())?;
-    let processor = sandbox
-        .load(&bytes, processor_policy(&manifest))
-        .with_context(|| format!("cannot load {}", component_path.display()))?;
+    let processor = load_processor(&sandbox, &bytes, &manifest, &component_path)?;
     let mut runner = OfflineRunner::new(processor, &manifest);
     let dlq = manifest.errors.dead_letter_topic().map(str::to_owned);
     let stdout = std::io::stdout();

@@ -8,6 +8,7 @@
 //! | `init.rs` | `init` (scaffolds) |
 //! | `kafka.rs` | `run`, `verify`, `host` (on a cluster) |
 //! | `remote.rs` | `deploy`, `list`, `describe`, `logs`, `pause`, `resume`, `delete`, `query` (the admin API's client) |
+//! | `progress.rs` | a spinner for slow steps |
 //!
 //! Exit codes: 0 success; 1 the processor failed (a record under the `fail`
 //! policy) or the component was refused; 2 bad arguments, manifest or input;
@@ -22,6 +23,7 @@ mod args;
 mod init;
 mod kafka;
 mod local;
+mod progress;
 mod remote;
 
 pub use args::Cli;
@@ -49,7 +51,21 @@ pub fn usage(message: impl Into<String>) -> anyhow::Error {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Init { dir, lang, name } => init::cmd_init(&dir, lang, name.as_deref()),
+        Command::Init {
+            dir,
+            lang,
+            name,
+            tenant,
+            topic_prefix,
+        } => init::cmd_init(
+            &dir,
+            &init::Scaffold {
+                language: lang,
+                name: name.as_deref(),
+                tenant: &tenant,
+                topic_prefix: topic_prefix.as_deref(),
+            },
+        ),
         Command::Build { manifest } => local::cmd_build(&manifest),
         Command::Validate { target, output } => local::cmd_validate(&target, output),
         Command::Test {

@@ -263,14 +263,23 @@ pub fn deploy(
     );
     progress.finish_and_clear();
     let artifact = uploaded?.artifact;
-    let deployed: DeploymentSummary = remote.send(
-        remote
-            .client
-            .put(remote.url(&format!("/v1/deployments/{}", encode(&manifest.name))))
-            .json(&DeployRequest {
-                manifest: manifest_text,
-                artifact: artifact.clone(),
-            }),
+    let deployed: DeploymentSummary = super::progress::during(
+        remote.output == OutputFormat::Json,
+        format!(
+            "deploying {}: the host checks the component (compiling it, if new to it) and admits it",
+            manifest.name
+        ),
+        || {
+            remote.send(
+                remote
+                    .client
+                    .put(remote.url(&format!("/v1/deployments/{}", encode(&manifest.name))))
+                    .json(&DeployRequest {
+                        manifest: manifest_text,
+                        artifact: artifact.clone(),
+                    }),
+            )
+        },
     )?;
     match remote.output {
         OutputFormat::Json => print_json(&deployed)?,
@@ -424,6 +433,17 @@ pub fn logs(name: &str, follow: bool, tail: i64, args: &RemoteArgs) -> anyhow::R
             None => format!("{path}?tail={tail}"),
         };
         let v: LogLines = remote.get(&query)?;
+        if from.is_none() && v.lines.is_empty() && remote.output == OutputFormat::Text {
+            // Said on stderr: stdout stays the lines alone, for pipes.
+            eprintln!(
+                "{name} has logged nothing yet{}",
+                if follow {
+                    "; waiting for its lines (Ctrl-C to stop)"
+                } else {
+                    " (a processor logs with its SDK's log calls; --follow waits for lines)"
+                }
+            );
+        }
         for l in &v.lines {
             match remote.output {
                 OutputFormat::Json => println!("{}", serde_json::to_string(l)?),
@@ -468,10 +488,19 @@ pub fn set_running(name: &str, running: bool, args: &RemoteArgs) -> anyhow::Resu
 /// `onceflow delete [--purge-state]`.
 pub fn delete(name: &str, purge_state: bool, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
     let remote = Remote::new(args)?;
-    let v: Deleted = remote.send(remote.client.delete(remote.url(&format!(
-        "/v1/deployments/{}?purge_state={purge_state}",
-        encode(name)
-    ))))?;
+    let v: Deleted = super::progress::during(
+        // Only the purge waits (for every host to stop the deployment).
+        remote.output == OutputFormat::Json || !purge_state,
+        format!(
+            "deleting {name}: every host stops it at a commit boundary, then its state is purged"
+        ),
+        || {
+            remote.send(remote.client.delete(remote.url(&format!(
+                "/v1/deployments/{}?purge_state={purge_state}",
+                encode(name)
+            ))))
+        },
+    )?;
     match remote.output {
         OutputFormat::Json => print_json(&v)?,
         OutputFormat::Text if v.state_purged => {

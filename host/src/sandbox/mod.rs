@@ -226,6 +226,17 @@ impl Sandbox {
         })
     }
 
+    /// Whether loading `bytes` would find its compiled form in the cache
+    /// (a load that does not compiles: seconds for an interpreter's
+    /// component).
+    pub fn is_compiled(&self, bytes: &[u8]) -> bool {
+        self.inner.config.cache_dir.as_ref().is_some_and(|dir| {
+            dir.join("compiled")
+                .join(format!("{}.cwasm", self.cache_key(bytes)))
+                .exists()
+        })
+    }
+
     fn compile_cached(&self, bytes: &[u8]) -> Result<Component, SandboxError> {
         let engine = &self.inner.engine;
         let Some(dir) = &self.inner.config.cache_dir else {
