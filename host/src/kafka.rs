@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header as KHeader, Headers, Message, OwnedHeaders};
@@ -298,9 +297,9 @@ pub(crate) struct TopicSpec<'a> {
 }
 
 /// An admin client.
-pub(crate) fn admin(conn: &Connection) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
+pub(crate) fn admin(conn: &Connection) -> Result<AdminClient<QuietContext>, KafkaError> {
     conn.config()
-        .create()
+        .create_with_context(QuietContext::default())
         .map_err(|e| KafkaError::client("creating an admin client", e))
 }
 
@@ -348,9 +347,9 @@ pub(crate) fn topic_config(
 }
 
 /// A client for metadata calls only.
-pub(crate) fn metadata_client(conn: &Connection) -> Result<BaseConsumer, KafkaError> {
+pub(crate) fn metadata_client(conn: &Connection) -> Result<BaseConsumer<QuietContext>, KafkaError> {
     conn.config()
-        .create()
+        .create_with_context(QuietContext::default())
         .map_err(|e| KafkaError::client("creating a metadata client", e))
 }
 
@@ -731,21 +730,37 @@ impl rdkafka::client::ClientContext for QuietContext {
     }
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
-        match level {
-            _ if is_sasl_handshake_cut(message) => {
-                tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}")
-            }
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
-            L::Notice | L::Info => {
-                tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}")
-            }
-            L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
-        }
+        log(level, fac, message);
     }
+}
+
+/// librdkafka's log lines, as every client context of the host logs them:
+/// at their own level, except the ones that only say librdkafka is already
+/// retrying something that heals by itself (a healthy run prints no
+/// warning), which go to debug.
+pub(crate) fn log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+    use rdkafka::config::RDKafkaLogLevel as L;
+    match level {
+        _ if is_sasl_handshake_cut(message) || is_retried_pid(fac, message) => {
+            tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}")
+        }
+        L::Emerg | L::Alert | L::Critical | L::Error => {
+            tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
+        }
+        L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        L::Notice | L::Info => {
+            tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}")
+        }
+        L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
+    }
+}
+
+/// Whether librdkafka says it failed to get a producer id and is retrying:
+/// a cluster just started or a coordinator just moved answers "Not
+/// coordinator" or "Coordinator load in progress" for a moment. If it never
+/// heals, `init_transactions` times out, and that error is reported.
+fn is_retried_pid(fac: &str, message: &str) -> bool {
+    fac == "GETPID" && message.starts_with("Failed to acquire") && message.ends_with(": retrying")
 }
 
 /// Whether librdkafka reports a SASL handshake that its own disconnect cut
@@ -867,6 +882,25 @@ mod tests {
             assert!(is_fencing(&e), "{code:?} is fencing");
             assert!(!is_stale_generation(&e));
         }
+    }
+
+    #[test]
+    fn a_producer_id_librdkafka_retries_is_not_a_warning() {
+        assert!(is_retried_pid(
+            "GETPID",
+            "Failed to acquire transactional PID from broker TxnCoordinator/1: \
+             Broker: Not coordinator: retrying"
+        ));
+        assert!(is_retried_pid(
+            "GETPID",
+            "Failed to acquire idempotence PID from broker 127.0.0.1:19192/1: \
+             Broker: Coordinator load in progress: retrying"
+        ));
+        assert!(!is_retried_pid(
+            "GETPID",
+            "Failed to acquire transactional PID from broker TxnCoordinator/1: \
+             Broker: Transactional Id authorization failed"
+        ));
     }
 
     #[test]

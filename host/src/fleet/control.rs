@@ -35,7 +35,11 @@ pub(super) type Delivery = mpsc::SyncSender<Result<i64, ClientError>>;
 
 pub(super) struct PublishCtx;
 
-impl ClientContext for PublishCtx {}
+impl ClientContext for PublishCtx {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        kafka::log(level, fac, message);
+    }
+}
 
 impl ProducerContext for PublishCtx {
     type DeliveryOpaque = Box<Option<Delivery>>;

@@ -142,7 +142,7 @@ const TOPIC_APPEAR_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 /// A topic's partition count, `None` if it still does not exist after
 /// [`TOPIC_APPEAR_WAIT`].
 fn partition_count(
-    probe: &rdkafka::consumer::BaseConsumer,
+    probe: &rdkafka::consumer::BaseConsumer<kafka::QuietContext>,
     topic: &str,
 ) -> Result<Option<i32>, KafkaError> {
     let started = std::time::Instant::now();

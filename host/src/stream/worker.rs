@@ -126,6 +126,10 @@ impl ClientContext for ProducerCtx {
     fn error(&self, error: KafkaError, reason: &str) {
         self.errors.report("producer", &error, reason);
     }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::log(level, fac, message);
+    }
 }
 
 impl ProducerContext for ProducerCtx {
@@ -298,6 +302,10 @@ fn coordinator_lost_for(membership: &Membership, now: Instant) -> Option<Duratio
 impl ClientContext for WorkerContext {
     fn error(&self, error: KafkaError, reason: &str) {
         self.errors.report("consumer", &error, reason);
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::log(level, fac, message);
     }
 
     fn stats(&self, statistics: rdkafka::Statistics) {
