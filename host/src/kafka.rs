@@ -760,7 +760,7 @@ pub(crate) fn log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &
 /// coordinator" or "Coordinator load in progress" for a moment. If it never
 /// heals, `init_transactions` times out, and that error is reported.
 fn is_retried_pid(fac: &str, message: &str) -> bool {
-    fac == "GETPID" && message.starts_with("Failed to acquire") && message.ends_with(": retrying")
+    fac == "GETPID" && message.contains("Failed to acquire") && message.ends_with(": retrying")
 }
 
 /// Whether librdkafka reports a SASL handshake that its own disconnect cut
@@ -888,7 +888,7 @@ mod tests {
     fn a_producer_id_librdkafka_retries_is_not_a_warning() {
         assert!(is_retried_pid(
             "GETPID",
-            "Failed to acquire transactional PID from broker TxnCoordinator/1: \
+            "[thrd:main]: Failed to acquire transactional PID from broker TxnCoordinator/1: \
              Broker: Not coordinator: retrying"
         ));
         assert!(is_retried_pid(
