@@ -343,19 +343,9 @@ fn init_scaffolds_a_processor_in_every_language_and_a_rust_one_builds_anywhere()
         "the scaffold points into the checkout: {cargo}"
     );
     let built = build_guest(project.join("onceflow.toml").to_str().expect("utf-8 path"));
-    let out = onceflow()
-        .arg("test")
-        .arg(&built)
-        .arg("--input")
-        .arg(project.join("sample.jsonl"))
-        .output()
-        .expect("run onceflow test");
-    assert!(
-        out.status.success(),
-        "test: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The defaults of `onceflow test`.
+    let stdout = run_test(&built, &project.join("sample.jsonl"), "100", "1");
+    let stdout = String::from_utf8_lossy(&stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines,

@@ -111,7 +111,6 @@ pub fn cmd_validate(target: &Path, output: OutputFormat) -> anyhow::Result<ExitC
     })
 }
 
-/// `onceflow test`.
 /// Loads a component into the sandbox, saying so while it compiles (the
 /// first load of a component; an interpreter's takes half a minute).
 pub(super) fn load_processor(
@@ -139,6 +138,7 @@ pub(super) fn load_processor(
     loaded.with_context(|| format!("cannot load {}", component_path.display()))
 }
 
+/// `onceflow test`.
 pub fn cmd_test(
     manifest_path: &Path,
     input: &Path,

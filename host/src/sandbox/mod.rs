@@ -227,24 +227,26 @@ impl Sandbox {
     }
 
     /// Whether loading `bytes` would find its compiled form in the cache
-    /// (a load that does not compiles: seconds for an interpreter's
-    /// component).
+    /// (a load that compiles takes seconds for an interpreter's component).
     pub fn is_compiled(&self, bytes: &[u8]) -> bool {
-        self.inner.config.cache_dir.as_ref().is_some_and(|dir| {
+        self.cache_path(bytes).is_some_and(|path| path.exists())
+    }
+
+    /// Where the compiled form of `bytes` is cached (`None`: no cache).
+    fn cache_path(&self, bytes: &[u8]) -> Option<PathBuf> {
+        let dir = self.inner.config.cache_dir.as_ref()?;
+        Some(
             dir.join("compiled")
-                .join(format!("{}.cwasm", self.cache_key(bytes)))
-                .exists()
-        })
+                .join(format!("{}.cwasm", self.cache_key(bytes))),
+        )
     }
 
     fn compile_cached(&self, bytes: &[u8]) -> Result<Component, SandboxError> {
         let engine = &self.inner.engine;
-        let Some(dir) = &self.inner.config.cache_dir else {
+        let Some(path) = self.cache_path(bytes) else {
             return Component::new(engine, bytes)
                 .map_err(|e| SandboxError::Compile(format!("{e:#}")));
         };
-        let dir = dir.join("compiled");
-        let path = dir.join(format!("{}.cwasm", self.cache_key(bytes)));
         if path.exists() {
             // SAFETY: the file was written by `Component::serialize` of an
             // engine with the same compatibility hash (it is in the file
@@ -269,7 +271,7 @@ impl Sandbox {
         );
         // The cache is an optimisation: failing to write it costs a
         // recompile next time, never the load.
-        if let Err(e) = write_cache_entry(&dir, &path, &component) {
+        if let Err(e) = write_cache_entry(&path, &component) {
             tracing::warn!(path = %path.display(), "cannot cache the compiled component: {e}");
         }
         Ok(component)
@@ -306,12 +308,9 @@ impl Sandbox {
 /// Writes a compiled component to the cache: to a file unique to this
 /// writer, then renamed into place, so concurrent writers (threads or
 /// processes) never expose half a file.
-fn write_cache_entry(
-    dir: &std::path::Path,
-    path: &std::path::Path,
-    component: &Component,
-) -> Result<(), String> {
+fn write_cache_entry(path: &std::path::Path, component: &Component) -> Result<(), String> {
     static UNIQUE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = path.parent().ok_or("the cache path has no directory")?;
     let serialized = component.serialize().map_err(|e| format!("{e:#}"))?;
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let tmp = dir.join(format!(
