@@ -445,9 +445,11 @@ pub(crate) fn wait_until<T, E: Into<NotYet>>(
     }
 }
 
-/// Waits until a broker of the cluster answers, up to `deadline`; returns
+/// Waits until a broker of the cluster answers, up to `deadline`: after the
+/// first failed try (at most 5 s) it logs the address it waits for and what
+/// to check, again every 10 s, and the error at the end names both. Returns
 /// how many brokers the cluster has.
-pub(crate) fn wait_for_brokers(conn: &Connection, deadline: Instant) -> Result<usize, KafkaError> {
+pub fn wait_for_brokers(conn: &Connection, deadline: Instant) -> Result<usize, KafkaError> {
     let client = metadata_client(conn)?;
     wait_until(
         &format!("the Kafka brokers at {}", conn.bootstrap_servers),

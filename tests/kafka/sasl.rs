@@ -312,37 +312,27 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
     // A fleet host through SASL_SSL as `onceflow`, with the host ACLs of
     // docs/kafka-security.md: a deploy through it runs exactly once, and
     // `query` and `delete --purge-state` work under them.
-    for (principal, topics) in [
-        ("onceflow", "_onceflow."),
-        ("onceflow", "acme."),
-        ("bare", "acme."),
+    // As kafka-security.md grants them: the internal prefix's topics and
+    // groups, and the tenant's topics, groups and transactional ids (`bare`
+    // gets only the tenant's, and so is refused at start).
+    let internal: &[&str] = &["--topic", "_onceflow.", "--group", "_onceflow."];
+    let tenant: &[&str] = &[
+        "--topic",
+        "acme.",
+        "--group",
+        "acme.",
+        "--transactional-id",
+        "acme.",
+    ];
+    for (principal, resources) in [
+        ("onceflow", internal),
+        ("onceflow", tenant),
+        ("bare", tenant),
     ] {
-        grant(
-            cluster,
-            &[
-                "--allow-principal",
-                &format!("User:{principal}"),
-                "--operation",
-                "All",
-                "--topic",
-                topics,
-                "--group",
-                topics,
-            ],
-        );
-    }
-    for principal in ["onceflow", "bare"] {
-        grant(
-            cluster,
-            &[
-                "--allow-principal",
-                &format!("User:{principal}"),
-                "--operation",
-                "All",
-                "--transactional-id",
-                "acme.",
-            ],
-        );
+        let user = format!("User:{principal}");
+        let mut args = vec!["--allow-principal", &user, "--operation", "All"];
+        args.extend_from_slice(resources);
+        grant(cluster, &args);
     }
     let fleet = HostFleet::new();
     let host_settings = sasl_settings(&certs.ca, "onceflow");

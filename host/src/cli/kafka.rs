@@ -73,9 +73,9 @@ pub fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
 
     let shutdown = on_signals()?;
     // The brokers first: a wrong address is named within seconds.
-    onceflow::stream::wait_for_brokers(
+    onceflow::kafka::wait_for_brokers(
         &options.kafka,
-        Duration::from_secs(a.kafka.kafka_wait_secs),
+        std::time::Instant::now() + Duration::from_secs(a.kafka.kafka_wait_secs),
     )?;
     tracing::info!(
         instance = %options.instance_id,

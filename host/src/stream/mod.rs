@@ -115,14 +115,6 @@ pub struct RunOptions {
     pub cpu_budget: Option<std::sync::Arc<cpu::CpuBudget>>,
 }
 
-/// Waits until a broker of `conn` answers, for up to `within`: after the
-/// first failed try (at most 5 s) it logs the address it waits for and what
-/// to check, again every 10 s, and the error at the end names both.
-/// Returns how many brokers the cluster has.
-pub fn wait_for_brokers(conn: &Connection, within: Duration) -> Result<usize, KafkaError> {
-    crate::kafka::wait_for_brokers(conn, std::time::Instant::now() + within)
-}
-
 /// Kafka's default `delete.retention.ms` (one day), when a changelog's
 /// cannot be read.
 const DEFAULT_DELETE_RETENTION: Duration = Duration::from_secs(24 * 3600);
