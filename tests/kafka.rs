@@ -9,7 +9,9 @@
 //! then the control plane (on its own cluster), then the network-fault drill
 //! (three brokers behind a fault proxy; scripts/drill runs it alone, longer),
 //! then the hardening of the exactly-once path, item by item (issue 16),
-//! then SASL_SSL to the brokers (one node of its own with ACLs enforced).
+//! then SASL_SSL to the brokers (one node of its own with ACLs enforced),
+//! then windows and stream time (the pageviews example against a model and
+//! against Kafka Streams).
 
 mod common;
 
@@ -25,3 +27,5 @@ mod d_drill;
 mod e_hardening;
 #[path = "kafka/sasl.rs"]
 mod f_sasl;
+#[path = "kafka/windows.rs"]
+mod g_windows;

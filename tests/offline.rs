@@ -11,3 +11,5 @@ mod examples;
 mod languages;
 #[path = "offline/sandbox.rs"]
 mod sandbox;
+#[path = "offline/time.rs"]
+mod time;

@@ -8,6 +8,7 @@ use crate::error::{Error, ErrorKind};
 use crate::host::Host;
 use crate::log::Level;
 use crate::record::{Config, Record};
+use crate::windows::WindowStore;
 
 /// How many entries a scan asks the host for at a time.
 pub const DEFAULT_SCAN_PAGE: u32 = 256;
@@ -22,6 +23,8 @@ pub struct Context<'a> {
     config: &'a Config,
     seed: u64,
     draws: u64,
+    /// The record's index in its batch (`None` in `punctuate`).
+    index: Option<u32>,
 }
 
 impl<'a> Context<'a> {
@@ -31,6 +34,57 @@ impl<'a> Context<'a> {
             config,
             seed: record_seed(record),
             draws: 0,
+            index: Some(0),
+        }
+    }
+
+    /// The context of record `index` of the batch.
+    pub(crate) fn at(mut self, index: u32) -> Self {
+        self.index = Some(index);
+        self
+    }
+
+    /// The context of a punctuation at `stream_time`: random numbers are
+    /// seeded from it.
+    pub(crate) fn for_punctuation(
+        host: &'a dyn Host,
+        config: &'a Config,
+        stream_time: i64,
+    ) -> Self {
+        Self {
+            host,
+            config,
+            seed: splitmix64(stream_time as u64),
+            draws: 0,
+            index: None,
+        }
+    }
+
+    /// The window store called `name`, which must be declared under
+    /// `[window-stores]` in `onceflow.toml`. See [`WindowStore`].
+    pub fn window_store<'s>(&self, name: &'s str) -> WindowStore<'s>
+    where
+        'a: 's,
+    {
+        WindowStore::new(self.host, name)
+    }
+
+    /// The task's stream time: the largest record timestamp the task has
+    /// seen, counting this record (in [`crate::Processor::punctuate`], the
+    /// time it was called for). `None` before the task's first record with
+    /// a timestamp.
+    pub fn stream_time(&self) -> Option<i64> {
+        self.host.stream_time()
+    }
+
+    /// Reports this record as late: its window had closed. Leave no other
+    /// mark for it (write nothing, emit nothing) and return `Ok`; the host
+    /// then counts and drops it, or hands it to the error policy with
+    /// `message` as the reason, as the manifest's `[time] late-records`
+    /// says. Outside `process` it does nothing.
+    pub fn report_late(&self, message: impl AsRef<str>) {
+        if let Some(index) = self.index {
+            self.host.late_record(index, message.as_ref());
         }
     }
 

@@ -33,6 +33,10 @@ pub enum ErrorKind {
     UnknownAlias,
     /// A key, value or record is larger than the host accepts.
     TooLarge,
+    /// A table was written (tables are read-only), or a store was used as
+    /// the other kind (a window store through [`crate::Store`], a key-value
+    /// store through [`crate::WindowStore`]).
+    WrongStore,
 }
 
 impl Error {
@@ -83,6 +87,19 @@ impl From<StateError> for Error {
             StateError::TooLarge(limit) => Self::with_kind(
                 ErrorKind::TooLarge,
                 format!("state key or value too large: the host accepts at most {limit} bytes"),
+            ),
+            StateError::ReadOnly(store) => Self::with_kind(
+                ErrorKind::WrongStore,
+                format!(
+                    "\"{store}\" is a table: the host writes it from its topic, a processor only reads it"
+                ),
+            ),
+            StateError::WrongKind(store) => Self::with_kind(
+                ErrorKind::WrongStore,
+                format!(
+                    "\"{store}\" is of the other kind: use ctx.window_store for a store under \
+                     window-stores in onceflow.toml, ctx.store for one under stores"
+                ),
             ),
         }
     }

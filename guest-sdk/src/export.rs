@@ -49,7 +49,7 @@ impl<P: Processor> Guest for Export<P> {
             let index = u32::try_from(index).unwrap_or(u32::MAX);
             context::begin_record(index);
             let record = Record::from(record);
-            let mut ctx = Context::new(&WasmHost, config, &record);
+            let mut ctx = Context::new(&WasmHost, config, &record).at(index);
             if let Err(error) = P::process(&mut ctx, &record) {
                 return Err(wit::ProcessError {
                     record_index: Some(index),
@@ -60,8 +60,14 @@ impl<P: Processor> Guest for Export<P> {
         Ok(())
     }
 
-    fn punctuate(_stream_time: i64) -> Result<(), wit::ProcessError> {
-        Ok(())
+    fn punctuate(stream_time: i64) -> Result<(), wit::ProcessError> {
+        install_panic_hook();
+        let config = CONFIG.get().unwrap_or(&NO_CONFIG);
+        let mut ctx = Context::for_punctuation(&WasmHost, config, stream_time);
+        P::punctuate(&mut ctx, stream_time).map_err(|error| wit::ProcessError {
+            record_index: None,
+            message: error.to_string(),
+        })
     }
 }
 

@@ -3,8 +3,10 @@
 //!
 //! [`TestHost`]: crate::testing::TestHost
 
-use crate::bindings::onceflow::processor::types::{Entry, Header, OutputError, StateError};
-use crate::bindings::onceflow::processor::{log as wit_log, output, state};
+use crate::bindings::onceflow::processor::types::{
+    Entry, Header, OutputError, StateError, WindowEntry, WindowKey,
+};
+use crate::bindings::onceflow::processor::{context, log as wit_log, output, state, windows};
 use crate::log::Level;
 
 /// What a [`Context`](crate::Context) needs from its host: one method per
@@ -35,6 +37,37 @@ pub(crate) trait Host {
         headers: &[(&str, &[u8])],
     ) -> Result<(), OutputError>;
     fn log(&self, level: Level, message: &str);
+    fn window_put(
+        &self,
+        store: &str,
+        key: &[u8],
+        start: i64,
+        value: &[u8],
+    ) -> Result<(), StateError>;
+    fn window_get(
+        &self,
+        store: &str,
+        key: &[u8],
+        start: i64,
+    ) -> Result<Option<Vec<u8>>, StateError>;
+    fn window_delete(&self, store: &str, key: &[u8], start: i64) -> Result<(), StateError>;
+    fn window_fetch(
+        &self,
+        store: &str,
+        key: &[u8],
+        earliest: i64,
+        latest: i64,
+    ) -> Result<Vec<WindowEntry>, StateError>;
+    fn window_fetch_all(
+        &self,
+        store: &str,
+        earliest: i64,
+        latest: i64,
+        after: Option<&WindowKey>,
+        limit: u32,
+    ) -> Result<Vec<WindowEntry>, StateError>;
+    fn stream_time(&self) -> Option<i64>;
+    fn late_record(&self, index: u32, message: &str);
 }
 
 /// The Onceflow host, reached through the component's imports.
@@ -95,6 +128,58 @@ impl Host for WasmHost {
 
     fn log(&self, level: Level, message: &str) {
         write_log(level, message);
+    }
+
+    fn window_put(
+        &self,
+        store: &str,
+        key: &[u8],
+        start: i64,
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        windows::put(store, key, start, value)
+    }
+
+    fn window_get(
+        &self,
+        store: &str,
+        key: &[u8],
+        start: i64,
+    ) -> Result<Option<Vec<u8>>, StateError> {
+        windows::get(store, key, start)
+    }
+
+    fn window_delete(&self, store: &str, key: &[u8], start: i64) -> Result<(), StateError> {
+        windows::delete(store, key, start)
+    }
+
+    fn window_fetch(
+        &self,
+        store: &str,
+        key: &[u8],
+        earliest: i64,
+        latest: i64,
+    ) -> Result<Vec<WindowEntry>, StateError> {
+        windows::fetch(store, key, earliest, latest)
+    }
+
+    fn window_fetch_all(
+        &self,
+        store: &str,
+        earliest: i64,
+        latest: i64,
+        after: Option<&WindowKey>,
+        limit: u32,
+    ) -> Result<Vec<WindowEntry>, StateError> {
+        windows::fetch_all(store, earliest, latest, after, limit)
+    }
+
+    fn stream_time(&self) -> Option<i64> {
+        context::stream_time()
+    }
+
+    fn late_record(&self, index: u32, message: &str) {
+        context::late_record(index, message);
     }
 }
 

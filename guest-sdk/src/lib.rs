@@ -105,6 +105,13 @@
 //! - **Initialisation.** [`Processor::init`] runs once per instance, before
 //!   the first batch, with the manifest's `[config]` table. An error stops
 //!   the deployment.
+//! - **Time and windows.** Stream time ([`Context::stream_time`]) is the
+//!   largest record timestamp the task has seen. Window stores
+//!   ([`Context::window_store`] → [`WindowStore`]) keep a value per key and
+//!   window; [`TimeWindows`] assigns records to tumbling or hopping windows
+//!   with a grace period; [`schedule_punctuation`] in `init` makes the host
+//!   call [`Processor::punctuate`] as stream time passes, where closed
+//!   windows are emitted. See [`windows`].
 //!
 //! # Testing natively
 //!
@@ -124,11 +131,13 @@ mod host;
 pub mod log;
 mod record;
 pub mod testing;
+pub mod windows;
 
 pub use context::{Context, DEFAULT_SCAN_PAGE, Scan, Store};
 pub use error::{Error, ErrorKind};
 pub use log::Level;
 pub use record::{Config, Record};
+pub use windows::{TimeWindows, Window, WindowScan, WindowStore, schedule_punctuation};
 
 /// The bindings wit-bindgen generates for the `processor` world. Used by
 /// [`export_processor!`]; not part of the SDK's stable API.
@@ -173,6 +182,16 @@ pub trait Processor {
     /// Returning an error discards the record's state writes and outputs and
     /// hands the record to the deployment's error policy.
     fn process(ctx: &mut Context, record: &Record) -> Result<(), Error>;
+
+    /// Called when the task's stream time reaches a point scheduled with
+    /// [`schedule_punctuation`] (from `init`), right after the record that
+    /// carried it there and in the same transaction. Emit closed windows
+    /// here (see [`TimeWindows::take_closed`]). An error stops the
+    /// deployment: no record is to blame. The default does nothing.
+    fn punctuate(ctx: &mut Context, stream_time: i64) -> Result<(), Error> {
+        let _ = (ctx, stream_time);
+        Ok(())
+    }
 }
 
 /// Exports a [`Processor`] as the component's `init`, `process` and
@@ -195,7 +214,7 @@ pub trait Processor {
 ///
 /// The exports exist only when compiling for WebAssembly; natively the macro
 /// only checks that the type implements [`Processor`], so the crate's unit
-/// tests build. `punctuate` is exported as a no-op, as the WIT asks.
+/// tests build.
 #[macro_export]
 macro_rules! export_processor {
     ($processor:ty) => {

@@ -30,11 +30,13 @@
 //! assert_eq!(host.emitted().len(), 1);
 //! ```
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::Processor;
-use crate::bindings::onceflow::processor::types::{Entry, OutputError, StateError};
+use crate::bindings::onceflow::processor::types::{
+    Entry, OutputError, StateError, WindowEntry, WindowKey,
+};
 use crate::context::Context;
 use crate::error::Error;
 use crate::host::Host;
@@ -42,6 +44,17 @@ use crate::log::Level;
 use crate::record::{Config, Record};
 
 type Stores = BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>;
+type WindowStores = BTreeMap<String, BTreeMap<(Vec<u8>, i64), Vec<u8>>>;
+
+thread_local! {
+    /// What `schedule_punctuation` asked for natively, for `TestHost::init`.
+    static SCHEDULED: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// `schedule_punctuation` outside WebAssembly.
+pub(crate) fn scheduled(ms: u64) {
+    SCHEDULED.with(|s| s.set((ms > 0).then_some(ms)));
+}
 
 /// A record emitted by a processor under test.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +83,10 @@ pub struct TestHost {
     declared_stores: BTreeSet<String>,
     declared_outputs: BTreeSet<String>,
     config: Config,
+    windows: RefCell<WindowStores>,
+    stream_time: Cell<Option<i64>>,
+    punctuate_every: Cell<Option<u64>>,
+    late: RefCell<Vec<String>>,
 }
 
 impl TestHost {
@@ -119,26 +136,94 @@ impl TestHost {
         self
     }
 
-    /// Calls `P::init` with the configuration.
+    /// Calls `P::init` with the configuration, and keeps the punctuation
+    /// schedule it asks for.
     pub fn init<P: Processor>(&self) -> Result<(), Error> {
-        P::init(&self.config)
+        SCHEDULED.with(|s| s.set(None));
+        let result = P::init(&self.config);
+        self.punctuate_every.set(SCHEDULED.with(Cell::take));
+        result
     }
 
-    /// Calls `P::process` on `record`. When it fails, the state writes and
-    /// emitted records of this call are discarded, as the real host does;
-    /// log lines are kept.
+    /// Calls `P::process` on `record`, after counting its timestamp in the
+    /// stream time; then, if `init` scheduled punctuation and stream time
+    /// reached a scheduled point, `P::punctuate`, as the host does. When
+    /// processing fails, the state writes and emitted records of this call
+    /// are discarded, as the real host does; log lines are kept. (Windows
+    /// never expire here: the host's retention is not modelled.)
     pub fn process<P: Processor>(&mut self, record: &Record) -> Result<(), Error> {
         let stores = self.stores.borrow().clone();
+        let windows = self.windows.borrow().clone();
         let emitted = self.emitted.borrow().len();
+        let before = self.stream_time.get();
+        if record.timestamp >= 0 && before.is_none_or(|t| record.timestamp > t) {
+            self.stream_time.set(Some(record.timestamp));
+        }
         let result = {
             let mut ctx = Context::new(&*self, &self.config, record);
             P::process(&mut ctx, record)
         };
         if result.is_err() {
             *self.stores.get_mut() = stores;
+            *self.windows.get_mut() = windows;
+            self.emitted.get_mut().truncate(emitted);
+            return result;
+        }
+        let (Some(every), Some(now)) = (self.punctuate_every.get(), self.stream_time.get()) else {
+            return result;
+        };
+        let every = every.min(i64::MAX as u64) as i64;
+        let due = before.is_none_or(|b| now >= (b.div_euclid(every) + 1).saturating_mul(every));
+        if due {
+            self.punctuate::<P>(now)
+        } else {
+            result
+        }
+    }
+
+    /// Calls `P::punctuate` for stream time `now`, with the same rollback
+    /// on failure as [`TestHost::process`].
+    pub fn punctuate<P: Processor>(&mut self, now: i64) -> Result<(), Error> {
+        let stores = self.stores.borrow().clone();
+        let windows = self.windows.borrow().clone();
+        let emitted = self.emitted.borrow().len();
+        let result = {
+            let mut ctx = Context::for_punctuation(&*self, &self.config, now);
+            P::punctuate(&mut ctx, now)
+        };
+        if result.is_err() {
+            *self.stores.get_mut() = stores;
+            *self.windows.get_mut() = windows;
             self.emitted.get_mut().truncate(emitted);
         }
         result
+    }
+
+    /// The stream time: the largest record timestamp processed so far.
+    pub fn stream_time(&self) -> Option<i64> {
+        self.stream_time.get()
+    }
+
+    /// The messages of the records reported late, in order.
+    pub fn late_records(&self) -> Vec<String> {
+        self.late.borrow().clone()
+    }
+
+    /// The windows of window store `store`, in (key, start) order.
+    pub fn windows(&self, store: &str) -> Vec<crate::Window> {
+        self.windows
+            .borrow()
+            .get(store)
+            .map(|ws| {
+                ws.iter()
+                    .map(|((key, start), value)| crate::Window {
+                        key: key.clone(),
+                        start: *start,
+                        value: value.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Makes a [`Context`] for `record`, to test helper functions that take
@@ -278,6 +363,91 @@ impl Host for TestHost {
 
     fn log(&self, level: Level, message: &str) {
         self.logs.borrow_mut().push((level, message.to_owned()));
+    }
+
+    fn window_put(
+        &self,
+        store: &str,
+        key: &[u8],
+        start: i64,
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        self.windows
+            .borrow_mut()
+            .entry(store.to_owned())
+            .or_default()
+            .insert((key.to_vec(), start), value.to_vec());
+        Ok(())
+    }
+
+    fn window_get(
+        &self,
+        store: &str,
+        key: &[u8],
+        start: i64,
+    ) -> Result<Option<Vec<u8>>, StateError> {
+        Ok(self
+            .windows
+            .borrow()
+            .get(store)
+            .and_then(|ws| ws.get(&(key.to_vec(), start)))
+            .cloned())
+    }
+
+    fn window_delete(&self, store: &str, key: &[u8], start: i64) -> Result<(), StateError> {
+        if let Some(ws) = self.windows.borrow_mut().get_mut(store) {
+            ws.remove(&(key.to_vec(), start));
+        }
+        Ok(())
+    }
+
+    fn window_fetch(
+        &self,
+        store: &str,
+        key: &[u8],
+        earliest: i64,
+        latest: i64,
+    ) -> Result<Vec<WindowEntry>, StateError> {
+        Ok(self
+            .windows(store)
+            .into_iter()
+            .filter(|w| w.key == key && (earliest..=latest).contains(&w.start))
+            .map(|w| WindowEntry {
+                key: w.key,
+                start: w.start,
+                value: w.value,
+            })
+            .collect())
+    }
+
+    fn window_fetch_all(
+        &self,
+        store: &str,
+        earliest: i64,
+        latest: i64,
+        after: Option<&WindowKey>,
+        limit: u32,
+    ) -> Result<Vec<WindowEntry>, StateError> {
+        Ok(self
+            .windows(store)
+            .into_iter()
+            .filter(|w| (earliest..=latest).contains(&w.start))
+            .filter(|w| after.is_none_or(|a| (&w.key, w.start) > (&a.key, a.start)))
+            .take(limit as usize)
+            .map(|w| WindowEntry {
+                key: w.key,
+                start: w.start,
+                value: w.value,
+            })
+            .collect())
+    }
+
+    fn stream_time(&self) -> Option<i64> {
+        self.stream_time.get()
+    }
+
+    fn late_record(&self, _index: u32, message: &str) {
+        self.late.borrow_mut().push(message.to_owned());
     }
 }
 

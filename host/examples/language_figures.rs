@@ -120,10 +120,10 @@ fn main() -> anyhow::Result<()> {
         let mut effects: Box<dyn onceflow::types::Effects> = Box::<Memory>::default();
         let (warmup, measured) = payments.split_at(100);
         guest
-            .process(warmup, &mut effects)
+            .process(warmup, &vec![None; warmup.len()], &mut effects)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         guest
-            .process(measured, &mut effects)
+            .process(measured, &vec![None; measured.len()], &mut effects)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let budget = manifest.limits.fuel_per_record * measured.len() as u64;
         let fuel_per_payment =

@@ -211,6 +211,46 @@ struct ErrorsSection {
     dead_letter_topic: Option<String>,
 }
 
+/// `[window-stores.NAME]`: a window store.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct WindowStoreSection {
+    /// How long a window is kept, in ms of stream time from its start: a
+    /// window whose start is at or before `stream time - retention-ms` has
+    /// expired. Default 1 day, as Kafka Streams' window stores. Make it at
+    /// least window size + grace, plus the punctuation interval when closed
+    /// windows are emitted from `punctuate` (so none expires before the
+    /// punctuation that emits it).
+    #[serde(default = "default_retention_ms")]
+    pub retention_ms: u64,
+}
+
+fn default_retention_ms() -> u64 {
+    24 * 3600 * 1000
+}
+
+/// What the host does with a record the processor reports late
+/// (`context.late-record`): `[time] late-records`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LateRecords {
+    /// Count it (`onceflow_late_records_total`) and drop it, as Kafka
+    /// Streams does.
+    #[default]
+    Drop,
+    /// Hand it to `[errors]`' policy (a dead letter, say).
+    ErrorPolicy,
+}
+
+/// `[time]`.
+#[derive(Debug, Clone, Copy, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TimeSection {
+    /// Late records: `drop` (default) or `error-policy`.
+    #[serde(default)]
+    pub late_records: LateRecords,
+}
+
 /// `[limits]`: what one instance of the processor may use.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -275,6 +315,8 @@ struct RawManifest {
     inputs: Vec<String>,
     #[serde(default)]
     stores: Vec<String>,
+    #[serde(default)]
+    window_stores: BTreeMap<String, WindowStoreSection>,
     build: BuildSection,
     #[serde(default)]
     outputs: BTreeMap<String, String>,
@@ -284,6 +326,8 @@ struct RawManifest {
     errors: ErrorsSection,
     #[serde(default)]
     limits: Limits,
+    #[serde(default)]
+    time: TimeSection,
     #[serde(default)]
     config: BTreeMap<String, toml::Value>,
 }
@@ -301,8 +345,13 @@ pub struct Manifest {
     pub description: Option<String>,
     /// Input topics (a task reads the same partition of each).
     pub inputs: Vec<String>,
-    /// State store names.
+    /// Every state store's name: the key-value stores of `stores`, then the
+    /// window stores (each has a changelog and a RocksDB column family).
     pub stores: Vec<String>,
+    /// The window stores among `stores`, with their settings.
+    pub window_stores: Vec<(String, WindowStoreSection)>,
+    /// `[time]`.
+    pub time: TimeSection,
     /// Build instructions.
     pub build: BuildSection,
     /// Output alias -> topic.
@@ -377,6 +426,25 @@ impl Manifest {
                 return Err(invalid(
                     "stores",
                     format!("store {store:?} is listed twice"),
+                ));
+            }
+        }
+        for (store, w) in &raw.window_stores {
+            let key = format!("window-stores.{store}");
+            check_store_name(store).map_err(|m| invalid(&key, m))?;
+            if !seen.insert(store) {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "{store:?} is also listed under `stores`: a store is one kind or the other"
+                    ),
+                ));
+            }
+            if w.retention_ms == 0 {
+                return Err(invalid(
+                    &format!("{key}.retention-ms"),
+                    "0 would expire every window at once: give at least the window size plus its grace"
+                        .to_owned(),
                 ));
             }
         }
@@ -474,7 +542,13 @@ impl Manifest {
             tenant: raw.tenant,
             description: raw.description,
             inputs: raw.inputs,
-            stores: raw.stores,
+            stores: raw
+                .stores
+                .into_iter()
+                .chain(raw.window_stores.keys().cloned())
+                .collect(),
+            window_stores: raw.window_stores.into_iter().collect(),
+            time: raw.time,
             build: raw.build,
             outputs: raw.outputs,
             processing: raw.processing,
@@ -684,11 +758,41 @@ dead-letter-topic = "payments.dlq"
                 WALLET.replace("stores = [\"balances\"]", "stores = [\"..\"]"),
                 "not only dots",
             ),
+            (
+                WALLET.replace("[build]", "[window-stores.balances]\n[build]"),
+                "also listed under `stores`",
+            ),
+            (
+                WALLET.replace("[build]", "[window-stores.v]\nretention-ms = 0\n[build]"),
+                "window-stores.v.retention-ms",
+            ),
+            (
+                WALLET.replace("[errors]", "[time]\nlate-records = \"keep\"\n[errors]"),
+                "keep",
+            ),
         ];
         for (text, needle) in cases {
             let err = parse(&text).unwrap_err().to_string();
             assert!(err.contains(needle), "{needle:?} not in {err}");
         }
+    }
+
+    #[test]
+    fn window_stores_join_the_stores_with_their_retention() {
+        let text = WALLET.replace(
+            "[build]",
+            "[window-stores.views]\nretention-ms = 80000\n[window-stores.daily]\n[time]\nlate-records = \"error-policy\"\n[build]",
+        );
+        let m = parse(&text).unwrap();
+        assert_eq!(m.stores, ["balances", "daily", "views"]);
+        let retention: Vec<_> = m
+            .window_stores
+            .iter()
+            .map(|(n, w)| (n.as_str(), w.retention_ms))
+            .collect();
+        assert_eq!(retention, [("daily", 86_400_000), ("views", 80_000)]);
+        assert_eq!(m.time.late_records, LateRecords::ErrorPolicy);
+        assert_eq!(parse(WALLET).unwrap().time.late_records, LateRecords::Drop);
     }
 
     #[test]

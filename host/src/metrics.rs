@@ -34,6 +34,10 @@ pub struct Metrics {
     pub dead_lettered: AtomicU64,
     /// Records skipped.
     pub skipped: AtomicU64,
+    /// Late records dropped (`time.late-records = "drop"`; committed).
+    pub late_dropped: AtomicU64,
+    /// `punctuate` calls (committed).
+    pub punctuations: AtomicU64,
     /// Changelog records replayed into stores while restoring.
     pub restored: AtomicU64,
     /// Store partitions restored.
@@ -77,6 +81,8 @@ impl Default for Metrics {
             fenced: AtomicU64::default(),
             restarts: AtomicU64::default(),
             dead_lettered: AtomicU64::default(),
+            late_dropped: AtomicU64::default(),
+            punctuations: AtomicU64::default(),
             skipped: AtomicU64::default(),
             restored: AtomicU64::default(),
             restores: AtomicU64::default(),
@@ -310,7 +316,7 @@ impl Exposition {
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         type Get = fn(&Metrics) -> u64;
-        let counters: [(&str, &str, Get); 15] = [
+        let counters: [(&str, &str, Get); 17] = [
             (
                 "onceflow_records",
                 "Input records processed (committed)",
@@ -341,6 +347,16 @@ impl Collector for Exposition {
                 "onceflow_dead_lettered",
                 "Records sent to the dead-letter topic",
                 |m| m.dead_lettered.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_late_records_dropped",
+                "Late records dropped (time.late-records = \"drop\")",
+                |m| m.late_dropped.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_punctuations",
+                "Stream-time punctuations called",
+                |m| m.punctuations.load(Ordering::Relaxed),
             ),
             (
                 "onceflow_skipped",

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::manifest::Manifest;
 use crate::sandbox::Processor;
-use crate::state::MemoryPartition;
+use crate::state::{MemoryPartition, window};
 use crate::task::{BatchOutcome, Task, TaskConfig, TaskError, dead_letter_headers};
 use crate::types::{Header, InputRecord, OutputRecord};
 
@@ -292,6 +292,10 @@ pub struct RunSummary {
     pub skipped: u64,
     /// `process` calls.
     pub calls: u64,
+    /// Late records dropped.
+    pub late_dropped: u64,
+    /// `punctuate` calls.
+    pub punctuations: u64,
 }
 
 /// The offline runner's tasks, one per input partition seen.
@@ -363,6 +367,8 @@ impl OfflineRunner {
             summary.dead_lettered += outcome.dead_lettered;
             summary.skipped += outcome.skipped;
             summary.calls += outcome.calls;
+            summary.late_dropped += outcome.late_dropped;
+            summary.punctuations += outcome.punctuations;
             for o in &outcome.outputs {
                 sink(o).map_err(RunError::Output)?;
             }
@@ -371,12 +377,26 @@ impl OfflineRunner {
         Ok(summary)
     }
 
-    /// Every partition's stores: `(partition, store, entries)`.
-    pub fn dump_state(&self) -> Result<Vec<(i32, String, Vec<crate::types::Entry>)>, RunError> {
+    /// Every partition's stores, one [`StateEntry`] per key (per window
+    /// in a window store).
+    pub fn dump_state(&self) -> Result<Vec<StateEntry>, RunError> {
         let mut out = Vec::new();
         for (partition, task) in &self.tasks {
             for (store, entries) in task.dump_state()? {
-                out.push((*partition, store, entries));
+                let windowed = self.config.window_stores.iter().any(|(w, _)| *w == store);
+                for (key, value) in entries {
+                    let (key, start) = match windowed.then(|| window::decode(&key)).flatten() {
+                        Some(w) => (w.key, Some(w.start)),
+                        None => (key, None),
+                    };
+                    out.push(StateEntry {
+                        partition: *partition,
+                        store: store.clone(),
+                        key,
+                        start,
+                        value,
+                    });
+                }
             }
         }
         Ok(out)
@@ -394,35 +414,48 @@ pub enum RunError {
     Output(#[source] std::io::Error),
 }
 
-/// One `--dump-state` line.
-pub fn write_state_entry(
-    out: &mut impl Write,
-    partition: i32,
-    store: &str,
-    key: &[u8],
-    value: &[u8],
-) -> std::io::Result<()> {
+/// One entry of a store, for `--dump-state`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateEntry {
+    /// The task's partition.
+    pub partition: i32,
+    /// The store.
+    pub store: String,
+    /// The key.
+    pub key: Vec<u8>,
+    /// In a window store: the window's start (ms).
+    pub start: Option<i64>,
+    /// The value.
+    pub value: Vec<u8>,
+}
+
+/// One `--dump-state` line: `{"store", "partition", "key", "start"?,
+/// "value"}` (`start` for a window store's windows).
+pub fn write_state_entry(out: &mut impl Write, entry: &StateEntry) -> std::io::Result<()> {
     #[derive(Serialize)]
     struct StateLine<'a> {
         store: &'a str,
         partition: i32,
         #[serde(flatten)]
         key: BytesField<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        start: Option<i64>,
         #[serde(flatten)]
         value: BytesField<'a>,
     }
     serde_json::to_writer(
         &mut *out,
         &StateLine {
-            store,
-            partition,
+            store: &entry.store,
+            partition: entry.partition,
             key: BytesField {
                 name: "key",
-                bytes: Some(key),
+                bytes: Some(&entry.key),
             },
+            start: entry.start,
             value: BytesField {
                 name: "value",
-                bytes: Some(value),
+                bytes: Some(&entry.value),
             },
         },
     )?;

@@ -17,11 +17,12 @@ use std::any::Any;
 
 use std::time::Duration;
 
-use crate::manifest::{ErrorPolicy, Manifest};
+use crate::manifest::{ErrorPolicy, LateRecords, Manifest};
 use crate::sandbox::{CallFailure, Guest, Processor, ProcessorPolicy, SandboxError};
-use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch};
+use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch, window};
 use crate::types::{
     AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord, StoreAccessError,
+    WindowEntry, WindowKey,
 };
 
 /// Largest output record (key + value + headers) accepted, in bytes.
@@ -69,8 +70,12 @@ pub struct TaskConfig {
     pub policy: ErrorPolicy,
     /// Output alias -> topic.
     pub outputs: Vec<(String, String)>,
-    /// State store names.
+    /// State store names (key-value and window stores).
     pub stores: Vec<String>,
+    /// The window stores among `stores`, with their retention in ms.
+    pub window_stores: Vec<(String, u64)>,
+    /// What to do with the records the processor reports late.
+    pub late_records: LateRecords,
     /// Most bytes of keys and values the stores of one task hold together
     /// (`limits.state-mb`).
     pub state_limit_bytes: u64,
@@ -88,6 +93,12 @@ impl TaskConfig {
                 .map(|(a, t)| (a.clone(), t.clone()))
                 .collect(),
             stores: m.stores.clone(),
+            window_stores: m
+                .window_stores
+                .iter()
+                .map(|(name, w)| (name.clone(), w.retention_ms))
+                .collect(),
+            late_records: m.time.late_records,
             state_limit_bytes: m.limits.state_mb.saturating_mul(1 << 20),
         }
     }
@@ -132,6 +143,19 @@ pub enum TaskError {
     /// The state store failed.
     #[error(transparent)]
     State(#[from] StateError),
+    /// `punctuate` failed: no record is to blame, so the deployment stops.
+    #[error(
+        "punctuate at stream time {stream_time} of partition {partition} failed: {reason}; fix the \
+         processor and deploy it again"
+    )]
+    Punctuate {
+        /// The task's partition.
+        partition: i32,
+        /// The stream time it was called for.
+        stream_time: i64,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// What one batch produced.
@@ -145,11 +169,18 @@ pub struct BatchOutcome {
     pub dead_lettered: u64,
     /// `process` calls made (more than one when the batch was split).
     pub calls: u64,
+    /// Records the processor reported late that were dropped
+    /// (`time.late-records = "drop"`).
+    pub late_dropped: u64,
+    /// `punctuate` calls made.
+    pub punctuations: u64,
 }
 
 /// The effects of a task: its state and the outputs of the call in progress.
 struct TaskEffects {
     state: TaskState,
+    /// Window stores and their retention, ms.
+    windows: Vec<(String, u64)>,
     outputs: Vec<(String, String)>,
     call_outputs: Vec<OutputRecord>,
     /// Bytes of outputs and state writes in the call in progress.
@@ -171,13 +202,34 @@ impl TaskEffects {
         self.call_bytes += size;
         true
     }
-}
 
-impl Effects for TaskEffects {
-    fn get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError> {
-        self.state.get(store, key)
+    /// Refuses the key-value calls on a window store.
+    fn key_value(&self, store: &str) -> Result<(), AccessError> {
+        if self.windows.iter().any(|(name, _)| name == store) {
+            return Err(StoreAccessError::WrongKind {
+                store: store.to_owned(),
+                window: true,
+            }
+            .into());
+        }
+        Ok(())
     }
-    fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
+
+    /// A window store's retention; refuses the window calls on any other.
+    fn retention(&self, store: &str) -> Result<u64, AccessError> {
+        if let Some((_, retention)) = self.windows.iter().find(|(name, _)| name == store) {
+            return Ok(*retention);
+        }
+        // A key-value store says so; an unknown one is unknown.
+        self.state.get(store, b"")?;
+        Err(StoreAccessError::WrongKind {
+            store: store.to_owned(),
+            window: false,
+        }
+        .into())
+    }
+
+    fn write(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
         if !self.spend((key.len() + value.len()) as u64) {
             return Err(AccessError::Refused(StoreAccessError::TooLarge(
                 MAX_CALL_BYTES,
@@ -192,7 +244,63 @@ impl Effects for TaskEffects {
         }
         put
     }
+
+    /// Windows of `store` decoded from the raw entries in `[start, end)`,
+    /// starting in `[from, to]` and not expired at `now`, until `limit` are
+    /// found.
+    fn windows_in(
+        &mut self,
+        store: &str,
+        start: Option<Vec<u8>>,
+        end: Option<&[u8]>,
+        (from, to): (i64, i64),
+        limit: usize,
+        now: Option<i64>,
+    ) -> Result<Vec<WindowEntry>, AccessError> {
+        const PAGE: usize = 256;
+        let retention = self.retention(store)?;
+        let mut found = Vec::new();
+        let mut cursor = start;
+        while found.len() < limit {
+            let page = self.state.scan_range(store, cursor.as_deref(), end, PAGE)?;
+            let Some((last, _)) = page.last() else {
+                break;
+            };
+            // The smallest key after the last one seen.
+            let mut next = last.clone();
+            next.push(0);
+            let full = page.len() == PAGE;
+            for (raw, value) in page {
+                let Some(w) = window::decode(&raw) else {
+                    continue;
+                };
+                if (from..=to).contains(&w.start) && !window::expired(w.start, now, retention) {
+                    found.push((w, value));
+                    if found.len() == limit {
+                        break;
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+            cursor = Some(next);
+        }
+        Ok(found)
+    }
+}
+
+impl Effects for TaskEffects {
+    fn get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError> {
+        self.key_value(store)?;
+        self.state.get(store, key)
+    }
+    fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
+        self.key_value(store)?;
+        self.write(store, key, value)
+    }
     fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
+        self.key_value(store)?;
         self.state.delete(store, key)
     }
     fn scan_prefix(
@@ -202,6 +310,7 @@ impl Effects for TaskEffects {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<Entry>, AccessError> {
+        self.key_value(store)?;
         self.state.scan_prefix(store, prefix, after, limit)
     }
     fn scan_range(
@@ -211,7 +320,78 @@ impl Effects for TaskEffects {
         end: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<Entry>, AccessError> {
+        self.key_value(store)?;
         self.state.scan_range(store, start, end, limit)
+    }
+    fn window_put(
+        &mut self,
+        store: &str,
+        w: WindowKey,
+        value: Vec<u8>,
+        now: Option<i64>,
+    ) -> Result<(), AccessError> {
+        if window::expired(w.start, now, self.retention(store)?) {
+            // Kafka Streams drops a write to an expired window too.
+            return Ok(());
+        }
+        self.write(store, window::encode(&w.key, w.start), value)
+    }
+    fn window_get(
+        &mut self,
+        store: &str,
+        w: WindowKey,
+        now: Option<i64>,
+    ) -> Result<Option<Vec<u8>>, AccessError> {
+        if window::expired(w.start, now, self.retention(store)?) {
+            return Ok(None);
+        }
+        self.state.get(store, &window::encode(&w.key, w.start))
+    }
+    fn window_delete(&mut self, store: &str, w: WindowKey) -> Result<(), AccessError> {
+        self.retention(store)?;
+        self.state.delete(store, window::encode(&w.key, w.start))
+    }
+    fn window_fetch(
+        &mut self,
+        store: &str,
+        key: &[u8],
+        from: i64,
+        to: i64,
+        now: Option<i64>,
+    ) -> Result<Vec<WindowEntry>, AccessError> {
+        if from > to {
+            return Ok(Vec::new());
+        }
+        let start = window::encode(key, from);
+        let end = window::encode(key, to.saturating_add(1));
+        let end = (to < i64::MAX).then_some(end);
+        let mut prefix_end = window::key_prefix(key);
+        // Past every window of the key: the terminator's last byte + 1.
+        if let Some(last) = prefix_end.last_mut() {
+            *last += 1;
+        }
+        let end = end.unwrap_or(prefix_end);
+        self.windows_in(store, Some(start), Some(&end), (from, to), usize::MAX, now)
+    }
+    fn window_fetch_all(
+        &mut self,
+        store: &str,
+        from: i64,
+        to: i64,
+        after: Option<WindowKey>,
+        limit: usize,
+        now: Option<i64>,
+    ) -> Result<Vec<WindowEntry>, AccessError> {
+        if from > to || limit == 0 {
+            self.retention(store)?;
+            return Ok(Vec::new());
+        }
+        let start = after.map(|w| {
+            let mut k = window::encode(&w.key, w.start);
+            k.push(0);
+            k
+        });
+        self.windows_in(store, start, None, (from, to), limit, now)
     }
     fn emit(
         &mut self,
@@ -253,6 +433,13 @@ pub struct Task {
     guest: Option<Guest>,
     effects: Box<dyn Effects>,
     fuel_used: u64,
+    /// The largest record timestamp seen, counting records not committed
+    /// yet.
+    stream_time: Option<i64>,
+    /// The stream time of the last commit (what an abort goes back to).
+    committed_stream_time: Option<i64>,
+    /// The stream time of the last sweep of expired windows.
+    swept_at: Option<i64>,
 }
 
 impl Task {
@@ -265,6 +452,7 @@ impl Task {
         committed: Box<dyn PartitionStore>,
     ) -> Self {
         let outputs = config.outputs.clone();
+        let windows = config.window_stores.clone();
         let state = TaskState::new(&config.stores, committed).limit_bytes(config.state_limit_bytes);
         Self {
             partition,
@@ -272,8 +460,12 @@ impl Task {
             config,
             guest: None,
             fuel_used: 0,
+            stream_time: None,
+            committed_stream_time: None,
+            swept_at: None,
             effects: Box::new(TaskEffects {
                 state,
+                windows,
                 outputs,
                 call_outputs: Vec::new(),
                 call_bytes: 0,
@@ -300,28 +492,186 @@ impl Task {
             .expect("a task's effects are always TaskEffects")
     }
 
+    /// The task's stream time: the largest record timestamp it has seen
+    /// (committed or not).
+    pub fn stream_time(&self) -> Option<i64> {
+        self.stream_time
+    }
+
+    /// Sets the stream time the task's committed offsets carry (restoring
+    /// the task); records older than it do not move it.
+    pub fn restore_stream_time(&mut self, committed: Option<i64>) {
+        self.stream_time = committed;
+        self.committed_stream_time = committed;
+    }
+
     /// Processes a batch of this partition's records, in order, adding
     /// what it produced to `outcome`. State changes stay pending until
     /// [`Task::apply_committed`] or [`Task::abort`]. On an error, `outcome`
     /// holds what the records before the failing one produced.
+    ///
+    /// Stream time advances record by record; when it reaches a point the
+    /// processor scheduled, `punctuate` is called right after the record
+    /// that carried it there, before the next one, so the punctuations
+    /// depend on the records alone, never on how they were batched.
     pub fn process_batch(
         &mut self,
         batch: &[InputRecord],
         outcome: &mut BatchOutcome,
     ) -> Result<(), TaskError> {
-        self.run(batch, outcome)
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let every = self.live_guest()?.punctuation_interval();
+        let mut times = Vec::with_capacity(batch.len());
+        let mut now = self.stream_time;
+        let mut from = 0;
+        for (i, record) in batch.iter().enumerate() {
+            let before = now;
+            if record.timestamp >= 0 && now.is_none_or(|t| record.timestamp > t) {
+                now = Some(record.timestamp);
+            }
+            times.push(now);
+            let due = match (every, before, now) {
+                (Some(_), None, Some(_)) => true,
+                (Some(every), Some(before), Some(now)) => now >= next_punctuation(before, every),
+                _ => false,
+            };
+            if let (true, Some(now)) = (due, now) {
+                self.run(&batch[from..=i], &times[from..=i], outcome)?;
+                self.stream_time = Some(now);
+                self.punctuate(now, outcome)?;
+                from = i + 1;
+            }
+        }
+        self.run(&batch[from..], &times[from..], outcome)?;
+        self.stream_time = now;
+        self.sweep_expired_windows()
     }
 
-    fn run(&mut self, records: &[InputRecord], out: &mut BatchOutcome) -> Result<(), TaskError> {
+    /// Deletes the windows that expired, once stream time has moved a
+    /// quarter of the store's retention (at least a second) since the last
+    /// sweep. Reads never see an expired window anyway: this only frees
+    /// the space, in the same transaction.
+    fn sweep_expired_windows(&mut self) -> Result<(), TaskError> {
+        let Some(now) = self.stream_time else {
+            return Ok(());
+        };
+        let windows = self.config.window_stores.clone();
+        let due = |retention: u64| {
+            let step = (retention / 4).max(1000) as i64;
+            self.swept_at
+                .is_none_or(|at| now >= at.saturating_add(step))
+        };
+        if !windows.iter().any(|(_, retention)| due(*retention)) {
+            return Ok(());
+        }
+        self.swept_at = Some(now);
+        let fx = self.fx();
+        for (store, retention) in &windows {
+            let mut expired = Vec::new();
+            let mut cursor: Option<Vec<u8>> = None;
+            loop {
+                let page = fx
+                    .state
+                    .scan_range(store, cursor.as_deref(), None, 1024)
+                    .map_err(access_failure)?;
+                let full = page.len() == 1024;
+                if let Some((last, _)) = page.last() {
+                    let mut next = last.clone();
+                    next.push(0);
+                    cursor = Some(next);
+                }
+                for (raw, _) in page {
+                    if window::decode(&raw)
+                        .is_some_and(|w| window::expired(w.start, Some(now), *retention))
+                    {
+                        expired.push(raw);
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+            for raw in expired {
+                fx.state.delete(store, raw).map_err(access_failure)?;
+            }
+        }
+        fx.state.end_call();
+        Ok(())
+    }
+
+    /// Calls `punctuate` for stream time `now`.
+    fn punctuate(&mut self, now: i64, out: &mut BatchOutcome) -> Result<(), TaskError> {
+        self.live_guest()?;
+        self.reset_call();
+        let guest = self.guest.as_mut().expect("made live above");
+        let result = guest.punctuate(self.partition, now, &mut self.effects);
+        self.fuel_used += guest.take_fuel_used();
+        let result = self.refusal(result);
+        out.punctuations += 1;
+        let fx = self.fx();
+        match result {
+            Ok(()) => {
+                fx.state.end_call();
+                out.outputs.append(&mut fx.call_outputs);
+                Ok(())
+            }
+            Err(failure) => {
+                fx.state.discard_call();
+                fx.call_outputs.clear();
+                self.guest = None;
+                match failure {
+                    CallFailure::Host(message) => Err(TaskError::Host(message)),
+                    failure => Err(TaskError::Punctuate {
+                        partition: self.partition,
+                        stream_time: now,
+                        reason: failure.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
+    fn run(
+        &mut self,
+        records: &[InputRecord],
+        times: &[Option<i64>],
+        out: &mut BatchOutcome,
+    ) -> Result<(), TaskError> {
         if records.is_empty() {
             return Ok(());
         }
         out.calls += 1;
-        let failure = match self.call(records)? {
+        let failure = match self.call(records, times)? {
             Ok(()) => {
+                let late = self
+                    .guest
+                    .as_mut()
+                    .map(Guest::take_late)
+                    .unwrap_or_default();
                 let fx = self.fx();
                 fx.state.end_call();
                 out.outputs.append(&mut fx.call_outputs);
+                for (index, message) in late {
+                    let Some(record) = records.get(index as usize) else {
+                        continue;
+                    };
+                    match self.config.late_records {
+                        LateRecords::Drop => {
+                            tracing::debug!(
+                                topic = %record.topic,
+                                partition = record.partition,
+                                offset = record.offset,
+                                "dropped a late record: {message}"
+                            );
+                            out.late_dropped += 1;
+                        }
+                        LateRecords::ErrorPolicy => {
+                            self.poison(record, format!("late record: {message}"), out)?
+                        }
+                    }
+                }
                 return Ok(());
             }
             Err(failure) => failure,
@@ -352,34 +702,53 @@ impl Task {
         );
         match named {
             Some(i) => {
-                self.run(&records[..i], out)?;
-                self.run(&records[i..=i], out)?;
-                self.run(&records[i + 1..], out)
+                self.run(&records[..i], &times[..i], out)?;
+                self.run(&records[i..=i], &times[i..=i], out)?;
+                self.run(&records[i + 1..], &times[i + 1..], out)
             }
             None => {
                 let mid = records.len() / 2;
-                self.run(&records[..mid], out)?;
-                self.run(&records[mid..], out)
+                self.run(&records[..mid], &times[..mid], out)?;
+                self.run(&records[mid..], &times[mid..], out)
             }
         }
     }
 
-    /// One `process` call on a live instance.
-    fn call(&mut self, records: &[InputRecord]) -> Result<Result<(), CallFailure>, TaskError> {
+    /// The live instance, made if there is none (or it trapped).
+    fn live_guest(&mut self) -> Result<&mut Guest, TaskError> {
         if self.guest.as_ref().is_none_or(Guest::is_poisoned) {
             // Drop the old instance first: only one lives at a time.
             self.guest = None;
             self.guest = Some(self.processor.instantiate(self.partition)?);
         }
-        {
-            let fx = self.fx();
-            fx.call_bytes = 0;
-            fx.over_budget = false;
-            fx.state_full = false;
-        }
-        let guest = self.guest.as_mut().expect("instantiated above");
-        let result = guest.process(records, &mut self.effects);
+        Ok(self.guest.as_mut().expect("instantiated above"))
+    }
+
+    fn reset_call(&mut self) {
+        let fx = self.fx();
+        fx.call_bytes = 0;
+        fx.over_budget = false;
+        fx.state_full = false;
+    }
+
+    /// One `process` call on a live instance.
+    fn call(
+        &mut self,
+        records: &[InputRecord],
+        times: &[Option<i64>],
+    ) -> Result<Result<(), CallFailure>, TaskError> {
+        self.live_guest()?;
+        self.reset_call();
+        let guest = self.guest.as_mut().expect("made live above");
+        let result = guest.process(records, times, &mut self.effects);
         self.fuel_used += guest.take_fuel_used();
+        Ok(self.refusal(result))
+    }
+
+    /// A call's result, failed if the host refused one of its writes (past
+    /// the call's byte budget or `limits.state-mb`), whatever the guest made
+    /// of the refusal.
+    fn refusal(&self, result: Result<(), CallFailure>) -> Result<(), CallFailure> {
         let fx = self.fx_ref();
         let refused = if fx.over_budget {
             Some(format!(
@@ -399,7 +768,7 @@ impl Task {
         };
         if let Some(message) = refused {
             // Whatever the guest made of the refusals, the call failed.
-            return Ok(Err(match result {
+            return Err(match result {
                 Err(CallFailure::Rejected { index, .. }) => {
                     CallFailure::Rejected { index, message }
                 }
@@ -413,9 +782,9 @@ impl Task {
                     index: None,
                     message,
                 },
-            }));
+            });
         }
-        Ok(result)
+        result
     }
 
     /// Fuel the guest burned since the last call of this (0 with metering
@@ -481,6 +850,7 @@ impl Task {
     /// committed stores, recording how far each store's changelog reached
     /// (`positions`: store -> next changelog offset).
     pub fn apply_committed(&mut self, positions: Vec<(String, i64)>) -> Result<(), TaskError> {
+        self.committed_stream_time = self.stream_time;
         Ok(self.fx().state.apply_committed(positions)?)
     }
 
@@ -523,6 +893,7 @@ impl Task {
     /// The transaction aborted: drop pending changes and the instance (a
     /// guest never outlives an aborted transaction).
     pub fn abort(&mut self) {
+        self.stream_time = self.committed_stream_time;
         self.fx().state.abort();
         self.fx().call_outputs.clear();
         self.guest = None;
@@ -532,6 +903,25 @@ impl Task {
     pub fn dump_state(&self) -> Result<Vec<(String, Vec<Entry>)>, TaskError> {
         Ok(self.fx_ref().state.dump()?)
     }
+}
+
+/// The first stream-time punctuation point after `before`: the next
+/// multiple of `every` (Kafka Streams aligns stream-time schedules to 0 and
+/// skips the points a jump in time passed over).
+fn next_punctuation(before: i64, every: u64) -> i64 {
+    let every = every.min(i64::MAX as u64) as i64;
+    before
+        .div_euclid(every)
+        .saturating_add(1)
+        .saturating_mul(every)
+}
+
+/// A host failure while the task itself touched its stores.
+fn access_failure(e: AccessError) -> TaskError {
+    TaskError::Host(match e {
+        AccessError::Refused(r) => r.to_string(),
+        AccessError::Failed(m) => m,
+    })
 }
 
 /// The dead-letter record for `record`: its key, value and headers, plus

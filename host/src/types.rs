@@ -92,6 +92,14 @@ pub enum StoreAccessError {
     /// The write would take the instance's state past `limits.state-mb`
     /// (the limit in bytes; the guest sees `too-large` with it).
     StateFull(u64),
+    /// The store is of the other kind: a window store through the
+    /// key-value calls, or a key-value store through the window calls.
+    WrongKind {
+        /// The store.
+        store: String,
+        /// Whether the store is a window store.
+        window: bool,
+    },
 }
 
 impl fmt::Display for StoreAccessError {
@@ -107,6 +115,22 @@ impl fmt::Display for StoreAccessError {
                 "the state of this instance would exceed limits.state-mb ({} MiB): delete keys \
                  the processor no longer needs, or raise limits.state-mb",
                 limit >> 20
+            ),
+            Self::WrongKind {
+                store,
+                window: true,
+            } => write!(
+                f,
+                "{store:?} is a window store (under `window-stores` in onceflow.toml): use the \
+                 window calls on it"
+            ),
+            Self::WrongKind {
+                store,
+                window: false,
+            } => write!(
+                f,
+                "{store:?} is a key-value store, not a window store: declare it under \
+                 `window-stores` in onceflow.toml to use the window calls"
             ),
         }
     }
@@ -215,7 +239,74 @@ pub trait Effects: std::any::Any + Send {
         headers: Vec<Header>,
         timestamp: i64,
     ) -> Result<(), EmitError>;
+
+    /// Sets the window of `key` starting at `start` in a window store, as
+    /// of stream time `now` (a window already expired is not written).
+    fn window_put(
+        &mut self,
+        store: &str,
+        window: WindowKey,
+        value: Vec<u8>,
+        now: Option<i64>,
+    ) -> Result<(), AccessError> {
+        let _ = (window, value, now);
+        Err(outside_process(store))
+    }
+    /// Reads a window, as of stream time `now`.
+    fn window_get(
+        &mut self,
+        store: &str,
+        window: WindowKey,
+        now: Option<i64>,
+    ) -> Result<Option<Vec<u8>>, AccessError> {
+        let _ = (window, now);
+        Err(outside_process(store))
+    }
+    /// Deletes a window.
+    fn window_delete(&mut self, store: &str, window: WindowKey) -> Result<(), AccessError> {
+        let _ = window;
+        Err(outside_process(store))
+    }
+    /// The windows of `key` starting in `[from, to]`, by start, as of
+    /// stream time `now`.
+    fn window_fetch(
+        &mut self,
+        store: &str,
+        key: &[u8],
+        from: i64,
+        to: i64,
+        now: Option<i64>,
+    ) -> Result<Vec<WindowEntry>, AccessError> {
+        let _ = (key, from, to, now);
+        Err(outside_process(store))
+    }
+    /// Up to `limit` windows of any key starting in `[from, to]`, in (key,
+    /// start) order, strictly after `after`, as of stream time `now`.
+    fn window_fetch_all(
+        &mut self,
+        store: &str,
+        from: i64,
+        to: i64,
+        after: Option<WindowKey>,
+        limit: usize,
+        now: Option<i64>,
+    ) -> Result<Vec<WindowEntry>, AccessError> {
+        let _ = (from, to, after, limit, now);
+        Err(outside_process(store))
+    }
 }
+
+/// A window of a window store: its key and start time (ms).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WindowKey {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The window's start, ms since the Unix epoch.
+    pub start: i64,
+}
+
+/// A window and its value.
+pub type WindowEntry = (WindowKey, Vec<u8>);
 
 /// An [`Effects`] that refuses everything: what a guest sees outside a
 /// `process` call (for example during `init`).

@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod host_process;
+pub mod pageviews;
 pub mod proxy;
 pub mod txn_probe;
 pub mod wallet;

@@ -123,12 +123,13 @@ fn hostile_records_are_stopped_and_dead_lettered_and_the_rest_proceeds() {
         // The failed calls' state writes were dropped: only the six good
         // records counted.
         let state = runner.dump_state().unwrap();
-        let seen = state
+        let seen: Vec<_> = state
             .iter()
-            .find(|(_, s, _)| s == "seen")
-            .expect("seen store");
+            .filter(|e| e.store == "seen")
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect();
         assert_eq!(
-            seen.2,
+            seen,
             vec![(b"count".to_vec(), b"6".to_vec())],
             "batch size {batch_size}"
         );
@@ -490,11 +491,11 @@ fn state_past_limits_state_mb_is_refused_and_deletes_make_room() {
             .expect("a dead letter");
         assert_eq!(dead.key.as_deref(), Some(&b"k3"[..]), "the fourth put");
         let state = runner.dump_state().unwrap();
-        let seen = state
+        let keys: Vec<&[u8]> = state
             .iter()
-            .find(|(_, s, _)| s == "seen")
-            .expect("seen store");
-        let keys: Vec<&[u8]> = seen.2.iter().map(|(k, _)| k.as_slice()).collect();
+            .filter(|e| e.store == "seen")
+            .map(|e| e.key.as_slice())
+            .collect();
         assert_eq!(
             keys,
             vec![&b"k1"[..], b"k2", b"k3"],

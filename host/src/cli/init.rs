@@ -248,6 +248,10 @@ const RUST_SDK: &[(&str, &str)] = &[
         include_str!("../../../guest-sdk/src/testing.rs"),
     ),
     (
+        "src/windows.rs",
+        include_str!("../../../guest-sdk/src/windows.rs"),
+    ),
+    (
         "wit/processor.wit",
         include_str!("../../../wit/processor.wit"),
     ),

@@ -173,15 +173,20 @@ pub fn cmd_test(
     let code = match result {
         Ok(summary) => {
             if dump_state {
-                for (partition, store, entries) in runner.dump_state()? {
-                    for (k, v) in entries {
-                        offline::write_state_entry(&mut out, partition, &store, &k, &v)?;
-                    }
+                for entry in runner.dump_state()? {
+                    offline::write_state_entry(&mut out, &entry)?;
                 }
             }
             out.flush()?;
+            let mut time = String::new();
+            if summary.punctuations > 0 {
+                time.push_str(&format!(", {} punctuations", summary.punctuations));
+            }
+            if summary.late_dropped > 0 {
+                time.push_str(&format!(", {} late records dropped", summary.late_dropped));
+            }
             eprintln!(
-                "processed {} records in {} calls: {} outputs, {} dead-lettered, {} skipped",
+                "processed {} records in {} calls: {} outputs, {} dead-lettered, {} skipped{time}",
                 summary.records,
                 summary.calls,
                 summary.outputs,

@@ -55,7 +55,7 @@ pub enum SandboxError {
     Link(String),
     /// An export has the wrong type.
     #[error(
-        "export `{export}` has the wrong type ({message}): build against onceflow:processor@0.1.0"
+        "export `{export}` has the wrong type ({message}): build against onceflow:processor@0.2.0 (or 0.1.0)"
     )]
     ExportType {
         /// The export.
@@ -398,6 +398,10 @@ impl Processor {
             batch: Vec::new(),
             cursor: None,
             fuel: host::FuelMeter::default(),
+            in_init: false,
+            punctuate_every: None,
+            late: Vec::new(),
+            in_punctuate: false,
         };
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -454,7 +458,10 @@ impl Processor {
                     export: "init",
                     message: format!("{e:#}"),
                 })?;
-            match init.call(&mut store, (&p.config,)) {
+            store.data_mut().in_init = true;
+            let called = init.call(&mut store, (&p.config,));
+            store.data_mut().in_init = false;
+            match called {
                 Ok((Ok(()),)) => {}
                 Ok((Err(message),)) => return Err(SandboxError::Init(message)),
                 Err(e) => {
@@ -464,11 +471,19 @@ impl Processor {
             }
         }
         let punctuate = instance.get_func(&mut store, "punctuate");
+        let punctuate_every = store.data().punctuate_every;
+        if punctuate_every.is_some() && punctuate.is_none() {
+            return Err(SandboxError::Init(
+                "init scheduled punctuation, but the component does not export `punctuate`"
+                    .to_owned(),
+            ));
+        }
         Ok(Guest {
             processor: self.inner.clone(),
             store,
             process,
             punctuate,
+            punctuate_every,
             fuel,
             poisoned: false,
             fuel_used: 0,
@@ -560,6 +575,7 @@ pub struct Guest {
     store: Store<HostState>,
     process: Func,
     punctuate: Option<Func>,
+    punctuate_every: Option<u64>,
     fuel: bool,
     poisoned: bool,
     fuel_used: u64,
@@ -578,15 +594,78 @@ impl Guest {
     }
 
     /// Calls `process` with `batch`, sending state and output to
-    /// `effects`. The caller owns rolling back `effects` on failure.
+    /// `effects`; `stream_times[i]` is the task's stream time once record
+    /// `i` is counted. The caller owns rolling back `effects` on failure.
     pub fn process(
         &mut self,
         batch: &[InputRecord],
+        stream_times: &[Option<i64>],
         effects: &mut Box<dyn Effects>,
     ) -> Result<(), CallFailure> {
         if batch.is_empty() {
             return Ok(());
         }
+        let coords = batch.iter().zip(stream_times).map(|(r, t)| RecordCoords {
+            seed: record_seed(&r.topic, r.partition, r.offset),
+            timestamp_ms: r.timestamp,
+            stream_time: *t,
+        });
+        let budget = self.enter(coords, batch.len() as u64, effects)?;
+        let records: Vec<RecordView<'_>> = batch.iter().map(RecordView::of).collect();
+        let result = self
+            .process
+            .typed::<ProcessParams<'_>, ProcessResult>(&self.store)
+            .and_then(|f| f.call(&mut self.store, (records.as_slice(),)));
+        self.leave(result, budget, effects)
+    }
+
+    /// Calls `punctuate` for stream time `now` of the task of `partition`
+    /// (a no-op without the export). Outputs are stamped with `now`.
+    pub fn punctuate(
+        &mut self,
+        partition: i32,
+        now: i64,
+        effects: &mut Box<dyn Effects>,
+    ) -> Result<(), CallFailure> {
+        let Some(punctuate) = self.punctuate else {
+            return Ok(());
+        };
+        let coords = std::iter::once(RecordCoords {
+            seed: record_seed("", partition, now),
+            timestamp_ms: now,
+            stream_time: Some(now),
+        });
+        let budget = self.enter(coords, 1, effects)?;
+        self.store.data_mut().in_punctuate = true;
+        let result = punctuate
+            .typed::<(i64,), ProcessResult>(&self.store)
+            .and_then(|f| f.call(&mut self.store, (now,)));
+        self.store.data_mut().in_punctuate = false;
+        let outcome = self.leave(result, budget, effects);
+        // A punctuation has no records to report late.
+        self.store.data_mut().late.clear();
+        outcome
+    }
+
+    /// The stream-time punctuation interval `init` scheduled, ms.
+    pub fn punctuation_interval(&self) -> Option<u64> {
+        self.punctuate_every
+    }
+
+    /// The records (index in the batch, message) the last `process` call
+    /// reported late.
+    pub fn take_late(&mut self) -> Vec<(u32, String)> {
+        std::mem::take(&mut self.store.data_mut().late)
+    }
+
+    /// Prepares a call over the records `coords`: their coordinates, the
+    /// caller's effects swapped in, the budget of `records` records set.
+    fn enter(
+        &mut self,
+        coords: impl Iterator<Item = RecordCoords>,
+        records: u64,
+        effects: &mut Box<dyn Effects>,
+    ) -> Result<u64, CallFailure> {
         if self.poisoned {
             return Err(CallFailure::Host(
                 "instance used after a trap (host bug)".to_owned(),
@@ -595,18 +674,17 @@ impl Guest {
         {
             let data = self.store.data_mut();
             data.batch.clear();
-            data.batch.extend(batch.iter().map(|r| RecordCoords {
-                seed: record_seed(&r.topic, r.partition, r.offset),
-                timestamp_ms: r.timestamp,
-            }));
-            let first = data.batch[0];
-            data.determinism.set_record(first.seed, first.timestamp_ms);
+            data.batch.extend(coords);
+            if let Some(first) = data.batch.first() {
+                data.determinism.set_record(first.seed, first.timestamp_ms);
+            }
             data.cursor = None;
+            data.late.clear();
             data.limiter.refused = false;
             std::mem::swap(&mut data.effects, effects);
         }
         let p = &self.processor.policy;
-        let budget = p.fuel_per_record.saturating_mul(batch.len() as u64);
+        let budget = p.fuel_per_record.saturating_mul(records);
         set_budget(&mut self.store, self.fuel, budget, p.timeout);
         {
             let meter = &mut self.store.data_mut().fuel;
@@ -614,13 +692,17 @@ impl Guest {
             meter.burned = 0;
             meter.refill_due = false;
         }
+        Ok(budget)
+    }
 
-        let records: Vec<RecordView<'_>> = batch.iter().map(RecordView::of).collect();
-        let result = self
-            .process
-            .typed::<ProcessParams<'_>, ProcessResult>(&self.store)
-            .and_then(|f| f.call(&mut self.store, (records.as_slice(),)));
-
+    /// Ends a call: the effects swapped back, the fuel counted, the result
+    /// classified.
+    fn leave(
+        &mut self,
+        result: wasmtime::Result<ProcessResult>,
+        budget: u64,
+        effects: &mut Box<dyn Effects>,
+    ) -> Result<(), CallFailure> {
         std::mem::swap(&mut self.store.data_mut().effects, effects);
         if self.fuel && budget > 0 {
             let left = self.store.get_fuel().unwrap_or(0);

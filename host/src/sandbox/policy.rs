@@ -71,7 +71,7 @@ pub enum PolicyError {
     },
     /// A required export is missing.
     #[error(
-        "the component does not export `{0}`: build it against the world onceflow:processor/processor@0.1.0"
+        "the component does not export `{0}`: build it against the world onceflow:processor/processor@0.2.0"
     )]
     MissingExport(String),
 }
@@ -172,8 +172,15 @@ pub fn classify_import(name: &str) -> Result<Grant, String> {
                     "onceflow:processor@{v} has no interface `{interface}`"
                 )),
             },
+            Some(v) if v.starts_with("0.2.") => match interface {
+                "types" | "state" | "output" | "log" | "context" | "windows" => Ok(Grant::Onceflow),
+                _ => Err(format!(
+                    "onceflow:processor@{v} has no interface `{interface}`"
+                )),
+            },
             _ => Err(format!(
-                "this host implements onceflow:processor@0.1.x, not {}: rebuild with a matching SDK",
+                "this host implements onceflow:processor@0.2.x (and runs 0.1.x), not {}: \
+                 rebuild with a matching SDK or upgrade the host",
                 version.unwrap_or("an unversioned package")
             )),
         };
@@ -233,6 +240,8 @@ mod tests {
         let allowed = [
             ("onceflow:processor/state@0.1.0", Grant::Onceflow),
             ("onceflow:processor/types@0.1.0", Grant::Onceflow),
+            ("onceflow:processor/windows@0.2.0", Grant::Onceflow),
+            ("onceflow:processor/context@0.2.0", Grant::Onceflow),
             ("wasi:io/streams@0.2.3", Grant::Plumbing),
             ("wasi:cli/environment@0.2.0", Grant::Cli),
             ("wasi:clocks/wall-clock@0.2.6", Grant::DeterministicClock),
@@ -250,7 +259,8 @@ mod tests {
             ("wasi:keyvalue/store@0.2.0", "allowlist"),
             ("wasi:cli/run@0.2.0", "allowlist"),
             ("wasi:clocks/wall-clock@0.3.0", "only WASI 0.2"),
-            ("onceflow:processor/state@0.2.0", "0.1.x"),
+            ("onceflow:processor/state@0.3.0", "0.2.x"),
+            ("onceflow:processor/windows@0.1.0", "no interface"),
             ("onceflow:processor/admin@0.1.0", "no interface"),
             ("acme:evil/exfiltrate", "not provided"),
             ("env", "bare import"),

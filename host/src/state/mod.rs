@@ -15,6 +15,7 @@
 //! This module knows nothing of Wasm or Kafka: `task` drives it.
 
 pub mod rocks;
+pub mod window;
 
 use std::collections::{BTreeMap, btree_map};
 use std::ops::Bound;

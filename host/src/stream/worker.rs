@@ -170,6 +170,8 @@ struct Pending {
     outputs: u64,
     dead_lettered: u64,
     skipped: u64,
+    late_dropped: u64,
+    punctuations: u64,
     /// Bytes of the outputs produced (held by the producer until acked).
     output_bytes: u64,
     /// Bytes of the input records processed.
@@ -904,7 +906,7 @@ impl Core {
         // Wait for the committed offsets to be stable (KIP-447: the previous
         // owner's pending transaction has committed or aborted). Only then
         // is the changelog's end final for what those offsets cover.
-        consumer
+        let committed = consumer
             .committed_offsets(tpl.clone(), TXN_CALL_TIMEOUT)
             .map_err(|e| {
                 // librdkafka retries UNSTABLE_OFFSET_COMMIT until the timeout
@@ -918,6 +920,17 @@ impl Core {
                     TXN_CALL_TIMEOUT.as_secs()
                 ))
             })?;
+        // The stream time each task had at its last commit.
+        for elem in committed.elements() {
+            let Some(time) = parse_stream_time_metadata(&elem) else {
+                continue;
+            };
+            if let Some(task) = self.tasks.get_mut(&elem.partition())
+                && task.stream_time().is_none_or(|t| t < time)
+            {
+                task.restore_stream_time(Some(time));
+            }
+        }
         if self.restore_consumer.is_none() {
             self.restore_consumer = Some(changelog::restorer(&self.d)?);
         }
@@ -1100,6 +1113,8 @@ impl Core {
             self.pending.outputs += outcome.outputs.len() as u64;
             self.pending.dead_lettered += outcome.dead_lettered;
             self.pending.skipped += outcome.skipped;
+            self.pending.late_dropped += outcome.late_dropped;
+            self.pending.punctuations += outcome.punctuations;
         }
         Ok(())
     }
@@ -1206,7 +1221,19 @@ impl Core {
         }
 
         // 3 and 4. Offsets and commit.
+        // Each input offset carries its task's stream time, as Kafka Streams
+        // keeps a partition's time: it commits with the offsets, so a
+        // restarted task goes on from the same stream time.
         let offsets = kafka::offsets_list(&self.next_offsets);
+        for elem in offsets.elements().iter_mut() {
+            if let Some(time) = self
+                .tasks
+                .get(&elem.partition())
+                .and_then(Task::stream_time)
+            {
+                elem.set_metadata(stream_time_metadata(time));
+            }
+        }
         if self.d.exactly_once() {
             // The offsets go with the consumer's group metadata: the group
             // coordinator refuses them if this member's generation is stale
@@ -1288,6 +1315,8 @@ impl Core {
         Metrics::add(&m.outputs, p.outputs);
         Metrics::add(&m.dead_lettered, p.dead_lettered);
         Metrics::add(&m.skipped, p.skipped);
+        Metrics::add(&m.late_dropped, p.late_dropped);
+        Metrics::add(&m.punctuations, p.punctuations);
         Metrics::add(&m.bytes_in, p.input_bytes);
         Metrics::add(&m.bytes_out, p.output_bytes);
         Metrics::add(&m.state_bytes, p.state_bytes);
@@ -1529,7 +1558,9 @@ impl Core {
             tracing::warn!("{abort_error}");
         }
         match e {
-            TaskError::RecordFailed { .. } => StreamError::ProcessorFailed(e),
+            TaskError::RecordFailed { .. } | TaskError::Punctuate { .. } => {
+                StreamError::ProcessorFailed(e)
+            }
             other => StreamError::Task(other),
         }
     }
@@ -1546,6 +1577,25 @@ impl Core {
 
 /// When anything in a task's store directory was last modified (RocksDB
 /// writes its log on every write batch).
+/// What an input offset's commit metadata says of the task's stream time.
+const STREAM_TIME_METADATA: &str = "onceflow:stream-time=";
+
+fn stream_time_metadata(time: i64) -> String {
+    format!("{STREAM_TIME_METADATA}{time}")
+}
+
+/// The stream time in a committed offset's metadata, if it holds one (the
+/// group's offsets are written by this deployment's workers only; metadata
+/// that is not UTF-8 makes rdkafka panic, which is caught here).
+fn parse_stream_time_metadata(
+    elem: &rdkafka::topic_partition_list::TopicPartitionListElem<'_>,
+) -> Option<i64> {
+    let metadata =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| elem.metadata().to_owned()))
+            .ok()?;
+    metadata.strip_prefix(STREAM_TIME_METADATA)?.parse().ok()
+}
+
 fn last_written(dir: &std::path::Path) -> Option<std::time::SystemTime> {
     std::fs::read_dir(dir)
         .ok()?

@@ -1,0 +1,429 @@
+//! Time: window stores, window helpers and stream-time punctuation.
+//!
+//! Time in a processor is stream time, never the wall clock: the largest
+//! record timestamp its task has seen ([`Context::stream_time`]). Windows
+//! close, expire and are punctuated by it, so a retried batch computes the
+//! same result.
+//!
+//! A count per key in tumbling one-minute windows with a ten-second grace,
+//! emitted once per window when it closes (Kafka Streams'
+//! `suppress(untilWindowCloses)`):
+//!
+//! ```
+//! use std::time::Duration;
+//! use onceflow_sdk::{Context, Error, Processor, Record, TimeWindows};
+//!
+//! const WINDOWS: TimeWindows =
+//!     TimeWindows::tumbling(Duration::from_secs(60), Duration::from_secs(10));
+//!
+//! struct Views;
+//!
+//! impl Processor for Views {
+//!     fn init(_: &onceflow_sdk::Config) -> Result<(), Error> {
+//!         // Punctuate on every point where a window closes.
+//!         onceflow_sdk::schedule_punctuation(WINDOWS.punctuation_interval())
+//!     }
+//!
+//!     fn process(ctx: &mut Context, record: &Record) -> Result<(), Error> {
+//!         let page = record.key_str()?;
+//!         let store = ctx.window_store("views");
+//!         let open = WINDOWS.open_windows(record.timestamp, ctx.stream_time());
+//!         if open.is_empty() {
+//!             ctx.report_late(format!("view of {page} at {} after its window closed", record.timestamp));
+//!             return Ok(());
+//!         }
+//!         for start in open {
+//!             let count = store.get_i64(page, start)?.unwrap_or(0);
+//!             store.put_i64(page, start, count + 1)?;
+//!         }
+//!         Ok(())
+//!     }
+//!
+//!     fn punctuate(ctx: &mut Context, stream_time: i64) -> Result<(), Error> {
+//!         let store = ctx.window_store("views");
+//!         WINDOWS.take_closed(&store, stream_time, |window| {
+//!             let count = String::from_utf8_lossy(&window.value).into_owned();
+//!             ctx.emit("counts", &window.key, count)
+//!         })?;
+//!         Ok(())
+//!     }
+//! }
+//! # let _ = Views::punctuate;
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::bindings::onceflow::processor::types::{WindowEntry, WindowKey};
+use crate::error::{Error, ErrorKind};
+use crate::host::Host;
+
+/// How many windows [`WindowStore::fetch_all`] asks the host for at a time.
+pub const DEFAULT_WINDOW_PAGE: u32 = 256;
+
+/// Asks the host to call [`crate::Processor::punctuate`] whenever the task's
+/// stream time reaches a multiple of `every` (and once at the task's first
+/// record), right after the record that carried it there. Call it from
+/// [`crate::Processor::init`]; anywhere else it fails. A zero duration
+/// cancels.
+pub fn schedule_punctuation(every: Duration) -> Result<(), Error> {
+    let ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX);
+    #[cfg(target_arch = "wasm32")]
+    {
+        crate::bindings::onceflow::processor::context::schedule_punctuation(ms).map_err(Error::new)
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        crate::testing::scheduled(ms);
+        Ok(())
+    }
+}
+
+/// A window of a [`WindowStore`]: a key, the window's start (ms since the
+/// Unix epoch) and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The window's start, ms.
+    pub start: i64,
+    /// The value.
+    pub value: Vec<u8>,
+}
+
+impl From<WindowEntry> for Window {
+    fn from(e: WindowEntry) -> Self {
+        Self {
+            key: e.key,
+            start: e.start,
+            value: e.value,
+        }
+    }
+}
+
+/// A window store: a value per key and window start, declared under
+/// `[window-stores.NAME]` in `onceflow.toml` (with its `retention-ms`).
+///
+/// A window whose start is at or before `stream time - retention` has
+/// expired: reads no longer see it and writes to it are ignored. Like a
+/// [`crate::Store`], each task has its own partition of the store, its
+/// writes commit with the outputs, and a changelog restores it.
+#[derive(Clone, Copy)]
+pub struct WindowStore<'s> {
+    host: &'s dyn Host,
+    name: &'s str,
+}
+
+impl<'s> WindowStore<'s> {
+    pub(crate) fn new(host: &'s dyn Host, name: &'s str) -> Self {
+        Self { host, name }
+    }
+
+    /// The store's name.
+    pub fn name(&self) -> &'s str {
+        self.name
+    }
+
+    /// The value of the window of `key` starting at `start`.
+    pub fn get(&self, key: impl AsRef<[u8]>, start: i64) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.host.window_get(self.name, key.as_ref(), start)?)
+    }
+
+    /// The value of a window as an integer in decimal text (see
+    /// [`WindowStore::put_i64`]).
+    pub fn get_i64(&self, key: impl AsRef<[u8]>, start: i64) -> Result<Option<i64>, Error> {
+        let Some(bytes) = self.get(key.as_ref(), start)? else {
+            return Ok(None);
+        };
+        std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                Error::with_kind(
+                    ErrorKind::InvalidData,
+                    format!(
+                        "window store \"{}\": the window of key \"{}\" at {start} is not an integer",
+                        self.name,
+                        key.as_ref().escape_ascii()
+                    ),
+                )
+            })
+    }
+
+    /// Sets the value of the window of `key` starting at `start`.
+    pub fn put(
+        &self,
+        key: impl AsRef<[u8]>,
+        start: i64,
+        value: impl AsRef<[u8]>,
+    ) -> Result<(), Error> {
+        Ok(self
+            .host
+            .window_put(self.name, key.as_ref(), start, value.as_ref())?)
+    }
+
+    /// Sets a window's value to `value` in decimal text, so that other
+    /// languages' SDKs read the same bytes.
+    pub fn put_i64(&self, key: impl AsRef<[u8]>, start: i64, value: i64) -> Result<(), Error> {
+        self.put(key, start, value.to_string())
+    }
+
+    /// Removes the window of `key` starting at `start`.
+    pub fn delete(&self, key: impl AsRef<[u8]>, start: i64) -> Result<(), Error> {
+        Ok(self.host.window_delete(self.name, key.as_ref(), start)?)
+    }
+
+    /// The windows of `key` whose start is in `[earliest, latest]`, by
+    /// start.
+    pub fn fetch(
+        &self,
+        key: impl AsRef<[u8]>,
+        earliest: i64,
+        latest: i64,
+    ) -> Result<Vec<Window>, Error> {
+        let windows = self
+            .host
+            .window_fetch(self.name, key.as_ref(), earliest, latest)?;
+        Ok(windows.into_iter().map(Window::from).collect())
+    }
+
+    /// The windows of every key whose start is in `[earliest, latest]`, in
+    /// (key, start) order, fetched from the host a page at a time.
+    pub fn fetch_all(&self, earliest: i64, latest: i64) -> WindowScan<'s> {
+        WindowScan {
+            store: *self,
+            earliest,
+            latest,
+            after: None,
+            page: Vec::new().into_iter(),
+            done: false,
+        }
+    }
+}
+
+impl fmt::Debug for WindowStore<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WindowStore")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// An iterator over [`WindowStore::fetch_all`]'s windows.
+pub struct WindowScan<'s> {
+    store: WindowStore<'s>,
+    earliest: i64,
+    latest: i64,
+    after: Option<WindowKey>,
+    page: std::vec::IntoIter<WindowEntry>,
+    done: bool,
+}
+
+impl Iterator for WindowScan<'_> {
+    type Item = Result<Window, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(entry) = self.page.next() {
+                return Some(Ok(entry.into()));
+            }
+            if self.done {
+                return None;
+            }
+            let WindowStore { host, name } = self.store;
+            let page = match host.window_fetch_all(
+                name,
+                self.earliest,
+                self.latest,
+                self.after.as_ref(),
+                DEFAULT_WINDOW_PAGE,
+            ) {
+                Ok(page) => page,
+                Err(error) => {
+                    self.done = true;
+                    return Some(Err(error.into()));
+                }
+            };
+            self.done = page.len() < DEFAULT_WINDOW_PAGE as usize;
+            self.after = page.last().map(|w| WindowKey {
+                key: w.key.clone(),
+                start: w.start,
+            });
+            self.page = page.into_iter();
+        }
+    }
+}
+
+impl fmt::Debug for WindowScan<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WindowScan")
+            .field("store", &self.store.name)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Fixed-size windows aligned to the epoch: tumbling (advance = size) or
+/// hopping (advance < size), with a grace period, as Kafka Streams'
+/// `TimeWindows`. A window `[start, start + size)` is open until stream
+/// time reaches `start + size + grace`; a record all of whose windows have
+/// closed is late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeWindows {
+    size_ms: i64,
+    advance_ms: i64,
+    grace_ms: i64,
+}
+
+/// A duration in ms, saturating.
+const fn ms(d: Duration) -> i64 {
+    let ms = d.as_millis();
+    if ms > i64::MAX as u128 {
+        i64::MAX
+    } else {
+        ms as i64
+    }
+}
+
+/// A window length in ms: at least 1.
+const fn length(d: Duration) -> i64 {
+    let ms = ms(d);
+    if ms == 0 { 1 } else { ms }
+}
+
+impl TimeWindows {
+    /// Windows of `size` one after the other, records later than `grace`
+    /// after a window's end being late (a zero size counts as 1 ms).
+    pub const fn tumbling(size: Duration, grace: Duration) -> Self {
+        Self {
+            size_ms: length(size),
+            advance_ms: length(size),
+            grace_ms: ms(grace),
+        }
+    }
+
+    /// Windows of `size` starting every `advance` (at most `size`), so a
+    /// record falls in `size / advance` of them.
+    pub const fn hopping(size: Duration, advance: Duration, grace: Duration) -> Self {
+        let advance_ms = if length(advance) < length(size) {
+            length(advance)
+        } else {
+            length(size)
+        };
+        Self {
+            size_ms: length(size),
+            advance_ms,
+            grace_ms: ms(grace),
+        }
+    }
+
+    /// The window size, ms.
+    pub const fn size_ms(&self) -> i64 {
+        self.size_ms
+    }
+
+    /// The grace period, ms.
+    pub const fn grace_ms(&self) -> i64 {
+        self.grace_ms
+    }
+
+    /// The end (exclusive) of the window starting at `start`.
+    pub const fn end(&self, start: i64) -> i64 {
+        start.saturating_add(self.size_ms)
+    }
+
+    /// The starts of the windows that contain `timestamp`, ascending
+    /// (Kafka Streams' `windowsFor`: no window starts before the epoch).
+    pub fn windows_for(&self, timestamp: i64) -> Vec<i64> {
+        let first = (timestamp - self.size_ms + self.advance_ms).max(0);
+        let first = first - first % self.advance_ms;
+        (0..)
+            .map(|i| first + i * self.advance_ms)
+            .take_while(|&start| start <= timestamp)
+            .collect()
+    }
+
+    /// Whether the window starting at `start` has closed at `stream_time`.
+    pub const fn is_closed(&self, start: i64, stream_time: i64) -> bool {
+        self.end(start).saturating_add(self.grace_ms) <= stream_time
+    }
+
+    /// The windows containing `timestamp` that are still open at
+    /// `stream_time` (all of them before the first record): empty means the
+    /// record is late.
+    pub fn open_windows(&self, timestamp: i64, stream_time: Option<i64>) -> Vec<i64> {
+        let mut starts = self.windows_for(timestamp);
+        if let Some(now) = stream_time {
+            starts.retain(|&start| !self.is_closed(start, now));
+        }
+        starts
+    }
+
+    /// The stream-time punctuation interval that falls on every point where
+    /// one of these windows closes (`end + grace` of each), so that
+    /// [`TimeWindows::take_closed`] in `punctuate` emits each window at the
+    /// record that closes it, as Kafka Streams' `suppress` does.
+    pub fn punctuation_interval(&self) -> Duration {
+        let offset = (self.size_ms + self.grace_ms).rem_euclid(self.advance_ms);
+        let every = gcd(self.advance_ms, offset).max(1);
+        Duration::from_millis(every as u64)
+    }
+
+    /// Every window of `store` closed at `stream_time`: calls `each` on it,
+    /// then deletes it (emit final). Returns how many there were.
+    pub fn take_closed(
+        &self,
+        store: &WindowStore<'_>,
+        stream_time: i64,
+        mut each: impl FnMut(&Window) -> Result<(), Error>,
+    ) -> Result<u64, Error> {
+        let latest = stream_time
+            .saturating_sub(self.grace_ms)
+            .saturating_sub(self.size_ms);
+        let closed: Vec<Window> = store
+            .fetch_all(i64::MIN, latest)
+            .collect::<Result<_, _>>()?;
+        for window in &closed {
+            each(window)?;
+            store.delete(&window.key, window.start)?;
+        }
+        Ok(closed.len() as u64)
+    }
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Duration = Duration::from_secs(60);
+    const TEN_S: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn tumbling_windows_hold_one_window_per_timestamp() {
+        let w = TimeWindows::tumbling(MIN, TEN_S);
+        assert_eq!(w.windows_for(0), [0]);
+        assert_eq!(w.windows_for(59_999), [0]);
+        assert_eq!(w.windows_for(60_000), [60_000]);
+        assert!(!w.is_closed(0, 69_999));
+        assert!(w.is_closed(0, 70_000));
+        assert_eq!(w.open_windows(5_000, Some(75_000)), Vec::<i64>::new());
+        assert_eq!(w.open_windows(5_000, None), [0]);
+        assert_eq!(w.punctuation_interval(), TEN_S);
+    }
+
+    #[test]
+    fn hopping_windows_overlap_as_kafka_streams_windows_for() {
+        let w = TimeWindows::hopping(MIN, Duration::from_secs(20), Duration::ZERO);
+        assert_eq!(w.windows_for(65_000), [20_000, 40_000, 60_000]);
+        assert_eq!(w.windows_for(5_000), [0]);
+        // Zero grace: a window closes at its end.
+        assert!(w.is_closed(0, 60_000));
+        assert!(!w.is_closed(0, 59_999));
+        assert_eq!(w.punctuation_interval(), Duration::from_secs(20));
+    }
+}

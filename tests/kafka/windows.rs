@@ -1,0 +1,394 @@
+//! Windows and stream time on the broker: the pageviews example under
+//! exactly_once_v2 with the host killed (SIGKILL) while a transaction
+//! holding window counts is open, then restarted; every closed window must
+//! be emitted exactly once with its final count and every late view
+//! dead-lettered exactly once, as an independent model says. Then Kafka
+//! Streams 4.4 (`bench/kstreams-wallet`'s `KStreamsPageviews`: the DSL's
+//! `windowedBy(...).count().suppress(untilWindowCloses(...))`) runs on the
+//! same input topic, and its output must equal Onceflow's, record for
+//! record per partition, key and window.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::common::cluster::{Cluster, plain_producer, serial};
+use crate::common::host_process::Host;
+use crate::common::pageviews::{late_at, model, parse_count, views};
+use crate::common::txn_probe::TxnProbe;
+use crate::common::{build_guest, repo};
+
+/// One committed record: partition, key, value, the dead-letter reason.
+type Read = (i32, String, String, Option<String>);
+
+/// Every committed record of `topic` (read_committed, to the last stable
+/// offsets).
+fn read_committed(cluster: &Cluster, topic: &str) -> Vec<Read> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("group.id", "windows-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for p in md.topics()[0].partitions() {
+        let (_, high) = c
+            .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+            .expect("watermarks");
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+            .expect("offset");
+        ends.push((p.id(), high));
+    }
+    c.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let done = |c: &BaseConsumer| {
+        ends.iter().all(|(p, high)| {
+            c.position().ok().is_some_and(|pos| {
+                pos.find_partition(topic, *p)
+                    .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= *high))
+            }) || *high == 0
+        })
+    };
+    while !done(&c) {
+        assert!(Instant::now() < deadline, "reading {topic} took over 60 s");
+        let Some(m) = c.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.expect("a record");
+        let text = |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
+        let error = m.headers().and_then(|h| {
+            h.iter()
+                .find(|x| x.key == "onceflow.error.message")
+                .map(|x| text(x.value))
+        });
+        out.push((m.partition(), text(m.key()), text(m.payload()), error));
+    }
+    out
+}
+
+/// Sends views with their timestamps, then waits for the acknowledgements.
+fn produce_views(producer: &BaseProducer, topic: &str, views: &[(String, i64)]) {
+    for (page, at) in views {
+        let value = format!("{{\"page\":\"{page}\"}}");
+        let mut record = BaseRecord::to(topic)
+            .key(page.as_str())
+            .payload(&value)
+            .timestamp(*at);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+}
+
+/// The Kafka Streams twins' classpath, built once with Maven.
+fn kstreams_classpath() -> String {
+    static BUILT: OnceLock<String> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = repo().join("bench/kstreams-wallet");
+            let out = Command::new("mvn")
+                .args([
+                    "-q",
+                    "-B",
+                    "-Dstyle.color=never",
+                    "compile",
+                    "dependency:copy-dependencies",
+                ])
+                .current_dir(&dir)
+                .output()
+                .expect("run mvn (Maven must be installed)");
+            assert!(
+                out.status.success(),
+                "building bench/kstreams-wallet failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            format!(
+                "{}:{}/*",
+                dir.join("target/classes").display(),
+                dir.join("target/lib").display()
+            )
+        })
+        .clone()
+}
+
+/// A Kafka Streams application run as a child process, stopped with
+/// SIGTERM (and killed if it will not stop) when dropped.
+struct KStreams(std::process::Child);
+
+impl KStreams {
+    fn start(class: &str, args: &[&str], log: &Path) -> KStreams {
+        let log = std::fs::File::create(log).expect("log file");
+        let child = Command::new("java")
+            .args(["-Xmx512m", "-XX:+UseSerialGC", "-cp", &kstreams_classpath()])
+            .arg(format!("dev.onceflow.bench.{class}"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start java");
+        KStreams(child)
+    }
+}
+
+impl Drop for KStreams {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn unique() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The pageviews manifest on the test's own topics.
+fn pageviews_manifest(dir: &Path, name: &str, input: &str, counts: &str, dlq: &str) -> PathBuf {
+    let example = build_guest("examples/pageviews/onceflow.toml");
+    let component = example
+        .parent()
+        .expect("the example's directory")
+        .join("target/onceflow/pageviews.wasm");
+    let text = std::fs::read_to_string(&example)
+        .expect("the example's manifest")
+        .replace("name = \"pageviews\"", &format!("name = \"{name}\""))
+        .replace("tenant = \"demo\"", "tenant = \"test\"")
+        .replace(
+            "inputs = [\"pageviews\"]",
+            &format!("inputs = [\"{input}\"]"),
+        )
+        .replace(
+            "component = \"target/onceflow/pageviews.wasm\"",
+            &format!("component = \"{}\"", component.display()),
+        )
+        .replace(
+            "counts = \"pageview-counts\"",
+            &format!("counts = \"{counts}\""),
+        )
+        .replace(
+            "dead-letter-topic = \"pageviews.dlq\"",
+            &format!("dead-letter-topic = \"{dlq}\""),
+        );
+    let path = dir.join("onceflow.toml");
+    std::fs::write(&path, text).expect("write the manifest");
+    path
+}
+
+#[test]
+fn pageviews_exactly_once_with_kills_matches_kafka_streams() {
+    let _serial = serial();
+    let cluster = Cluster::shared();
+    let id = unique();
+    let name = format!("pageviews-{id}");
+    let (input, counts, dlq, ks_counts) = (
+        format!("pageviews-{id}"),
+        format!("pageview-counts-{id}"),
+        format!("pageviews-{id}.dlq"),
+        format!("ks-pageview-counts-{id}"),
+    );
+    cluster.create_topics(&[(&input, 3), (&counts, 3), (&dlq, 1), (&ks_counts, 3)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manifest = pageviews_manifest(dir.path(), &name, &input, &counts, &dlq);
+
+    // A day ago, on a minute boundary: inside the topics' 7-day retention
+    // (judged by record time) and never in the broker's future.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let base = now - 24 * 3600 * 1000;
+    let base = base - base.rem_euclid(60_000);
+    let all = views(3_000, 11, base);
+    let (closed, late) = model(&all, 3);
+
+    // Views arrive at about 600/s while the host runs; it is killed twice
+    // while a transaction holding window counts is open.
+    let probe = TxnProbe::new(cluster, &counts);
+    let producer = plain_producer(cluster);
+    let start = || Host::run(&manifest, &cluster.host_bootstrap, dir.path(), "a", &[]);
+    let mut host = Some(start());
+    let fed = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let mut kills = 0;
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for chunk in all.chunks(60) {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                produce_views(&producer, &input, chunk);
+                fed.fetch_add(chunk.len(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        for round in 1..=2 {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while probe.committed_end() < 20 * round || !probe.open() {
+                assert!(
+                    Instant::now() < deadline,
+                    "no open transaction with counts (round {round}); log:\n{}",
+                    host.as_ref().map(Host::log_text).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if let Some(h) = host.take() {
+                h.kill();
+            }
+            kills += 1;
+            println!(
+                "FIGURE pageviews_kill_{round} fed {} counts_committed {}",
+                fed.load(Ordering::Relaxed),
+                probe.committed_end()
+            );
+            host = Some(start());
+        }
+    });
+    let host = host.expect("restarted");
+    // Every view processed and committed.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let group = format!("test.{name}");
+    loop {
+        let (committed, end) = cluster.progress(&group, &input);
+        if end == all.len() as i64 && committed == end {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the host did not finish: {committed} of {end}; log:\n{}",
+            host.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = host.log_text();
+    assert!(host.stop().success(), "a clean stop; log:\n{log}");
+    assert!(
+        !log.contains(" WARN ") && !log.contains(" ERROR "),
+        "a healthy run logs no warnings:\n{log}"
+    );
+
+    let onceflow: Vec<Read> = read_committed(cluster, &counts);
+    let mut ours = BTreeSet::new();
+    for (partition, key, value, _) in &onceflow {
+        let count = parse_count(value);
+        assert_eq!(*key, count.0);
+        assert!(
+            ours.insert((*partition, count.clone())),
+            "{count:?} emitted twice"
+        );
+    }
+    let windows: BTreeSet<_> = ours.iter().map(|(_, c)| c.clone()).collect();
+    assert_eq!(
+        windows, closed,
+        "every closed window once, with its final count"
+    );
+    let mut dead = BTreeSet::new();
+    for (_, key, _, error) in read_committed(cluster, &dlq) {
+        let at = late_at(error.as_deref().expect("a dead letter's reason"));
+        assert!(
+            dead.insert((key.clone(), at)),
+            "{key} at {at} dead-lettered twice"
+        );
+    }
+    assert_eq!(dead, late, "every late view dead-lettered once");
+    println!(
+        "FIGURE pageviews_eos views {} windows {} late {} kills {kills}",
+        all.len(),
+        ours.len(),
+        dead.len()
+    );
+
+    // Kafka Streams on the same input.
+    let state = dir.path().join("kstreams-state");
+    let app = format!("ks-pageviews-{id}");
+    let ks = KStreams::start(
+        "KStreamsPageviews",
+        &[
+            &cluster.bootstrap,
+            &app,
+            &input,
+            &ks_counts,
+            "exactly_once_v2",
+            "100",
+            state.to_str().expect("utf-8 path"),
+        ],
+        &dir.path().join("kstreams.log"),
+    );
+    // Its output's offsets count transaction markers too: wait for the
+    // records themselves.
+    let ks_log = || std::fs::read_to_string(dir.path().join("kstreams.log")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let read = read_committed(cluster, &ks_counts).len();
+        if read >= closed.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Kafka Streams emitted {read} of {} windows; log:\n{}",
+            closed.len(),
+            ks_log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Let a few more commits pass: nothing more may come.
+    std::thread::sleep(Duration::from_secs(2));
+    drop(ks);
+    let mut theirs = BTreeSet::new();
+    for (partition, _, value, _) in read_committed(cluster, &ks_counts) {
+        let count = parse_count(&value);
+        assert!(
+            theirs.insert((partition, count.clone())),
+            "Kafka Streams emitted {count:?} twice; log:\n{}",
+            ks_log()
+        );
+    }
+    assert_eq!(
+        theirs, ours,
+        "Onceflow and Kafka Streams agree per partition, page and window"
+    );
+    println!(
+        "FIGURE pageviews_vs_kafka_streams records {} equal {}",
+        theirs.len(),
+        theirs == ours
+    );
+}

@@ -1,0 +1,149 @@
+//! Stream time, windows and punctuation offline: the pageviews example
+//! against an independent model of Kafka Streams' windowed count with
+//! `suppress(untilWindowCloses)`, under every batching; and the contract's
+//! compatibility (a component built against `onceflow:processor@0.1.0`).
+
+use std::collections::BTreeSet;
+
+use crate::common::{build_guest, json_lines, offline_test, repo};
+use serde_json::json;
+
+use crate::common::pageviews::{SIZE, late_at, model, parse_count, views};
+
+/// A minute boundary, so windows start on round numbers.
+const BASE: i64 = 1_700_000_040_000;
+
+fn input(views: &[(String, i64)]) -> String {
+    views
+        .iter()
+        .map(|(page, at)| {
+            json!({"topic": "pageviews", "key": page, "value": "{}", "timestamp": at}).to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn pageviews_emits_each_closed_window_once_whatever_the_batching() {
+    let manifest = build_guest("examples/pageviews/onceflow.toml");
+    let views = views(3_000, 7, BASE);
+    let input = input(&views);
+    for partitions in [1, 3] {
+        let (closed, late) = model(&views, partitions);
+        assert!(closed.len() > 100 && late.len() > 50, "{closed:?} {late:?}");
+        let mut first: Option<Vec<u8>> = None;
+        for batch in ["1", "7", "500"] {
+            let parts = partitions.to_string();
+            let out = offline_test(
+                &manifest,
+                &input,
+                &["--batch-size", batch, "--partitions", &parts],
+            );
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let mut got_closed = BTreeSet::new();
+            let mut got_late = BTreeSet::new();
+            for line in json_lines(&out.stdout) {
+                match line["topic"].as_str() {
+                    Some("pageview-counts") => {
+                        let key = parse_count(line["value"].as_str().unwrap());
+                        assert_eq!(line["key"].as_str(), Some(key.0.as_str()));
+                        assert!(got_closed.insert(key.clone()), "{key:?} emitted twice");
+                    }
+                    Some("pageviews.dlq") => {
+                        let at = late_at(line["error"].as_str().unwrap());
+                        got_late.insert((line["key"].as_str().unwrap().to_owned(), at));
+                    }
+                    other => panic!("unexpected output topic {other:?}"),
+                }
+            }
+            assert_eq!(got_closed, closed, "partitions {partitions}, batch {batch}");
+            assert_eq!(got_late, late, "partitions {partitions}, batch {batch}");
+            // The same records punctuate at the same places, however batched:
+            // the output is the same, byte for byte, in the same order.
+            match &first {
+                None => first = Some(out.stdout),
+                Some(f) => assert!(*f == out.stdout, "batch {batch} changed the output"),
+            }
+        }
+    }
+}
+
+#[test]
+fn dump_state_shows_the_open_windows() {
+    let manifest = build_guest("examples/pageviews/onceflow.toml");
+    let input = input(&[
+        ("/a".into(), BASE + 1_000),
+        ("/a".into(), BASE + 2_000),
+        ("/b".into(), BASE + 61_000),
+    ]);
+    let out = offline_test(&manifest, &input, &["--dump-state"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state: Vec<_> = json_lines(&out.stdout)
+        .into_iter()
+        .filter(|l| l["store"] == "views")
+        .map(|l| {
+            (
+                l["key"].as_str().unwrap().to_owned(),
+                l["start"].as_i64().unwrap(),
+                l["value"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        state,
+        [
+            ("/a".to_owned(), BASE, "2".to_owned()),
+            ("/b".to_owned(), BASE + SIZE, "1".to_owned())
+        ]
+    );
+}
+
+/// A component built against `onceflow:processor@0.1.0` (the wallet as it
+/// was built before 0.2.0, kept as a fixture) runs on this host unchanged
+/// and prints what the wallet built against 0.2.0 prints.
+#[test]
+fn a_component_built_against_wit_0_1_0_runs_unchanged() {
+    let fixture = repo().join("tests/fixtures/wallet-0.1.0.wasm");
+    let bytes = std::fs::read(&fixture).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("onceflow:processor/state@0.1.0"));
+    assert!(
+        !text.contains("@0.2.0"),
+        "the fixture must be a 0.1.0 build"
+    );
+
+    let manifest = build_guest("examples/wallet/onceflow.toml");
+    let current =
+        std::fs::read(repo().join("examples/wallet/target/onceflow/wallet.wasm")).unwrap();
+    assert!(String::from_utf8_lossy(&current).contains("onceflow:processor/state@0.2.0"));
+    let input = std::fs::read_to_string(repo().join("examples/wallet/sample.jsonl")).unwrap();
+    let old = offline_test(
+        &manifest,
+        &input,
+        &["--component", fixture.to_str().unwrap(), "--dump-state"],
+    );
+    let new = offline_test(&manifest, &input, &["--dump-state"]);
+    assert!(
+        old.status.success(),
+        "{}",
+        String::from_utf8_lossy(&old.stderr)
+    );
+    assert!(
+        new.status.success(),
+        "{}",
+        String::from_utf8_lossy(&new.stderr)
+    );
+    assert!(json_lines(&old.stdout).len() > 5);
+    assert_eq!(
+        String::from_utf8_lossy(&old.stdout),
+        String::from_utf8_lossy(&new.stdout)
+    );
+}
