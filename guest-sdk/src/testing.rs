@@ -52,6 +52,7 @@ thread_local! {
 }
 
 /// `schedule_punctuation` outside WebAssembly.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn scheduled(ms: u64) {
     SCHEDULED.with(|s| s.set((ms > 0).then_some(ms)));
 }
