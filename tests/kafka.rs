@@ -11,7 +11,8 @@
 //! then the hardening of the exactly-once path, item by item (issue 16),
 //! then SASL_SSL to the brokers (one node of its own with ACLs enforced),
 //! then windows and stream time (the pageviews example against a model and
-//! against Kafka Streams).
+//! against Kafka Streams), then tables and joins (the fraud example, the
+//! same).
 
 mod common;
 
@@ -29,3 +30,5 @@ mod e_hardening;
 mod f_sasl;
 #[path = "kafka/windows.rs"]
 mod g_windows;
+#[path = "kafka/joins.rs"]
+mod h_joins;

@@ -317,6 +317,8 @@ struct RawManifest {
     stores: Vec<String>,
     #[serde(default)]
     window_stores: BTreeMap<String, WindowStoreSection>,
+    #[serde(default)]
+    tables: BTreeMap<String, String>,
     build: BuildSection,
     #[serde(default)]
     outputs: BTreeMap<String, String>,
@@ -345,6 +347,10 @@ pub struct Manifest {
     pub description: Option<String>,
     /// Input topics (a task reads the same partition of each).
     pub inputs: Vec<String>,
+    /// Tables: store name -> compacted topic, materialized into a read-only
+    /// store per task from the same partition of the topic (which is the
+    /// store's changelog).
+    pub tables: Vec<(String, String)>,
     /// Every state store's name: the key-value stores of `stores`, then the
     /// window stores (each has a changelog and a RocksDB column family).
     pub stores: Vec<String>,
@@ -405,19 +411,14 @@ impl Manifest {
         for topic in &raw.inputs {
             check_topic(topic).map_err(|m| invalid("inputs", m))?;
         }
-        if raw.inputs.len() > 1 {
-            // A task is keyed by partition number, but the group's assignor
-            // does not keep partition 3 of every input on one worker: two
-            // workers would write one changelog partition.
-            return Err(invalid(
-                "inputs",
-                format!(
-                    "{} topics listed, but a processor reads one input for now (several inputs \
-                     need co-partitioned assignment, which is not built yet): deploy one \
-                     processor per input, or merge the inputs into one topic",
-                    raw.inputs.len()
-                ),
-            ));
+        let mut sources = std::collections::BTreeSet::new();
+        for topic in &raw.inputs {
+            if !sources.insert(topic) {
+                return Err(invalid(
+                    "inputs",
+                    format!("topic {topic:?} is listed twice"),
+                ));
+            }
         }
         let mut seen = std::collections::BTreeSet::new();
         for store in &raw.stores {
@@ -448,13 +449,32 @@ impl Manifest {
                 ));
             }
         }
+        for (store, topic) in &raw.tables {
+            let key = format!("tables.{store}");
+            check_store_name(store).map_err(|m| invalid(&key, m))?;
+            check_topic(topic).map_err(|m| invalid(&key, m))?;
+            if !seen.insert(store) {
+                return Err(invalid(
+                    &key,
+                    format!("{store:?} is also a store's name: a table is a store of its own"),
+                ));
+            }
+            if !sources.insert(topic) {
+                return Err(invalid(
+                    &key,
+                    format!("topic {topic:?} is already an input or another table"),
+                ));
+            }
+        }
         for (alias, topic) in &raw.outputs {
             check_identifier(alias).map_err(|m| invalid(&format!("outputs.{alias}"), m))?;
             check_topic(topic).map_err(|m| invalid(&format!("outputs.{alias}"), m))?;
-            if raw.inputs.contains(topic) {
+            if sources.contains(topic) {
                 return Err(invalid(
                     &format!("outputs.{alias}"),
-                    format!("topic {topic:?} is also an input: a processor cannot feed itself"),
+                    format!(
+                        "topic {topic:?} is also an input or a table: a processor cannot feed itself"
+                    ),
                 ));
             }
         }
@@ -494,7 +514,7 @@ impl Manifest {
             }
             (PolicyName::DeadLetter, Some(topic)) => {
                 check_topic(&topic).map_err(|m| invalid("errors.dead-letter-topic", m))?;
-                if raw.inputs.contains(&topic) {
+                if sources.contains(&topic) {
                     return Err(invalid(
                         "errors.dead-letter-topic",
                         format!("topic {topic:?} is also an input"),
@@ -542,6 +562,7 @@ impl Manifest {
             tenant: raw.tenant,
             description: raw.description,
             inputs: raw.inputs,
+            tables: raw.tables.into_iter().collect(),
             stores: raw
                 .stores
                 .into_iter()
@@ -578,6 +599,34 @@ impl Manifest {
     /// The source directory.
     pub fn source_dir(&self) -> PathBuf {
         self.dir().join(&self.build.source)
+    }
+
+    /// Every topic a task reads: the inputs, then the tables' topics. They
+    /// must be co-partitioned.
+    pub fn sources(&self) -> Vec<&str> {
+        self.inputs
+            .iter()
+            .map(String::as_str)
+            .chain(self.tables.iter().map(|(_, t)| t.as_str()))
+            .collect()
+    }
+
+    /// The table whose topic is `topic`.
+    pub fn table_of(&self, topic: &str) -> Option<&str> {
+        self.tables
+            .iter()
+            .find(|(_, t)| t == topic)
+            .map(|(s, _)| s.as_str())
+    }
+
+    /// Every store a task keeps locally: the changelogged stores, then the
+    /// tables.
+    pub fn local_stores(&self) -> Vec<String> {
+        self.stores
+            .iter()
+            .cloned()
+            .chain(self.tables.iter().map(|(s, _)| s.clone()))
+            .collect()
     }
 
     /// The application id: consumer group and prefix of everything the
@@ -770,6 +819,22 @@ dead-letter-topic = "payments.dlq"
                 WALLET.replace("[errors]", "[time]\nlate-records = \"keep\"\n[errors]"),
                 "keep",
             ),
+            (
+                WALLET.replace("[build]", "[tables]\nbalances = \"accounts\"\n[build]"),
+                "tables.balances",
+            ),
+            (
+                WALLET.replace("[build]", "[tables]\naccounts = \"payments\"\n[build]"),
+                "already an input",
+            ),
+            (
+                WALLET.replace("[build]", "[tables]\naccounts = \"audit\"\n[build]"),
+                "outputs.audit",
+            ),
+            (
+                WALLET.replace("inputs = [\"payments\"]", "inputs = [\"payments\", \"payments\"]"),
+                "listed twice",
+            ),
         ];
         for (text, needle) in cases {
             let err = parse(&text).unwrap_err().to_string();
@@ -793,6 +858,19 @@ dead-letter-topic = "payments.dlq"
         assert_eq!(retention, [("daily", 86_400_000), ("views", 80_000)]);
         assert_eq!(m.time.late_records, LateRecords::ErrorPolicy);
         assert_eq!(parse(WALLET).unwrap().time.late_records, LateRecords::Drop);
+    }
+
+    #[test]
+    fn several_inputs_and_tables_are_the_sources() {
+        let text = WALLET
+            .replace("inputs = [\"payments\"]", "inputs = [\"payments\", \"refunds\"]")
+            .replace("[build]", "[tables]\naccounts = \"accounts\"\n[build]");
+        let m = parse(&text).unwrap();
+        assert_eq!(m.sources(), ["payments", "refunds", "accounts"]);
+        assert_eq!(m.table_of("accounts"), Some("accounts"));
+        assert_eq!(m.table_of("payments"), None);
+        assert_eq!(m.stores, ["balances"], "a table has no changelog");
+        assert_eq!(m.local_stores(), ["balances", "accounts"]);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! (batching, poison-record isolation, error policy) as the real host; no
 //! Kafka.
 //!
-//! Input, one JSON object per line:
+//! Input, one JSON object per line, processed in file order (a table's
+//! records, by its topic, update its store where they stand):
 //! `{"topic": "payments", "key": "a", "value": "{...}", "partition": 0,
 //!   "headers": {"h": "v"}, "timestamp": 1700000000000}`
 //! with `key_base64` / `value_base64` in place of `key` / `value` for binary
@@ -100,12 +101,12 @@ pub fn read_input(
                 "{e}; expected {{\"topic\", \"key\", \"value\", \"partition\"?, \"headers\"?, \"timestamp\"?}}"
             ))
         })?;
-        if !manifest.inputs.contains(&parsed.topic) {
+        if !manifest.sources().contains(&parsed.topic.as_str()) {
             return Err(bad(format!(
-                "topic {:?} is not an input of {} (inputs: {})",
+                "topic {:?} is not an input or a table of {} (inputs and tables: {})",
                 parsed.topic,
                 manifest.name,
-                manifest.inputs.join(", ")
+                manifest.sources().join(", ")
             )));
         }
         let key = bytes_field("key", parsed.key, parsed.key_base64).map_err(&bad)?;

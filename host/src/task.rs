@@ -74,6 +74,10 @@ pub struct TaskConfig {
     pub stores: Vec<String>,
     /// The window stores among `stores`, with their retention in ms.
     pub window_stores: Vec<(String, u64)>,
+    /// Tables: store -> topic. Their records come in the batches, in
+    /// timestamp order with the inputs', and are written to the store by
+    /// the host; their changelog is their topic.
+    pub tables: Vec<(String, String)>,
     /// What to do with the records the processor reports late.
     pub late_records: LateRecords,
     /// Most bytes of keys and values the stores of one task hold together
@@ -99,6 +103,7 @@ impl TaskConfig {
                 .map(|(name, w)| (name.clone(), w.retention_ms))
                 .collect(),
             late_records: m.time.late_records,
+            tables: m.tables.clone(),
             state_limit_bytes: m.limits.state_mb.saturating_mul(1 << 20),
         }
     }
@@ -143,6 +148,20 @@ pub enum TaskError {
     /// The state store failed.
     #[error(transparent)]
     State(#[from] StateError),
+    /// A table's record could not be written to its store.
+    #[error("table {table}: cannot apply {topic}/{partition}@{offset}: {reason}")]
+    Table {
+        /// The table.
+        table: String,
+        /// Its topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The offset.
+        offset: i64,
+        /// Why.
+        reason: String,
+    },
     /// `punctuate` failed: no record is to blame, so the deployment stops.
     #[error(
         "punctuate at stream time {stream_time} of partition {partition} failed: {reason}; fix the \
@@ -181,6 +200,8 @@ struct TaskEffects {
     state: TaskState,
     /// Window stores and their retention, ms.
     windows: Vec<(String, u64)>,
+    /// Table stores (read-only to the guest).
+    tables: Vec<String>,
     outputs: Vec<(String, String)>,
     call_outputs: Vec<OutputRecord>,
     /// Bytes of outputs and state writes in the call in progress.
@@ -203,6 +224,14 @@ impl TaskEffects {
         true
     }
 
+    /// Refuses writes to a table, and the key-value calls on a window store.
+    fn writable(&self, store: &str) -> Result<(), AccessError> {
+        if self.tables.iter().any(|t| t == store) {
+            return Err(StoreAccessError::ReadOnly(store.to_owned()).into());
+        }
+        self.key_value(store)
+    }
+
     /// Refuses the key-value calls on a window store.
     fn key_value(&self, store: &str) -> Result<(), AccessError> {
         if self.windows.iter().any(|(name, _)| name == store) {
@@ -219,6 +248,13 @@ impl TaskEffects {
     fn retention(&self, store: &str) -> Result<u64, AccessError> {
         if let Some((_, retention)) = self.windows.iter().find(|(name, _)| name == store) {
             return Ok(*retention);
+        }
+        if self.tables.iter().any(|t| t == store) {
+            return Err(StoreAccessError::WrongKind {
+                store: store.to_owned(),
+                window: false,
+            }
+            .into());
         }
         // A key-value store says so; an unknown one is unknown.
         self.state.get(store, b"")?;
@@ -296,11 +332,11 @@ impl Effects for TaskEffects {
         self.state.get(store, key)
     }
     fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
-        self.key_value(store)?;
+        self.writable(store)?;
         self.write(store, key, value)
     }
     fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
-        self.key_value(store)?;
+        self.writable(store)?;
         self.state.delete(store, key)
     }
     fn scan_prefix(
@@ -453,7 +489,9 @@ impl Task {
     ) -> Self {
         let outputs = config.outputs.clone();
         let windows = config.window_stores.clone();
-        let state = TaskState::new(&config.stores, committed).limit_bytes(config.state_limit_bytes);
+        let tables: Vec<String> = config.tables.iter().map(|(s, _)| s.clone()).collect();
+        let local: Vec<String> = config.stores.iter().chain(&tables).cloned().collect();
+        let state = TaskState::new(&local, committed).limit_bytes(config.state_limit_bytes);
         Self {
             partition,
             processor,
@@ -466,6 +504,7 @@ impl Task {
             effects: Box::new(TaskEffects {
                 state,
                 windows,
+                tables,
                 outputs,
                 call_outputs: Vec::new(),
                 call_bytes: 0,
@@ -532,6 +571,12 @@ impl Task {
                 now = Some(record.timestamp);
             }
             times.push(now);
+            if let Some(table) = self.table_of(&record.topic) {
+                // The stream records before it see the table as it was.
+                self.run(&batch[from..i], &times[from..i], outcome)?;
+                self.apply_table_record(&table, record)?;
+                from = i + 1;
+            }
             let due = match (every, before, now) {
                 (Some(_), None, Some(_)) => true,
                 (Some(every), Some(before), Some(now)) => now >= next_punctuation(before, every),
@@ -547,6 +592,48 @@ impl Task {
         self.run(&batch[from..], &times[from..], outcome)?;
         self.stream_time = now;
         self.sweep_expired_windows()
+    }
+
+    /// The table whose topic is `topic`.
+    fn table_of(&self, topic: &str) -> Option<String> {
+        self.config
+            .tables
+            .iter()
+            .find(|(_, t)| t == topic)
+            .map(|(s, _)| s.clone())
+    }
+
+    /// Writes a table's record to its store, in the transaction: a value
+    /// sets the key, a tombstone deletes it, a record without a key is
+    /// ignored (as Kafka Streams ignores it).
+    fn apply_table_record(&mut self, table: &str, record: &InputRecord) -> Result<(), TaskError> {
+        let Some(key) = record.key.clone() else {
+            return Ok(());
+        };
+        let fx = self.fx();
+        let written = match &record.value {
+            Some(value) => fx.state.put(table, key, value.clone()),
+            None => fx.state.delete(table, key),
+        };
+        match written {
+            Ok(()) => {
+                fx.state.end_call();
+                Ok(())
+            }
+            Err(e) => {
+                fx.state.discard_call();
+                Err(TaskError::Table {
+                    table: table.to_owned(),
+                    topic: record.topic.clone(),
+                    partition: record.partition,
+                    offset: record.offset,
+                    reason: match e {
+                        AccessError::Refused(r) => r.to_string(),
+                        AccessError::Failed(m) => m,
+                    },
+                })
+            }
+        }
     }
 
     /// Deletes the windows that expired, once stream time has moved a
@@ -841,9 +928,12 @@ impl Task {
         self.fx_ref().state.is_dirty()
     }
 
-    /// The state changes since the last commit, for the changelogs.
+    /// The state changes since the last commit, for the changelogs (a
+    /// table's changes are not: its topic is its changelog).
     pub fn pending_changes(&self) -> Vec<StoreChanges> {
-        self.fx_ref().state.pending_changes()
+        let mut changes = self.fx_ref().state.pending_changes();
+        changes.retain(|c| !self.config.tables.iter().any(|(s, _)| *s == c.store));
+        changes
     }
 
     /// The transaction committed: apply the pending changes to the

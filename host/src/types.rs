@@ -92,6 +92,8 @@ pub enum StoreAccessError {
     /// The write would take the instance's state past `limits.state-mb`
     /// (the limit in bytes; the guest sees `too-large` with it).
     StateFull(u64),
+    /// The store is a table: only the host writes it, from its topic.
+    ReadOnly(String),
     /// The store is of the other kind: a window store through the
     /// key-value calls, or a key-value store through the window calls.
     WrongKind {
@@ -115,6 +117,11 @@ impl fmt::Display for StoreAccessError {
                 "the state of this instance would exceed limits.state-mb ({} MiB): delete keys \
                  the processor no longer needs, or raise limits.state-mb",
                 limit >> 20
+            ),
+            Self::ReadOnly(store) => write!(
+                f,
+                "{store:?} is a table (under `tables` in onceflow.toml): the host writes it from \
+                 its topic, a processor only reads it"
             ),
             Self::WrongKind {
                 store,

@@ -6,7 +6,9 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod fraud;
 pub mod host_process;
+pub mod kstreams;
 pub mod pageviews;
 pub mod proxy;
 pub mod txn_probe;

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::common::fraud::{model as fraud_model, round};
 use crate::common::{build_guest, json_lines, offline_test, repo};
 use serde_json::json;
 
@@ -146,4 +147,55 @@ fn a_component_built_against_wit_0_1_0_runs_unchanged() {
         String::from_utf8_lossy(&old.stdout),
         String::from_utf8_lossy(&new.stdout)
     );
+}
+
+/// The fraud example offline: account updates and payments in one input
+/// file (the table's records by its topic), in rounds, against the model of
+/// the join, under several batch sizes and partition counts.
+#[test]
+fn fraud_joins_payments_with_the_accounts_table_offline() {
+    let manifest = build_guest("examples/fraud/onceflow.toml");
+    let mut records = Vec::new();
+    for r in 0..20 {
+        let (updates, payments) = round(r, BASE, "payments", "accounts");
+        records.extend(updates);
+        records.extend(payments);
+    }
+    let input = records
+        .iter()
+        .map(|(topic, key, value, at)| {
+            json!({"topic": topic, "key": key, "value": value, "timestamp": at}).to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    for partitions in [1, 3] {
+        let expected: BTreeSet<(String, String)> = fraud_model(&records, "accounts", partitions)
+            .into_iter()
+            .map(|(_, key, value)| (key, value))
+            .collect();
+        assert!(expected.len() > 100, "{}", expected.len());
+        for batch in ["1", "64"] {
+            let parts = partitions.to_string();
+            let out = offline_test(
+                &manifest,
+                &input,
+                &["--batch-size", batch, "--partitions", &parts],
+            );
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let mut got = BTreeSet::new();
+            for line in json_lines(&out.stdout) {
+                assert_eq!(line["topic"], "alerts", "{line}");
+                let alert = (
+                    line["key"].as_str().unwrap().to_owned(),
+                    line["value"].as_str().unwrap().to_owned(),
+                );
+                assert!(got.insert(alert.clone()), "{alert:?} twice");
+            }
+            assert_eq!(got, expected, "partitions {partitions}, batch {batch}");
+        }
+    }
 }

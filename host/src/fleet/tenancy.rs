@@ -445,6 +445,7 @@ impl Tenant {
             .inputs
             .iter()
             .map(|t| ("inputs", t.as_str()))
+            .chain(m.tables.iter().map(|(_, t)| ("tables", t.as_str())))
             .chain(m.outputs.values().map(|t| ("outputs", t.as_str())))
             .chain(
                 m.errors

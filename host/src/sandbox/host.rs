@@ -225,6 +225,9 @@ fn state_result<T>(r: Result<T, AccessError>) -> Result<Result<T, wit::StateErro
         Err(AccessError::Refused(StoreAccessError::WrongKind { store, .. })) => {
             Ok(Err(wit::StateError::WrongKind(store)))
         }
+        Err(AccessError::Refused(StoreAccessError::ReadOnly(store))) => {
+            Ok(Err(wit::StateError::ReadOnly(store)))
+        }
         Err(AccessError::Failed(m)) => Err(wasmtime::Error::new(HostFailure(m))),
     }
 }
@@ -437,7 +440,9 @@ mod compat {
         match r {
             Ok(v) => Ok(Ok(v)),
             Err(AccessError::Refused(
-                StoreAccessError::UnknownStore(s) | StoreAccessError::WrongKind { store: s, .. },
+                StoreAccessError::UnknownStore(s)
+                | StoreAccessError::WrongKind { store: s, .. }
+                | StoreAccessError::ReadOnly(s),
             )) => Ok(Err(wit::StateError::UnknownStore(s))),
             Err(AccessError::Refused(
                 StoreAccessError::TooLarge(n) | StoreAccessError::StateFull(n),

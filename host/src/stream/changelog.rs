@@ -101,40 +101,63 @@ pub(crate) fn restorer(d: &Deployment) -> Result<Restorer, StreamError> {
 /// end: the topic was deleted and recreated, or the store belongs to another
 /// changelog; before the log start: records were deleted) is wiped and
 /// restored in full.
+///
+/// A table's store is restored from its own topic, up to the group's
+/// committed offset of that topic (`table_ends`; none: nothing committed,
+/// the consumer reads it all): the records after it come through the
+/// consumer, in the transactions that commit them.
 pub(crate) fn restore(
     d: &Deployment,
     restorer: &Restorer,
     task: &mut Task,
+    table_ends: &BTreeMap<(String, i32), i64>,
     slice: Duration,
 ) -> Result<RestoreStats, StreamError> {
     let started = Instant::now();
     let partition = task.partition();
     let consumer = &restorer.reader;
     let mut total = 0u64;
-    for (store, topic) in &d.changelogs {
+    let logs = d
+        .changelogs
+        .iter()
+        .map(|(s, t)| (s, t, false))
+        .chain(d.manifest.tables.iter().map(|(s, t)| (s, t, true)));
+    for (store, topic, table) in logs {
         let position = task
             .changelog_position(store)
             .map_err(StreamError::Task)?
             .unwrap_or(0);
         let high = kafka::watermarks(&restorer.probe, topic, partition)?.1;
-        let (low, end) = stable_end(d, consumer, topic, partition, high)?;
-        let from = if position > high || (position < low && position > 0) {
-            let wiped = task.wipe_store(store).map_err(StreamError::Task)?;
-            tracing::warn!(
-                %topic,
-                partition,
-                position,
-                low,
-                high,
-                wiped,
-                "the local store {store} does not match its changelog (its position is outside \
-                 the changelog's offsets: the topic was recreated or truncated); wiped it and \
-                 restoring it in full"
-            );
-            low
+        let (low, end) = if table {
+            let low = kafka::watermarks(consumer, topic, partition)?.0;
+            let end = table_ends
+                .get(&(topic.clone(), partition))
+                .copied()
+                .unwrap_or(0);
+            (low, end)
         } else {
-            position.max(low)
+            stable_end(d, consumer, topic, partition, high)?
         };
+        // A table store ahead of the committed offset: the group's offsets
+        // were moved back; restore it to them.
+        let from =
+            if position > high || (position < low && position > 0) || (table && position > end) {
+                let wiped = task.wipe_store(store).map_err(StreamError::Task)?;
+                tracing::warn!(
+                    %topic,
+                    partition,
+                    position,
+                    low,
+                    high,
+                    wiped,
+                    "the local store {store} does not match its changelog (its position is outside \
+                     the changelog's offsets: the topic was recreated or truncated); wiped it and \
+                     restoring it in full"
+                );
+                low
+            } else {
+                position.max(low)
+            };
         if from >= end {
             continue;
         }

@@ -8,7 +8,18 @@ use crate::kafka::{self, Connection, KafkaError, TopicSpec};
 use crate::manifest::Manifest;
 
 /// A consumer that reads only committed data and commits nothing by itself.
-pub(crate) fn consumer_config(options: &RunOptions, group: &str, client_id: &str) -> ClientConfig {
+///
+/// With `co_partitioned` (several topics per task: inputs and tables) the
+/// range assignor, which gives partition p of every topic (all have the
+/// same partition count) to one member, through every rebalance: a task
+/// never has its topics split between two workers. Otherwise
+/// cooperative-sticky, whose rebalances move only the partitions that move.
+pub(crate) fn consumer_config(
+    options: &RunOptions,
+    group: &str,
+    client_id: &str,
+    co_partitioned: bool,
+) -> ClientConfig {
     let mut c = options.kafka.config();
     c.set("group.id", group)
         .set("client.id", client_id)
@@ -21,7 +32,14 @@ pub(crate) fn consumer_config(options: &RunOptions, group: &str, client_id: &str
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set(
+            "partition.assignment.strategy",
+            if co_partitioned {
+                "range"
+            } else {
+                "cooperative-sticky"
+            },
+        )
         .set(
             "session.timeout.ms",
             options.session_timeout.as_millis().to_string(),
@@ -176,18 +194,29 @@ pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, Kaf
     };
 
     let mut input_partitions = None;
-    for topic in &manifest.inputs {
+    let sources = manifest.sources();
+    for topic in &sources {
+        let what = if manifest.table_of(topic).is_some() {
+            "table"
+        } else {
+            "input"
+        };
         let n = partition_count(&probe, topic)?.ok_or_else(|| {
-            KafkaError::topic(topic.clone(), "input topic does not exist: create it first")
+            KafkaError::topic(
+                topic.to_string(),
+                format!("{what} topic does not exist: create it first"),
+            )
         })?;
         match input_partitions {
             None => input_partitions = Some(n),
             Some(m) if m != n => {
                 return Err(KafkaError::topic(
-                    topic.clone(),
+                    topic.to_string(),
                     format!(
-                        "has {n} partitions but {} has {m}: a task reads the same partition of every input, so inputs must be co-partitioned",
-                        manifest.inputs[0]
+                        "has {n} partitions but {} has {m}: a task reads the same partition of \
+                         every input and table, so they must be co-partitioned (repartition \
+                         one into a topic with {m} partitions)",
+                        sources[0]
                     ),
                 ));
             }

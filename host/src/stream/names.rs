@@ -77,6 +77,11 @@ pub fn own_conflicts(m: &Manifest) -> Vec<String> {
             .inputs
             .iter()
             .map(|t| (t.clone(), "input".to_owned()))
+            .chain(
+                m.tables
+                    .iter()
+                    .map(|(s, t)| (t.clone(), format!("table {s}'s topic"))),
+            )
             .chain(written_topics(m));
         for (other, other_what) in declared {
             if topic_collision_key(topic) == topic_collision_key(&other) {

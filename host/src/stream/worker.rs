@@ -411,7 +411,12 @@ impl ConsumerContext for WorkerContext {
         };
         let mut core = lock(&self.core);
         let assigned = partitions_of(tpl);
-        tracing::info!(worker = core.worker, ?assigned, "partitions assigned");
+        tracing::info!(
+            worker = core.worker,
+            ?assigned,
+            topics = %topic_partitions(tpl),
+            "partitions assigned"
+        );
         // Nothing processed before the rebalance may commit after it (see
         // `pre_rebalance`), and the tasks kept may have been another
         // member's meanwhile.
@@ -467,6 +472,27 @@ fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
     core.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `topic[0,2] other[0,2]`: an assignment by topic, for the logs (tests
+/// check from it that a task's topics were never split between workers).
+fn topic_partitions(tpl: &TopicPartitionList) -> String {
+    let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+    for e in tpl.elements() {
+        by_topic
+            .entry(e.topic().to_owned())
+            .or_default()
+            .push(e.partition());
+    }
+    by_topic
+        .into_iter()
+        .map(|(t, mut ps)| {
+            ps.sort_unstable();
+            let ps: Vec<String> = ps.iter().map(i32::to_string).collect();
+            format!("{t}[{}]", ps.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn partitions_of(tpl: &TopicPartitionList) -> BTreeSet<i32> {
     tpl.elements().iter().map(|e| e.partition()).collect()
 }
@@ -520,9 +546,9 @@ fn refused(d: &Deployment, n: u32, code: RDKafkaErrorCode, topic: Option<&str>) 
             Some(t) => (format!("topic {t:?}"), "Write"),
             None => (
                 format!(
-                    "a topic of {} (inputs {}, outputs, dead letters, changelogs)",
+                    "a topic of {} (inputs and tables {}, outputs, dead letters, changelogs)",
                     d.manifest.application_id(),
-                    d.manifest.inputs.join(", ")
+                    d.manifest.sources().join(", ")
                 ),
                 "Read or Write",
             ),
@@ -611,22 +637,23 @@ impl Session {
             restore_failing_since: BTreeMap::new(),
             restore_consumer: None,
         }));
-        let consumer: BaseConsumer<WorkerContext> = consumer_config(&d.options, &app, &client_id)
-            .set("statistics.interval.ms", "1000")
-            .create_with_context(WorkerContext {
-                core: core.clone(),
-                errors: kafka::ErrorLog::default(),
-                lag: std::sync::atomic::AtomicI64::new(0),
-                membership: Mutex::new(Membership {
-                    last_report: None,
-                    last_connected: Instant::now(),
-                    state: "init".to_owned(),
-                }),
-            })
-            .map_err(|e| StreamError::kafka("creating the consumer", e))?;
-        let inputs: Vec<&str> = d.manifest.inputs.iter().map(String::as_str).collect();
+        let sources = d.manifest.sources();
+        let consumer: BaseConsumer<WorkerContext> =
+            consumer_config(&d.options, &app, &client_id, sources.len() > 1)
+                .set("statistics.interval.ms", "1000")
+                .create_with_context(WorkerContext {
+                    core: core.clone(),
+                    errors: kafka::ErrorLog::default(),
+                    lag: std::sync::atomic::AtomicI64::new(0),
+                    membership: Mutex::new(Membership {
+                        last_report: None,
+                        last_connected: Instant::now(),
+                        state: "init".to_owned(),
+                    }),
+                })
+                .map_err(|e| StreamError::kafka("creating the consumer", e))?;
         consumer
-            .subscribe(&inputs)
+            .subscribe(&sources)
             .map_err(|e| StreamError::kafka("subscribing", e))?;
         tracing::info!(worker = n, %client_id, "worker session started");
         Ok(Self {
@@ -863,8 +890,8 @@ impl Core {
                 })
             })?;
         }
-        let store =
-            RocksPartition::open(&path, &self.d.manifest.stores).map_err(StreamError::State)?;
+        let store = RocksPartition::open(&path, &self.d.manifest.local_stores())
+            .map_err(StreamError::State)?;
         open.insert(partition);
         Ok(Task::new(
             partition,
@@ -898,7 +925,7 @@ impl Core {
     ) -> Result<(), StreamError> {
         let partitions: Vec<i32> = self.restoring.iter().copied().collect();
         let mut tpl = TopicPartitionList::new();
-        for topic in &self.d.manifest.inputs {
+        for topic in self.d.manifest.sources() {
             for p in &partitions {
                 tpl.add_partition(topic, *p);
             }
@@ -920,6 +947,14 @@ impl Core {
                     TXN_CALL_TIMEOUT.as_secs()
                 ))
             })?;
+        // Where each table's store must be restored to: the committed offset
+        // of its topic (the records after it come through the consumer).
+        let mut table_ends = BTreeMap::new();
+        for elem in committed.elements() {
+            if let Offset::Offset(o) = elem.offset() {
+                table_ends.insert((elem.topic().to_owned(), elem.partition()), o);
+            }
+        }
         // The stream time each task had at its last commit.
         for elem in committed.elements() {
             let Some(time) = parse_stream_time_metadata(&elem) else {
@@ -946,7 +981,7 @@ impl Core {
                 continue;
             }
             let task = self.tasks.get_mut(p).expect("restoring tasks exist");
-            let stats = changelog::restore(&self.d, restorer, task, left);
+            let stats = changelog::restore(&self.d, restorer, task, &table_ends, left);
             restoring.fetch_sub(1, Ordering::Relaxed);
             let stats = match stats {
                 Ok(stats) => {
@@ -995,7 +1030,7 @@ impl Core {
             if stats.finished {
                 Metrics::add(&self.d.metrics.restores, 1);
                 self.restoring.remove(p);
-                for topic in &self.d.manifest.inputs {
+                for topic in self.d.manifest.sources() {
                     done.add_partition(topic, *p);
                 }
             }
@@ -1038,12 +1073,9 @@ impl Core {
         consumer: &BaseConsumer<WorkerContext>,
         batch: Vec<InputRecord>,
     ) -> Result<(), StreamError> {
-        // Records of one partition, in order; partitions in order of first
-        // appearance.
-        let mut by_partition: BTreeMap<i32, Vec<InputRecord>> = BTreeMap::new();
-        for r in batch {
-            by_partition.entry(r.partition).or_default().push(r);
-        }
+        // Each task's records: of each topic in offset order, merged across
+        // its topics (inputs and tables) by timestamp.
+        let by_partition = merge_by_timestamp(batch, &self.d.manifest.sources());
         // A call is at most limits.timeout-ms, which is at most the
         // transaction timeout (checked at start); the broker's clock starts
         // with the transaction's first record, after the first call.
@@ -1094,16 +1126,17 @@ impl Core {
                 self.pending.output_bytes += o.size() as u64;
             }
             self.producer.poll(Duration::ZERO);
-            // Only each input topic's last record moves its offset (records
-            // are in offset order): no per-record work here.
-            let inputs = self.d.manifest.inputs.len();
-            let mut seen: Vec<&str> = Vec::with_capacity(inputs);
+            // Only each source topic's last record moves its offset
+            // (records of a topic are in offset order): no per-record work
+            // here.
+            let sources = self.d.manifest.inputs.len() + self.d.manifest.tables.len();
+            let mut seen: Vec<&str> = Vec::with_capacity(sources);
             for r in records.iter().rev() {
                 if !seen.contains(&r.topic.as_str()) {
                     seen.push(&r.topic);
                     self.next_offsets
                         .insert((r.topic.clone(), r.partition), r.offset + 1);
-                    if seen.len() == inputs {
+                    if seen.len() == sources {
                         break;
                     }
                 }
@@ -1296,16 +1329,19 @@ impl Core {
         //    the changelog positions in the same write batch.
         let delivered = std::mem::take(&mut self.producer.context().deliveries().changelog_offsets);
         for task in self.tasks.values_mut() {
-            let positions: Vec<(String, i64)> = self
-                .d
-                .changelogs
-                .iter()
-                .filter_map(|(store, topic)| {
-                    delivered
-                        .get(&(topic.clone(), task.partition()))
-                        .map(|last| (store.clone(), last + 1))
-                })
-                .collect();
+            let p = task.partition();
+            let changelogs = self.d.changelogs.iter().filter_map(|(store, topic)| {
+                delivered
+                    .get(&(topic.clone(), p))
+                    .map(|last| (store.clone(), last + 1))
+            });
+            // A table's position is its topic's next offset.
+            let tables = self.d.manifest.tables.iter().filter_map(|(store, topic)| {
+                self.next_offsets
+                    .get(&(topic.clone(), p))
+                    .map(|next| (store.clone(), *next))
+            });
+            let positions: Vec<(String, i64)> = changelogs.chain(tables).collect();
             task.apply_committed(positions).map_err(StreamError::Task)?;
         }
         self.next_offsets.clear();
@@ -1445,7 +1481,7 @@ impl Core {
         let mut pause = TopicPartitionList::new();
         for p in self.tasks.keys() {
             self.restoring.insert(*p);
-            for topic in &self.d.manifest.inputs {
+            for topic in self.d.manifest.sources() {
                 pause.add_partition(topic, *p);
             }
         }
@@ -1558,9 +1594,9 @@ impl Core {
             tracing::warn!("{abort_error}");
         }
         match e {
-            TaskError::RecordFailed { .. } | TaskError::Punctuate { .. } => {
-                StreamError::ProcessorFailed(e)
-            }
+            TaskError::RecordFailed { .. }
+            | TaskError::Punctuate { .. }
+            | TaskError::Table { .. } => StreamError::ProcessorFailed(e),
             other => StreamError::Task(other),
         }
     }
@@ -1577,6 +1613,46 @@ impl Core {
 
 /// When anything in a task's store directory was last modified (RocksDB
 /// writes its log on every write batch).
+/// A polled batch by task: each topic's records in offset order, merged
+/// across the task's topics by timestamp (the smallest head first; ties go
+/// to the topic listed first in `sources`: inputs, then tables), as Kafka
+/// Streams picks a task's next record. Records of one topic keep their
+/// order even when their timestamps go back.
+fn merge_by_timestamp(
+    batch: Vec<InputRecord>,
+    sources: &[&str],
+) -> BTreeMap<i32, Vec<InputRecord>> {
+    let mut queues: BTreeMap<i32, Vec<std::collections::VecDeque<InputRecord>>> = BTreeMap::new();
+    for r in batch {
+        let rank = sources
+            .iter()
+            .position(|t| *t == r.topic)
+            .unwrap_or(sources.len());
+        let q = queues
+            .entry(r.partition)
+            .or_insert_with(|| (0..=sources.len()).map(|_| Default::default()).collect());
+        q[rank].push_back(r);
+    }
+    queues
+        .into_iter()
+        .map(|(partition, mut q)| {
+            let mut merged = Vec::with_capacity(q.iter().map(|x| x.len()).sum());
+            loop {
+                let next = q
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, x)| x.front().map(|r| (r.timestamp, i)))
+                    .min();
+                let Some((_, i)) = next else {
+                    break;
+                };
+                merged.extend(q[i].pop_front());
+            }
+            (partition, merged)
+        })
+        .collect()
+}
+
 /// What an input offset's commit metadata says of the task's stream time.
 const STREAM_TIME_METADATA: &str = "onceflow:stream-time=";
 
