@@ -1075,7 +1075,16 @@ impl Core {
     ) -> Result<(), StreamError> {
         // Each task's records: of each topic in offset order, merged across
         // its topics (inputs and tables) by timestamp.
-        let by_partition = merge_by_timestamp(batch, &self.d.manifest.sources());
+        // On a timestamp tie a table's update goes first: a record sees the
+        // table as of its own time, that instant included.
+        let m = &self.d.manifest;
+        let order: Vec<&str> = m
+            .tables
+            .iter()
+            .map(|(_, t)| t.as_str())
+            .chain(m.inputs.iter().map(String::as_str))
+            .collect();
+        let by_partition = merge_by_timestamp(batch, &order);
         // A call is at most limits.timeout-ms, which is at most the
         // transaction timeout (checked at start); the broker's clock starts
         // with the transaction's first record, after the first call.
@@ -1611,26 +1620,21 @@ impl Core {
     }
 }
 
-/// When anything in a task's store directory was last modified (RocksDB
-/// writes its log on every write batch).
 /// A polled batch by task: each topic's records in offset order, merged
-/// across the task's topics by timestamp (the smallest head first; ties go
-/// to the topic listed first in `sources`: inputs, then tables), as Kafka
-/// Streams picks a task's next record. Records of one topic keep their
-/// order even when their timestamps go back.
-fn merge_by_timestamp(
-    batch: Vec<InputRecord>,
-    sources: &[&str],
-) -> BTreeMap<i32, Vec<InputRecord>> {
+/// across the task's topics by timestamp (the smallest head first, as Kafka
+/// Streams picks a task's next record; on a tie, the topic listed first in
+/// `order`). Records of one topic keep their order even when their
+/// timestamps go back.
+fn merge_by_timestamp(batch: Vec<InputRecord>, order: &[&str]) -> BTreeMap<i32, Vec<InputRecord>> {
     let mut queues: BTreeMap<i32, Vec<std::collections::VecDeque<InputRecord>>> = BTreeMap::new();
     for r in batch {
-        let rank = sources
+        let rank = order
             .iter()
             .position(|t| *t == r.topic)
-            .unwrap_or(sources.len());
+            .unwrap_or(order.len());
         let q = queues
             .entry(r.partition)
-            .or_insert_with(|| (0..=sources.len()).map(|_| Default::default()).collect());
+            .or_insert_with(|| (0..=order.len()).map(|_| Default::default()).collect());
         q[rank].push_back(r);
     }
     queues
@@ -1672,6 +1676,8 @@ fn parse_stream_time_metadata(
     metadata.strip_prefix(STREAM_TIME_METADATA)?.parse().ok()
 }
 
+/// When anything in a task's store directory was last modified (RocksDB
+/// writes its log on every write batch).
 fn last_written(dir: &std::path::Path) -> Option<std::time::SystemTime> {
     std::fs::read_dir(dir)
         .ok()?
@@ -1732,6 +1738,46 @@ fn retry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each topic's records keep their offset order (timestamps may go
+    /// back); across topics the smaller head goes first, a tie to the topic
+    /// listed first; partitions are kept apart.
+    #[test]
+    fn a_tasks_topics_merge_by_timestamp() {
+        let r = |topic: &str, partition: i32, offset: i64, timestamp: i64| InputRecord {
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            timestamp,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+        };
+        let batch = vec![
+            r("payments", 0, 0, 10),
+            r("payments", 0, 1, 5),
+            r("payments", 0, 2, 30),
+            r("accounts", 0, 0, 7),
+            r("accounts", 0, 1, 30),
+            r("payments", 1, 0, 1),
+        ];
+        let merged = merge_by_timestamp(batch, &["accounts", "payments"]);
+        let order: Vec<(&str, i64)> = merged[&0]
+            .iter()
+            .map(|r| (r.topic.as_str(), r.offset))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("accounts", 0),
+                ("payments", 0),
+                ("payments", 1),
+                ("accounts", 1),
+                ("payments", 2)
+            ]
+        );
+        assert_eq!(merged[&1].len(), 1);
+    }
 
     fn membership(report_ago: Option<u64>, connected_ago: u64, now: Instant) -> Membership {
         Membership {
