@@ -137,7 +137,9 @@ pub use context::{Context, DEFAULT_SCAN_PAGE, Scan, Store};
 pub use error::{Error, ErrorKind};
 pub use log::Level;
 pub use record::{Config, Record};
-pub use windows::{TimeWindows, Window, WindowScan, WindowStore, schedule_punctuation};
+pub use windows::{
+    Session, SessionWindows, TimeWindows, Window, WindowScan, WindowStore, schedule_punctuation,
+};
 
 /// The bindings wit-bindgen generates for the `processor` world. Used by
 /// [`export_processor!`]; not part of the SDK's stable API.

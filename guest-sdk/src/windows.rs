@@ -1,4 +1,5 @@
-//! Time: window stores, window helpers and stream-time punctuation.
+//! Time: window stores, window helpers (time windows, sessions) and
+//! stream-time punctuation.
 //!
 //! Time in a processor is stream time, never the wall clock: the largest
 //! record timestamp its task has seen ([`Context::stream_time`]). Windows
@@ -392,6 +393,149 @@ impl TimeWindows {
     }
 }
 
+/// Session windows, as Kafka Streams' `SessionWindows`: a key's records
+/// closer than `gap` to each other form one session `[start, end]` (the
+/// first and last record's times), and a record bridging two sessions
+/// merges them. A session closes when stream time reaches `end + gap +
+/// grace`; a record whose merged session would already be closed is late.
+///
+/// Sessions live in a [`WindowStore`] under their start; the value is the
+/// session's end (8 bytes, big-endian) followed by the aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionWindows {
+    gap_ms: i64,
+    grace_ms: i64,
+}
+
+/// A session of a [`SessionWindows`] store: key, first and last record
+/// times, aggregate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The first record's time, ms.
+    pub start: i64,
+    /// The last record's time, ms.
+    pub end: i64,
+    /// The aggregate.
+    pub value: Vec<u8>,
+}
+
+impl Session {
+    fn decode(window: Window) -> Option<Session> {
+        let (end, value) = window.value.split_at_checked(8)?;
+        Some(Session {
+            end: i64::from_be_bytes(end.try_into().ok()?),
+            value: value.to_vec(),
+            key: window.key,
+            start: window.start,
+        })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = self.end.to_be_bytes().to_vec();
+        out.extend_from_slice(&self.value);
+        out
+    }
+}
+
+impl SessionWindows {
+    /// Sessions split by `gap` of inactivity, with `grace` for records out
+    /// of order.
+    pub const fn with_gap(gap: Duration, grace: Duration) -> Self {
+        Self {
+            gap_ms: ms(gap),
+            grace_ms: ms(grace),
+        }
+    }
+
+    /// Whether a session ending at `end` has closed at `stream_time`.
+    pub const fn is_closed(&self, end: i64, stream_time: i64) -> bool {
+        end.saturating_add(self.gap_ms)
+            .saturating_add(self.grace_ms)
+            <= stream_time
+    }
+
+    /// Adds a record of `key` at `timestamp` to `store`: merges the
+    /// sessions it touches into one (their aggregates folded with `merge`,
+    /// oldest first) and adds the record with `add` (`None`: a new session).
+    /// Returns the session, or `None` when the record is late (report it
+    /// with [`Context::report_late`](crate::Context::report_late)).
+    pub fn record(
+        &self,
+        store: &WindowStore<'_>,
+        key: impl AsRef<[u8]>,
+        timestamp: i64,
+        stream_time: Option<i64>,
+        mut merge: impl FnMut(&[u8], &[u8]) -> Vec<u8>,
+        add: impl FnOnce(Option<&[u8]>) -> Vec<u8>,
+    ) -> Result<Option<Session>, Error> {
+        let key = key.as_ref();
+        let touching: Vec<Session> = store
+            .fetch(key, i64::MIN, timestamp.saturating_add(self.gap_ms))?
+            .into_iter()
+            .filter_map(Session::decode)
+            .filter(|s| s.end.saturating_add(self.gap_ms) >= timestamp)
+            .collect();
+        let start = touching
+            .iter()
+            .map(|s| s.start)
+            .min()
+            .unwrap_or(timestamp)
+            .min(timestamp);
+        let end = touching
+            .iter()
+            .map(|s| s.end)
+            .max()
+            .unwrap_or(timestamp)
+            .max(timestamp);
+        if stream_time.is_some_and(|now| self.is_closed(end, now)) {
+            return Ok(None);
+        }
+        let mut folded: Option<Vec<u8>> = None;
+        for s in &touching {
+            folded = Some(match folded {
+                None => s.value.clone(),
+                Some(acc) => merge(&acc, &s.value),
+            });
+            store.delete(key, s.start)?;
+        }
+        let session = Session {
+            key: key.to_vec(),
+            start,
+            end,
+            value: add(folded.as_deref()),
+        };
+        store.put(key, start, session.encode())?;
+        Ok(Some(session))
+    }
+
+    /// Every session of `store` closed at `stream_time`: calls `each` on it,
+    /// then deletes it (emit final). Returns how many there were.
+    pub fn take_closed(
+        &self,
+        store: &WindowStore<'_>,
+        stream_time: i64,
+        mut each: impl FnMut(&Session) -> Result<(), Error>,
+    ) -> Result<u64, Error> {
+        let latest = stream_time
+            .saturating_sub(self.grace_ms)
+            .saturating_sub(self.gap_ms);
+        let closed: Vec<Session> = store
+            .fetch_all(i64::MIN, latest)
+            .filter_map(|w| w.map(Session::decode).transpose())
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter(|s| self.is_closed(s.end, stream_time))
+            .collect();
+        for session in &closed {
+            each(session)?;
+            store.delete(&session.key, session.start)?;
+        }
+        Ok(closed.len() as u64)
+    }
+}
+
 fn gcd(a: i64, b: i64) -> i64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
@@ -414,6 +558,64 @@ mod tests {
         assert_eq!(w.open_windows(5_000, Some(75_000)), Vec::<i64>::new());
         assert_eq!(w.open_windows(5_000, None), [0]);
         assert_eq!(w.punctuation_interval(), TEN_S);
+    }
+
+    #[test]
+    fn sessions_merge_across_a_bridging_record_and_close_after_the_gap() {
+        use crate::testing::TestHost;
+        let host = TestHost::new();
+        let store = WindowStore::new(&host, "sessions");
+        let sessions = SessionWindows::with_gap(Duration::from_secs(5), Duration::from_secs(10));
+        let count = |old: Option<&[u8]>| {
+            let n: u64 = old.map_or(0, |v| std::str::from_utf8(v).unwrap().parse().unwrap());
+            (n + 1).to_string().into_bytes()
+        };
+        let sum = |a: &[u8], b: &[u8]| {
+            let n = |v: &[u8]| std::str::from_utf8(v).unwrap().parse::<u64>().unwrap();
+            (n(a) + n(b)).to_string().into_bytes()
+        };
+        for at in [0, 3_000, 20_000, 22_000] {
+            sessions
+                .record(&store, "u", at, Some(at), sum, count)
+                .unwrap();
+        }
+        // 10 s bridges [0, 3 s] and [20 s, 22 s]? No: 7 s and 10 s gaps.
+        let s = sessions
+            .record(&store, "u", 10_000, Some(22_000), sum, count)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (s.start, s.end, s.value.as_slice()),
+            (10_000, 10_000, &b"1"[..])
+        );
+        // 15 s touches [10 s] and [20 s, 22 s]: one session of 4 records.
+        let s = sessions
+            .record(&store, "u", 15_000, Some(22_000), sum, count)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (s.start, s.end, s.value.as_slice()),
+            (10_000, 22_000, &b"4"[..])
+        );
+        // [0, 3 s] closed at 3 + 5 + 10: a record in it is late at 30 s.
+        assert!(
+            sessions
+                .record(&store, "u", 1_000, Some(30_000), sum, count)
+                .unwrap()
+                .is_none()
+        );
+        let mut emitted = Vec::new();
+        sessions
+            .take_closed(&store, 37_000, |s| {
+                emitted.push((s.start, s.end, s.value.clone()));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            emitted,
+            [(0, 3_000, b"2".to_vec()), (10_000, 22_000, b"4".to_vec())]
+        );
+        assert!(host.windows("sessions").is_empty());
     }
 
     #[test]
