@@ -306,16 +306,21 @@ impl Cluster {
         }
     }
 
-    /// The next offset to read of every partition of `topic` for `group`,
-    /// as committed (stable), and the partitions' ends.
-    pub fn progress(&self, group: &str, topic: &str) -> (i64, i64) {
-        let c: BaseConsumer = ClientConfig::new()
+    /// A read_committed consumer in `group` that commits nothing.
+    pub fn committed_reader(&self, group: &str) -> BaseConsumer {
+        ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .create()
-            .expect("consumer");
+            .expect("consumer")
+    }
+
+    /// The next offset to read of every partition of `topic` for `group`,
+    /// as committed (stable), and the partitions' ends.
+    pub fn progress(&self, group: &str, topic: &str) -> (i64, i64) {
+        let c = self.committed_reader(group);
         let md = c
             .fetch_metadata(Some(topic), Duration::from_secs(10))
             .expect("metadata");

@@ -1,15 +1,16 @@
-//! Reading topics back and running the Kafka Streams twins
-//! (`bench/kstreams-wallet`) next to Onceflow in the broker tests.
+//! Writing records with their times, reading topics back, and running the
+//! Kafka Streams twins (`bench/kstreams-wallet`) next to Onceflow in the
+//! broker tests.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::cluster::Cluster;
@@ -21,13 +22,7 @@ pub type Read = (i32, String, String, Option<String>);
 /// Every committed record of `topic` (read_committed, to the last stable
 /// offsets).
 pub fn read_committed(cluster: &Cluster, topic: &str) -> Vec<Read> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &cluster.bootstrap)
-        .set("group.id", "windows-reader")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .expect("consumer");
+    let c = cluster.committed_reader("test-reader");
     let md = c
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("metadata");
@@ -147,4 +142,25 @@ pub fn unique() -> String {
         std::process::id(),
         N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     )
+}
+
+/// Sends records `(topic, key, value or a tombstone, time)`, then waits for
+/// the acknowledgements.
+pub fn produce(producer: &BaseProducer, records: &[(String, String, Option<String>, i64)]) {
+    for (topic, key, value, at) in records {
+        let mut record = BaseRecord::<str, str>::to(topic).key(key).timestamp(*at);
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
 }

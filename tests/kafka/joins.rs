@@ -11,32 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
 use crate::common::build_guest;
 use crate::common::cluster::{Cluster, plain_producer, serial};
 use crate::common::fraud::{Out, model, round};
 use crate::common::host_process::Host;
-use crate::common::kstreams::{KStreams, read_committed, unique};
-
-fn produce(producer: &BaseProducer, records: &[Out]) {
-    for (topic, key, value, at) in records {
-        let mut record = BaseRecord::<str, str>::to(topic).key(key).timestamp(*at);
-        if let Some(v) = value {
-            record = record.payload(v);
-        }
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(10));
-                }
-            }
-        }
-    }
-    producer.flush(Duration::from_secs(30)).expect("flush");
-}
+use crate::common::kstreams::{KStreams, produce, read_committed, unique};
 
 /// The fraud manifest on the test's topics.
 fn fraud_manifest(dir: &Path, name: &str, topics: [&str; 4]) -> PathBuf {

@@ -13,34 +13,25 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::BaseProducer;
 
 use crate::common::build_guest;
 use crate::common::cluster::{Cluster, plain_producer, serial};
 use crate::common::host_process::Host;
-use crate::common::kstreams::{KStreams, Read, read_committed, unique};
+use crate::common::kstreams::{KStreams, Read, produce, read_committed, unique};
 use crate::common::pageviews::{late_at, model, parse_count, views};
 use crate::common::txn_probe::TxnProbe;
 
 /// Sends views with their timestamps, then waits for the acknowledgements.
 fn produce_views(producer: &BaseProducer, topic: &str, views: &[(String, i64)]) {
-    for (page, at) in views {
-        let value = format!("{{\"page\":\"{page}\"}}");
-        let mut record = BaseRecord::to(topic)
-            .key(page.as_str())
-            .payload(&value)
-            .timestamp(*at);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(10));
-                }
-            }
-        }
-    }
-    producer.flush(Duration::from_secs(30)).expect("flush");
+    let records: Vec<_> = views
+        .iter()
+        .map(|(page, at)| {
+            let value = format!("{{\"page\":\"{page}\"}}");
+            (topic.to_owned(), page.clone(), Some(value), *at)
+        })
+        .collect();
+    produce(producer, &records);
 }
 
 /// The pageviews manifest on the test's own topics.

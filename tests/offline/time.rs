@@ -14,6 +14,23 @@ use crate::common::pageviews::{SIZE, late_at, model, parse_count, views};
 /// A minute boundary, so windows start on round numbers.
 const BASE: i64 = 1_700_000_040_000;
 
+/// `onceflow test` in batches of `batch` over `partitions` partitions: its
+/// standard output, the run having succeeded.
+fn batched(manifest: &std::path::Path, input: &str, batch: &str, partitions: i32) -> Vec<u8> {
+    let parts = partitions.to_string();
+    let out = offline_test(
+        manifest,
+        input,
+        &["--batch-size", batch, "--partitions", &parts],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn input(views: &[(String, i64)]) -> String {
     views
         .iter()
@@ -34,20 +51,10 @@ fn pageviews_emits_each_closed_window_once_whatever_the_batching() {
         assert!(closed.len() > 100 && late.len() > 50, "{closed:?} {late:?}");
         let mut first: Option<Vec<u8>> = None;
         for batch in ["1", "7", "500"] {
-            let parts = partitions.to_string();
-            let out = offline_test(
-                &manifest,
-                &input,
-                &["--batch-size", batch, "--partitions", &parts],
-            );
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let out = batched(&manifest, &input, batch, partitions);
             let mut got_closed = BTreeSet::new();
             let mut got_late = BTreeSet::new();
-            for line in json_lines(&out.stdout) {
+            for line in json_lines(&out) {
                 match line["topic"].as_str() {
                     Some("pageview-counts") => {
                         let key = parse_count(line["value"].as_str().unwrap());
@@ -66,8 +73,8 @@ fn pageviews_emits_each_closed_window_once_whatever_the_batching() {
             // The same records punctuate at the same places, however batched:
             // the output is the same, byte for byte, in the same order.
             match &first {
-                None => first = Some(out.stdout),
-                Some(f) => assert!(*f == out.stdout, "batch {batch} changed the output"),
+                None => first = Some(out),
+                Some(f) => assert!(*f == out, "batch {batch} changed the output"),
             }
         }
     }
@@ -175,19 +182,9 @@ fn fraud_joins_payments_with_the_accounts_table_offline() {
             .collect();
         assert!(expected.len() > 100, "{}", expected.len());
         for batch in ["1", "64"] {
-            let parts = partitions.to_string();
-            let out = offline_test(
-                &manifest,
-                &input,
-                &["--batch-size", batch, "--partitions", &parts],
-            );
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let out = batched(&manifest, &input, batch, partitions);
             let mut got = BTreeSet::new();
-            for line in json_lines(&out.stdout) {
+            for line in json_lines(&out) {
                 assert_eq!(line["topic"], "alerts", "{line}");
                 let alert = (
                     line["key"].as_str().unwrap().to_owned(),

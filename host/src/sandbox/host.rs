@@ -173,16 +173,6 @@ impl HostState {
     }
 }
 
-fn log_level(level: log::Level) -> LogLevel {
-    match level {
-        log::Level::Trace => LogLevel::Trace,
-        log::Level::Debug => LogLevel::Debug,
-        log::Level::Info => LogLevel::Info,
-        log::Level::Warn => LogLevel::Warn,
-        log::Level::Error => LogLevel::Error,
-    }
-}
-
 /// Fuel accounting across the per-record refills of one call.
 #[derive(Debug, Default)]
 pub(crate) struct FuelMeter {
@@ -243,93 +233,116 @@ fn window_entries(entries: Vec<types::WindowEntry>) -> Vec<wit::WindowEntry> {
         .collect()
 }
 
-fn to_entries(entries: Vec<types::Entry>) -> Vec<wit::Entry> {
-    entries
-        .into_iter()
-        .map(|(key, value)| wit::Entry { key, value })
-        .collect()
+/// The imports 0.1.0 and 0.2.0 have in common (`types`, `state`, `output`,
+/// `log`), for the version whose bindings are in scope as `wit`, `state`,
+/// `output` and `log`, with that version's `state_result`.
+macro_rules! common_imports {
+    () => {
+        fn to_entries(entries: Vec<types::Entry>) -> Vec<wit::Entry> {
+            entries
+                .into_iter()
+                .map(|(key, value)| wit::Entry { key, value })
+                .collect()
+        }
+
+        impl wit::Host for HostState {}
+
+        impl state::Host for HostState {
+            fn get(
+                &mut self,
+                store: String,
+                key: Vec<u8>,
+            ) -> Result<Result<Option<Vec<u8>>, wit::StateError>> {
+                state_result(self.effects.get(&store, &key))
+            }
+
+            fn put(
+                &mut self,
+                store: String,
+                key: Vec<u8>,
+                value: Vec<u8>,
+            ) -> Result<Result<(), wit::StateError>> {
+                state_result(self.effects.put(&store, key, value))
+            }
+
+            fn delete(
+                &mut self,
+                store: String,
+                key: Vec<u8>,
+            ) -> Result<Result<(), wit::StateError>> {
+                state_result(self.effects.delete(&store, key))
+            }
+
+            fn scan_prefix(
+                &mut self,
+                store: String,
+                prefix: Vec<u8>,
+                after: Option<Vec<u8>>,
+                limit: u32,
+            ) -> Result<Result<Vec<wit::Entry>, wit::StateError>> {
+                let r = self
+                    .effects
+                    .scan_prefix(&store, &prefix, after.as_deref(), limit as usize);
+                state_result(r.map(to_entries))
+            }
+
+            fn scan_range(
+                &mut self,
+                store: String,
+                start: Option<Vec<u8>>,
+                end: Option<Vec<u8>>,
+                limit: u32,
+            ) -> Result<Result<Vec<wit::Entry>, wit::StateError>> {
+                let r = self.effects.scan_range(
+                    &store,
+                    start.as_deref(),
+                    end.as_deref(),
+                    limit as usize,
+                );
+                state_result(r.map(to_entries))
+            }
+        }
+
+        impl output::Host for HostState {
+            fn emit(
+                &mut self,
+                alias: String,
+                key: Option<Vec<u8>>,
+                value: Option<Vec<u8>>,
+                headers: Vec<wit::Header>,
+            ) -> Result<Result<(), wit::OutputError>> {
+                let headers = headers
+                    .into_iter()
+                    .map(|h| types::Header {
+                        key: h.key,
+                        value: h.value,
+                    })
+                    .collect();
+                Ok(match self.emit_record(alias, key, value, headers) {
+                    Ok(()) => Ok(()),
+                    Err(EmitError::UnknownAlias(a)) => Err(wit::OutputError::UnknownAlias(a)),
+                    Err(EmitError::TooLarge(n)) => Err(wit::OutputError::TooLarge(n)),
+                })
+            }
+        }
+
+        impl log::Host for HostState {
+            fn write(&mut self, level: log::Level, message: String) -> Result<()> {
+                let level = match level {
+                    log::Level::Trace => LogLevel::Trace,
+                    log::Level::Debug => LogLevel::Debug,
+                    log::Level::Info => LogLevel::Info,
+                    log::Level::Warn => LogLevel::Warn,
+                    log::Level::Error => LogLevel::Error,
+                };
+                self.log.write(level, &message);
+                Ok(())
+            }
+        }
+    };
 }
 
-impl wit::Host for HostState {}
-
-impl state::Host for HostState {
-    fn get(
-        &mut self,
-        store: String,
-        key: Vec<u8>,
-    ) -> Result<Result<Option<Vec<u8>>, wit::StateError>> {
-        state_result(self.effects.get(&store, &key))
-    }
-
-    fn put(
-        &mut self,
-        store: String,
-        key: Vec<u8>,
-        value: Vec<u8>,
-    ) -> Result<Result<(), wit::StateError>> {
-        state_result(self.effects.put(&store, key, value))
-    }
-
-    fn delete(&mut self, store: String, key: Vec<u8>) -> Result<Result<(), wit::StateError>> {
-        state_result(self.effects.delete(&store, key))
-    }
-
-    fn scan_prefix(
-        &mut self,
-        store: String,
-        prefix: Vec<u8>,
-        after: Option<Vec<u8>>,
-        limit: u32,
-    ) -> Result<Result<Vec<wit::Entry>, wit::StateError>> {
-        let r = self
-            .effects
-            .scan_prefix(&store, &prefix, after.as_deref(), limit as usize);
-        state_result(r.map(to_entries))
-    }
-
-    fn scan_range(
-        &mut self,
-        store: String,
-        start: Option<Vec<u8>>,
-        end: Option<Vec<u8>>,
-        limit: u32,
-    ) -> Result<Result<Vec<wit::Entry>, wit::StateError>> {
-        let r = self
-            .effects
-            .scan_range(&store, start.as_deref(), end.as_deref(), limit as usize);
-        state_result(r.map(to_entries))
-    }
-}
-
-impl output::Host for HostState {
-    fn emit(
-        &mut self,
-        alias: String,
-        key: Option<Vec<u8>>,
-        value: Option<Vec<u8>>,
-        headers: Vec<wit::Header>,
-    ) -> Result<Result<(), wit::OutputError>> {
-        let headers = headers
-            .into_iter()
-            .map(|h| types::Header {
-                key: h.key,
-                value: h.value,
-            })
-            .collect();
-        Ok(match self.emit_record(alias, key, value, headers) {
-            Ok(()) => Ok(()),
-            Err(EmitError::UnknownAlias(a)) => Err(wit::OutputError::UnknownAlias(a)),
-            Err(EmitError::TooLarge(n)) => Err(wit::OutputError::TooLarge(n)),
-        })
-    }
-}
-
-impl log::Host for HostState {
-    fn write(&mut self, level: log::Level, message: String) -> Result<()> {
-        self.log.write(log_level(level), &message);
-        Ok(())
-    }
-}
+common_imports!();
 
 impl context::Host for HostState {
     fn begin_record(&mut self, index: u32) -> Result<()> {
@@ -451,100 +464,7 @@ mod compat {
         }
     }
 
-    fn to_entries(entries: Vec<types::Entry>) -> Vec<wit::Entry> {
-        entries
-            .into_iter()
-            .map(|(key, value)| wit::Entry { key, value })
-            .collect()
-    }
-
-    impl wit::Host for HostState {}
-
-    impl state::Host for HostState {
-        fn get(
-            &mut self,
-            store: String,
-            key: Vec<u8>,
-        ) -> Result<Result<Option<Vec<u8>>, wit::StateError>> {
-            state_result(self.effects.get(&store, &key))
-        }
-
-        fn put(
-            &mut self,
-            store: String,
-            key: Vec<u8>,
-            value: Vec<u8>,
-        ) -> Result<Result<(), wit::StateError>> {
-            state_result(self.effects.put(&store, key, value))
-        }
-
-        fn delete(&mut self, store: String, key: Vec<u8>) -> Result<Result<(), wit::StateError>> {
-            state_result(self.effects.delete(&store, key))
-        }
-
-        fn scan_prefix(
-            &mut self,
-            store: String,
-            prefix: Vec<u8>,
-            after: Option<Vec<u8>>,
-            limit: u32,
-        ) -> Result<Result<Vec<wit::Entry>, wit::StateError>> {
-            let r = self
-                .effects
-                .scan_prefix(&store, &prefix, after.as_deref(), limit as usize);
-            state_result(r.map(to_entries))
-        }
-
-        fn scan_range(
-            &mut self,
-            store: String,
-            start: Option<Vec<u8>>,
-            end: Option<Vec<u8>>,
-            limit: u32,
-        ) -> Result<Result<Vec<wit::Entry>, wit::StateError>> {
-            let r =
-                self.effects
-                    .scan_range(&store, start.as_deref(), end.as_deref(), limit as usize);
-            state_result(r.map(to_entries))
-        }
-    }
-
-    impl output::Host for HostState {
-        fn emit(
-            &mut self,
-            alias: String,
-            key: Option<Vec<u8>>,
-            value: Option<Vec<u8>>,
-            headers: Vec<wit::Header>,
-        ) -> Result<Result<(), wit::OutputError>> {
-            let headers = headers
-                .into_iter()
-                .map(|h| types::Header {
-                    key: h.key,
-                    value: h.value,
-                })
-                .collect();
-            Ok(match self.emit_record(alias, key, value, headers) {
-                Ok(()) => Ok(()),
-                Err(EmitError::UnknownAlias(a)) => Err(wit::OutputError::UnknownAlias(a)),
-                Err(EmitError::TooLarge(n)) => Err(wit::OutputError::TooLarge(n)),
-            })
-        }
-    }
-
-    impl log::Host for HostState {
-        fn write(&mut self, level: log::Level, message: String) -> Result<()> {
-            let level = match level {
-                log::Level::Trace => LogLevel::Trace,
-                log::Level::Debug => LogLevel::Debug,
-                log::Level::Info => LogLevel::Info,
-                log::Level::Warn => LogLevel::Warn,
-                log::Level::Error => LogLevel::Error,
-            };
-            self.log.write(level, &message);
-            Ok(())
-        }
-    }
+    common_imports!();
 
     impl context::Host for HostState {
         fn begin_record(&mut self, index: u32) -> Result<()> {
