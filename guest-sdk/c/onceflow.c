@@ -11,6 +11,9 @@ struct onceflow_error {
     char *message; // malloc'd, NUL-terminated
 };
 
+// The index of the record onceflow_process is working on; -1 outside it.
+static int64_t current_index = -1;
+
 static void *checked_malloc(size_t size) {
     void *p = malloc(size ? size : 1);
     if (!p) abort(); // out of the instance's memory: trap, the host retries
@@ -49,6 +52,50 @@ onceflow_bytes onceflow_str(const char *text) {
     return (onceflow_bytes){(const uint8_t *)text, strlen(text)};
 }
 
+bool onceflow_utf8_valid(onceflow_bytes text) {
+    const uint8_t *p = text.ptr, *end = text.ptr + text.len;
+    while (p < end) {
+        uint8_t c = *p++;
+        if (c < 0x80) continue;
+        size_t more;
+        uint8_t lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) {
+            more = 1;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            more = 2;
+            if (c == 0xe0) lo = 0xa0; // no overlong forms
+            if (c == 0xed) hi = 0x9f; // no surrogates
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            more = 3;
+            if (c == 0xf0) lo = 0x90;
+            if (c == 0xf4) hi = 0x8f; // nothing above U+10FFFF
+        } else {
+            return false;
+        }
+        if ((size_t)(end - p) < more || p[0] < lo || p[0] > hi) return false;
+        for (size_t i = 1; i < more; i++) {
+            if (p[i] < 0x80 || p[i] > 0xbf) return false;
+        }
+        p += more;
+    }
+    return true;
+}
+
+static onceflow_error *record_text(const onceflow_optional_bytes *data, const char *what, onceflow_bytes *text) {
+    if (!data->present) return onceflow_error_new("record has no %s", what);
+    if (!onceflow_utf8_valid(data->bytes)) return onceflow_error_new("record %s is not UTF-8 text", what);
+    *text = data->bytes;
+    return NULL;
+}
+
+onceflow_error *onceflow_record_key_str(const onceflow_record *record, onceflow_bytes *text) {
+    return record_text(&record->key, "key", text);
+}
+
+onceflow_error *onceflow_record_value_str(const onceflow_record *record, onceflow_bytes *text) {
+    return record_text(&record->value, "value", text);
+}
+
 static processor_string_t wit_string(const char *text) {
     return (processor_string_t){(uint8_t *)text, strlen(text)};
 }
@@ -57,18 +104,34 @@ static processor_list_u8_t wit_bytes(onceflow_bytes bytes) {
     return (processor_list_u8_t){(uint8_t *)bytes.ptr, bytes.len};
 }
 
-static onceflow_error *state_error(onceflow_processor_state_state_error_t *e) {
+static onceflow_error *state_error(onceflow_processor_types_state_error_t *e) {
     onceflow_error *error;
-    if (e->tag == ONCEFLOW_PROCESSOR_TYPES_STATE_ERROR_UNKNOWN_STORE) {
+    switch (e->tag) {
+    case ONCEFLOW_PROCESSOR_TYPES_STATE_ERROR_UNKNOWN_STORE:
         error = onceflow_error_new(
             "unknown state store \"%.*s\": declare it under stores in onceflow.toml",
             (int)e->val.unknown_store.len, (const char *)e->val.unknown_store.ptr);
-    } else {
+        break;
+    case ONCEFLOW_PROCESSOR_TYPES_STATE_ERROR_TOO_LARGE:
         error = onceflow_error_new(
             "state key or value too large: the host accepts at most %llu bytes",
             (unsigned long long)e->val.too_large);
+        break;
+    case ONCEFLOW_PROCESSOR_TYPES_STATE_ERROR_READ_ONLY:
+        error = onceflow_error_new(
+            "\"%.*s\" is a table: the host writes it from its topic, a processor only reads it",
+            (int)e->val.read_only.len, (const char *)e->val.read_only.ptr);
+        break;
+    case ONCEFLOW_PROCESSOR_TYPES_STATE_ERROR_WRONG_KIND:
+        error = onceflow_error_new(
+            "\"%.*s\" is of the other kind: use ctx.window_store for a store under window-stores "
+            "in onceflow.toml, ctx.store for one under stores",
+            (int)e->val.wrong_kind.len, (const char *)e->val.wrong_kind.ptr);
+        break;
+    default:
+        error = onceflow_error_new("state error %d", (int)e->tag);
     }
-    onceflow_processor_state_state_error_free(e);
+    onceflow_processor_types_state_error_free(e);
     return error;
 }
 
@@ -112,11 +175,8 @@ char *onceflow_escape_ascii(onceflow_bytes bytes) {
     return out;
 }
 
-onceflow_error *onceflow_get_i64(const char *store, onceflow_bytes key, int64_t *value, bool *found) {
-    onceflow_bytes bytes;
-    onceflow_error *error = onceflow_get(store, key, &bytes, found);
-    if (error || !*found) return error;
-    // Rust's i64::from_str: an optional sign, then one or more ASCII digits.
+// Rust's i64::from_str: an optional sign, then one or more ASCII digits.
+static bool parse_i64(onceflow_bytes bytes, int64_t *value) {
     size_t i = 0;
     bool negative = false;
     if (bytes.len > 0 && (bytes.ptr[0] == '+' || bytes.ptr[0] == '-')) {
@@ -135,6 +195,15 @@ onceflow_error *onceflow_get_i64(const char *store, onceflow_bytes key, int64_t 
     }
     if (ok && !negative && magnitude > (uint64_t)INT64_MAX) ok = false;
     if (ok && negative && magnitude > (uint64_t)INT64_MAX + 1) ok = false;
+    if (ok) *value = negative ? (int64_t)(0 - magnitude) : (int64_t)magnitude;
+    return ok;
+}
+
+onceflow_error *onceflow_get_i64(const char *store, onceflow_bytes key, int64_t *value, bool *found) {
+    onceflow_bytes bytes;
+    onceflow_error *error = onceflow_get(store, key, &bytes, found);
+    if (error || !*found) return error;
+    bool ok = parse_i64(bytes, value);
     onceflow_bytes_free(&bytes);
     if (!ok) {
         *found = false;
@@ -144,7 +213,6 @@ onceflow_error *onceflow_get_i64(const char *store, onceflow_bytes key, int64_t 
         free(escaped);
         return error;
     }
-    *value = negative ? (int64_t)(0 - magnitude) : (int64_t)magnitude;
     return NULL;
 }
 
@@ -203,6 +271,274 @@ void onceflow_log(onceflow_level level, const char *format, ...) {
     free(text);
 }
 
+// ---------------------------------------------------------------- time and windows
+
+bool onceflow_stream_time(int64_t *stream_time) {
+    int64_t now;
+    if (!onceflow_processor_context_stream_time(&now)) return false;
+    *stream_time = now;
+    return true;
+}
+
+onceflow_error *onceflow_schedule_punctuation(uint64_t interval_ms) {
+    processor_string_t err;
+    if (onceflow_processor_context_schedule_punctuation(interval_ms, &err)) return NULL;
+    onceflow_error *error = onceflow_error_new("%.*s", (int)err.len, (const char *)err.ptr);
+    processor_string_free(&err);
+    return error;
+}
+
+void onceflow_report_late_bytes(onceflow_bytes message) {
+    if (current_index < 0) return;
+    processor_string_t text = {(uint8_t *)message.ptr, message.len};
+    onceflow_processor_context_late_record((uint32_t)current_index, &text);
+}
+
+void onceflow_report_late(const char *format, ...) {
+    if (current_index < 0) return;
+    va_list args;
+    va_start(args, format);
+    char *text = vformat(format, args);
+    va_end(args);
+    onceflow_report_late_bytes(onceflow_str(text));
+    free(text);
+}
+
+onceflow_error *onceflow_window_get(const char *store, onceflow_bytes key, int64_t start,
+                                    onceflow_bytes *value, bool *found) {
+    processor_string_t wit_store = wit_string(store);
+    processor_list_u8_t wit_key = wit_bytes(key);
+    processor_option_list_u8_t ret;
+    onceflow_processor_windows_state_error_t err;
+    if (!onceflow_processor_windows_get(&wit_store, &wit_key, start, &ret, &err)) return state_error(&err);
+    *found = ret.is_some;
+    *value = ret.is_some ? (onceflow_bytes){ret.val.ptr, ret.val.len} : (onceflow_bytes){NULL, 0};
+    return NULL;
+}
+
+onceflow_error *onceflow_window_get_i64(const char *store, onceflow_bytes key, int64_t start,
+                                        int64_t *value, bool *found) {
+    onceflow_bytes bytes;
+    onceflow_error *error = onceflow_window_get(store, key, start, &bytes, found);
+    if (error || !*found) return error;
+    bool ok = parse_i64(bytes, value);
+    onceflow_bytes_free(&bytes);
+    if (!ok) {
+        *found = false;
+        char *escaped = onceflow_escape_ascii(key);
+        error = onceflow_error_new("window store \"%s\": the window of key \"%s\" at %lld is not an integer",
+                                   store, escaped, (long long)start);
+        free(escaped);
+        return error;
+    }
+    return NULL;
+}
+
+onceflow_error *onceflow_window_put(const char *store, onceflow_bytes key, int64_t start, onceflow_bytes value) {
+    processor_string_t wit_store = wit_string(store);
+    processor_list_u8_t wit_key = wit_bytes(key), wit_value = wit_bytes(value);
+    onceflow_processor_windows_state_error_t err;
+    if (!onceflow_processor_windows_put(&wit_store, &wit_key, start, &wit_value, &err)) return state_error(&err);
+    return NULL;
+}
+
+onceflow_error *onceflow_window_put_i64(const char *store, onceflow_bytes key, int64_t start, int64_t value) {
+    char text[24];
+    int len = snprintf(text, sizeof text, "%lld", (long long)value);
+    return onceflow_window_put(store, key, start, (onceflow_bytes){(const uint8_t *)text, (size_t)len});
+}
+
+onceflow_error *onceflow_window_delete(const char *store, onceflow_bytes key, int64_t start) {
+    processor_string_t wit_store = wit_string(store);
+    processor_list_u8_t wit_key = wit_bytes(key);
+    onceflow_processor_windows_state_error_t err;
+    if (!onceflow_processor_windows_delete(&wit_store, &wit_key, start, &err)) return state_error(&err);
+    return NULL;
+}
+
+static onceflow_window window_of(const onceflow_processor_types_window_entry_t *e) {
+    return (onceflow_window){{e->key.ptr, e->key.len}, e->start, {e->value.ptr, e->value.len}};
+}
+
+onceflow_error *onceflow_window_fetch(const char *store, onceflow_bytes key, int64_t earliest, int64_t latest,
+                                      onceflow_windows *windows) {
+    processor_string_t wit_store = wit_string(store);
+    processor_list_u8_t wit_key = wit_bytes(key);
+    onceflow_processor_windows_list_window_entry_t ret;
+    onceflow_processor_windows_state_error_t err;
+    *windows = (onceflow_windows){NULL, 0};
+    if (!onceflow_processor_windows_fetch(&wit_store, &wit_key, earliest, latest, &ret, &err)) {
+        return state_error(&err);
+    }
+    // The bindings allocated the keys and values with malloc: hand them over.
+    windows->ptr = checked_malloc(ret.len * sizeof *windows->ptr);
+    windows->len = ret.len;
+    for (size_t i = 0; i < ret.len; i++) windows->ptr[i] = window_of(&ret.ptr[i]);
+    free(ret.ptr);
+    return NULL;
+}
+
+void onceflow_windows_free(onceflow_windows *windows) {
+    for (size_t i = 0; i < windows->len; i++) {
+        free((void *)windows->ptr[i].key.ptr);
+        free((void *)windows->ptr[i].value.ptr);
+    }
+    free(windows->ptr);
+    windows->ptr = NULL;
+    windows->len = 0;
+}
+
+// One page of windows of every key in [earliest, latest], after `after`
+// (NULL: from the first); the page is the caller's.
+static onceflow_error *fetch_page(const char *store, int64_t earliest, int64_t latest,
+                                  const onceflow_processor_types_window_entry_t *after,
+                                  onceflow_processor_windows_list_window_entry_t *page) {
+    processor_string_t wit_store = wit_string(store);
+    onceflow_processor_windows_window_key_t after_key;
+    if (after) after_key = (onceflow_processor_windows_window_key_t){after->key, after->start};
+    onceflow_processor_windows_state_error_t err;
+    if (!onceflow_processor_windows_fetch_all(&wit_store, earliest, latest, after ? &after_key : NULL,
+                                              ONCEFLOW_WINDOW_PAGE, page, &err)) {
+        *page = (onceflow_processor_windows_list_window_entry_t){NULL, 0};
+        return state_error(&err);
+    }
+    return NULL;
+}
+
+onceflow_error *onceflow_window_fetch_all(const char *store, int64_t earliest, int64_t latest,
+                                          onceflow_window_visitor visit, void *context) {
+    onceflow_processor_windows_list_window_entry_t previous = {NULL, 0}, page;
+    bool first = true;
+    for (;;) {
+        onceflow_error *error =
+            fetch_page(store, earliest, latest, first ? NULL : &previous.ptr[previous.len - 1], &page);
+        onceflow_processor_windows_list_window_entry_free(&previous);
+        first = false;
+        if (error) return error;
+        for (size_t i = 0; i < page.len; i++) {
+            onceflow_window window = window_of(&page.ptr[i]);
+            if ((error = visit(&window, context))) {
+                onceflow_processor_windows_list_window_entry_free(&page);
+                return error;
+            }
+        }
+        if (page.len < ONCEFLOW_WINDOW_PAGE) {
+            onceflow_processor_windows_list_window_entry_free(&page);
+            return NULL;
+        }
+        previous = page;
+    }
+}
+
+static uint64_t duration_ms(uint64_t ms) { return ms > (uint64_t)INT64_MAX ? (uint64_t)INT64_MAX : ms; }
+
+static int64_t window_length(uint64_t ms) { return ms == 0 ? 1 : (int64_t)duration_ms(ms); }
+
+onceflow_time_windows onceflow_tumbling(uint64_t size_ms, uint64_t grace_ms) {
+    int64_t size = window_length(size_ms);
+    return (onceflow_time_windows){size, size, (int64_t)duration_ms(grace_ms)};
+}
+
+onceflow_time_windows onceflow_hopping(uint64_t size_ms, uint64_t advance_ms, uint64_t grace_ms) {
+    int64_t size = window_length(size_ms), advance = window_length(advance_ms);
+    return (onceflow_time_windows){size, advance < size ? advance : size, (int64_t)duration_ms(grace_ms)};
+}
+
+static int64_t saturating_add(int64_t a, int64_t b) {
+    int64_t sum;
+    if (!__builtin_add_overflow(a, b, &sum)) return sum;
+    return b > 0 ? INT64_MAX : INT64_MIN;
+}
+
+static int64_t saturating_sub(int64_t a, int64_t b) {
+    int64_t difference;
+    if (!__builtin_sub_overflow(a, b, &difference)) return difference;
+    return b < 0 ? INT64_MAX : INT64_MIN;
+}
+
+// Two's complement wrapping, as the Rust SDK's i64 arithmetic.
+static int64_t wrapping(uint64_t bits) { return (int64_t)bits; }
+
+int64_t onceflow_window_end(const onceflow_time_windows *w, int64_t start) {
+    return saturating_add(start, w->size_ms);
+}
+
+size_t onceflow_windows_for(const onceflow_time_windows *w, int64_t timestamp, int64_t *starts, size_t capacity) {
+    int64_t first = wrapping((uint64_t)timestamp - (uint64_t)w->size_ms + (uint64_t)w->advance_ms);
+    if (first < 0) first = 0;
+    first -= first % w->advance_ms;
+    size_t n = 0;
+    for (int64_t start = first; start <= timestamp; start += w->advance_ms) {
+        if (n < capacity) starts[n] = start;
+        n++;
+        if (start > INT64_MAX - w->advance_ms) break;
+    }
+    return n;
+}
+
+bool onceflow_window_is_closed(const onceflow_time_windows *w, int64_t start, int64_t stream_time) {
+    return saturating_add(onceflow_window_end(w, start), w->grace_ms) <= stream_time;
+}
+
+size_t onceflow_open_windows(const onceflow_time_windows *w, int64_t timestamp, const int64_t *stream_time,
+                             int64_t *starts, size_t capacity) {
+    int64_t first = wrapping((uint64_t)timestamp - (uint64_t)w->size_ms + (uint64_t)w->advance_ms);
+    if (first < 0) first = 0;
+    first -= first % w->advance_ms;
+    size_t n = 0;
+    for (int64_t start = first; start <= timestamp; start += w->advance_ms) {
+        if (!stream_time || !onceflow_window_is_closed(w, start, *stream_time)) {
+            if (n < capacity) starts[n] = start;
+            n++;
+        }
+        if (start > INT64_MAX - w->advance_ms) break;
+    }
+    return n;
+}
+
+uint64_t onceflow_punctuation_interval(const onceflow_time_windows *w) {
+    int64_t offset = wrapping((uint64_t)w->size_ms + (uint64_t)w->grace_ms) % w->advance_ms;
+    if (offset < 0) offset += w->advance_ms;
+    int64_t a = w->advance_ms, b = offset;
+    while (b != 0) {
+        int64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a > 1 ? (uint64_t)a : 1;
+}
+
+onceflow_error *onceflow_take_closed(const onceflow_time_windows *w, const char *store, int64_t stream_time,
+                                     onceflow_window_visitor each, void *context, uint64_t *count) {
+    int64_t latest = saturating_sub(saturating_sub(stream_time, w->grace_ms), w->size_ms);
+    // Every closed window first, then each one emitted and deleted.
+    onceflow_processor_windows_list_window_entry_t *pages = NULL;
+    size_t n_pages = 0;
+    onceflow_error *error = NULL;
+    for (;;) {
+        const onceflow_processor_types_window_entry_t *after = NULL;
+        if (n_pages > 0) after = &pages[n_pages - 1].ptr[pages[n_pages - 1].len - 1];
+        onceflow_processor_windows_list_window_entry_t page;
+        if ((error = fetch_page(store, INT64_MIN, latest, after, &page))) break;
+        pages = realloc(pages, (n_pages + 1) * sizeof *pages);
+        if (!pages) abort();
+        pages[n_pages++] = page;
+        if (page.len < ONCEFLOW_WINDOW_PAGE) break;
+    }
+    uint64_t taken = 0;
+    for (size_t p = 0; !error && p < n_pages; p++) {
+        for (size_t i = 0; !error && i < pages[p].len; i++) {
+            onceflow_window window = window_of(&pages[p].ptr[i]);
+            if (!(error = each(&window, context))) error = onceflow_window_delete(store, window.key, window.start);
+            taken++;
+        }
+    }
+    for (size_t p = 0; p < n_pages; p++) onceflow_processor_windows_list_window_entry_free(&pages[p]);
+    free(pages);
+    if (count) *count = error ? 0 : taken;
+    return error;
+}
+
 static onceflow_bytes from_wit_string(processor_string_t s) {
     return (onceflow_bytes){s.ptr, s.len};
 }
@@ -239,6 +575,7 @@ bool exports_processor_process(processor_list_record_t *batch, processor_process
     bool ok = true;
     for (size_t index = 0; index < batch->len; index++) {
         onceflow_processor_context_begin_record((uint32_t)index);
+        current_index = (int64_t)index;
         processor_record_t *r = &batch->ptr[index];
         onceflow_header *headers = checked_malloc(r->headers.len * sizeof *headers);
         for (size_t h = 0; h < r->headers.len; h++) {
@@ -256,6 +593,7 @@ bool exports_processor_process(processor_list_record_t *batch, processor_process
             .header_count = r->headers.len,
         };
         onceflow_error *error = onceflow_process(&record);
+        current_index = -1;
         free(headers);
         if (error) {
             err->record_index.is_some = true;
@@ -272,6 +610,14 @@ bool exports_processor_process(processor_list_record_t *batch, processor_process
 }
 
 bool exports_processor_punctuate(int64_t stream_time, processor_process_error_t *err) {
-    // The host does not call it yet.
-    return true;
+    if (!onceflow_punctuate) return true;
+    current_index = -1;
+    onceflow_error *error = onceflow_punctuate(stream_time);
+    if (!error) return true;
+    err->record_index.is_some = false;
+    // The message's memory goes to the bindings (freed after return).
+    err->message.ptr = (uint8_t *)error->message;
+    err->message.len = strlen(error->message);
+    free(error);
+    return false;
 }

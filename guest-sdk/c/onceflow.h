@@ -16,7 +16,9 @@
 //     }
 //
 // and may define `onceflow_error *onceflow_init(size_t n, const
-// onceflow_config_entry *config)` to read the manifest's [config] table.
+// onceflow_config_entry *config)` to read the manifest's [config] table, and
+// `onceflow_error *onceflow_punctuate(int64_t stream_time)` to act as stream
+// time passes (see "Time and windows" below).
 //
 // The batch loop is the Rust SDK's: `begin-record` before each record, and
 // an error returned for a record comes back to the host as a
@@ -91,6 +93,14 @@ onceflow_error *onceflow_process(const onceflow_record *record);
 onceflow_error *onceflow_init(size_t n, const onceflow_config_entry *config)
     __attribute__((weak));
 
+// Whether `text` is UTF-8 as Rust's str::from_utf8 accepts it (no overlong
+// forms, no surrogates, nothing above U+10FFFF).
+bool onceflow_utf8_valid(onceflow_bytes text);
+// The record's key (value) as UTF-8 text in `*text`, or an error with the
+// Rust SDK's message when it is null (a tombstone) or not UTF-8.
+onceflow_error *onceflow_record_key_str(const onceflow_record *record, onceflow_bytes *text);
+onceflow_error *onceflow_record_value_str(const onceflow_record *record, onceflow_bytes *text);
+
 // State. `*value` receives a copy that the caller frees with
 // onceflow_bytes_free; `*found` says whether the key is present.
 onceflow_error *onceflow_get(const char *store, onceflow_bytes key, onceflow_bytes *value, bool *found);
@@ -117,6 +127,141 @@ void onceflow_log(onceflow_level level, const char *format, ...)
 
 // Rust's `<[u8]>::escape_ascii` into a new NUL-terminated string (free it).
 char *onceflow_escape_ascii(onceflow_bytes bytes);
+
+// ------------------------------------------------------------ time and windows
+//
+// Time is stream time, as in the Rust SDK: the largest record timestamp
+// the task has seen. Window stores keep a value per key and window start;
+// onceflow_tumbling / onceflow_hopping assign records to windows;
+// onceflow_schedule_punctuation (from onceflow_init) makes the host call
+// onceflow_punctuate as stream time passes, where onceflow_take_closed
+// emits the closed windows:
+//
+//     static onceflow_time_windows windows;
+//
+//     onceflow_error *onceflow_init(size_t n, const onceflow_config_entry *config) {
+//         windows = onceflow_tumbling(60000, 10000);
+//         return onceflow_schedule_punctuation(onceflow_punctuation_interval(&windows));
+//     }
+//
+//     static onceflow_error *emit(const onceflow_window *w, void *context) {
+//         return onceflow_emit("counts", &w->key, &w->value);
+//     }
+//
+//     onceflow_error *onceflow_punctuate(int64_t stream_time) {
+//         return onceflow_take_closed(&windows, "views", stream_time, emit, NULL, NULL);
+//     }
+
+// Optionally defined by the processor: called when the task's stream time
+// reaches a point scheduled with onceflow_schedule_punctuation, right after
+// the record that carried it there and in the same transaction. An error
+// stops the deployment (no record is to blame). Without it, punctuate does
+// nothing.
+onceflow_error *onceflow_punctuate(int64_t stream_time) __attribute__((weak));
+
+// The task's stream time, ms: the largest record timestamp it has seen,
+// counting the current record (in onceflow_punctuate, the time it was
+// called for). False (and *stream_time untouched) before the task's first
+// record.
+bool onceflow_stream_time(int64_t *stream_time);
+
+// Asks the host to call onceflow_punctuate whenever the task's stream time
+// reaches a multiple of `interval_ms` (and once at the task's first
+// record). Only onceflow_init may call it (an error anywhere else); 0
+// cancels.
+onceflow_error *onceflow_schedule_punctuation(uint64_t interval_ms);
+
+// Reports the current record as late (its window had closed): leave no
+// other mark for it and return NULL from onceflow_process; the host counts
+// and drops it or hands it to the error policy with the message, as the
+// manifest's [time] late-records says. Outside onceflow_process it does
+// nothing. The _bytes form takes a message that may hold NULs.
+void onceflow_report_late(const char *format, ...) __attribute__((format(printf, 1, 2)));
+void onceflow_report_late_bytes(onceflow_bytes message);
+
+// A window of a window store: its key, its start (ms since the Unix epoch)
+// and its value.
+typedef struct {
+    onceflow_bytes key;
+    int64_t start;
+    onceflow_bytes value;
+} onceflow_window;
+
+// Windows the caller owns: free them with onceflow_windows_free.
+typedef struct {
+    onceflow_window *ptr;
+    size_t len;
+} onceflow_windows;
+
+void onceflow_windows_free(onceflow_windows *windows);
+
+// Called for each window of a scan, with the `context` given to the scan;
+// the window is valid during the call. A non-NULL error stops the scan.
+typedef onceflow_error *(*onceflow_window_visitor)(const onceflow_window *window, void *context);
+
+// How many windows onceflow_window_fetch_all asks the host for at a time.
+#define ONCEFLOW_WINDOW_PAGE 256
+
+// Window stores, declared under [window-stores.NAME] in the manifest. A
+// window whose start is at or before `stream time - retention` has expired:
+// reads no longer see it and writes to it are ignored. `*value` receives a
+// copy that the caller frees with onceflow_bytes_free.
+onceflow_error *onceflow_window_get(const char *store, onceflow_bytes key, int64_t start,
+                                    onceflow_bytes *value, bool *found);
+// The value as an integer in decimal text (as onceflow_window_put_i64 writes it).
+onceflow_error *onceflow_window_get_i64(const char *store, onceflow_bytes key, int64_t start,
+                                        int64_t *value, bool *found);
+onceflow_error *onceflow_window_put(const char *store, onceflow_bytes key, int64_t start, onceflow_bytes value);
+onceflow_error *onceflow_window_put_i64(const char *store, onceflow_bytes key, int64_t start, int64_t value);
+onceflow_error *onceflow_window_delete(const char *store, onceflow_bytes key, int64_t start);
+// The windows of `key` whose start is in [earliest, latest], by start.
+onceflow_error *onceflow_window_fetch(const char *store, onceflow_bytes key, int64_t earliest, int64_t latest,
+                                      onceflow_windows *windows);
+// Calls `visit` on every window of every key whose start is in [earliest,
+// latest], in (key, start) order, fetching ONCEFLOW_WINDOW_PAGE at a time.
+onceflow_error *onceflow_window_fetch_all(const char *store, int64_t earliest, int64_t latest,
+                                          onceflow_window_visitor visit, void *context);
+
+// Fixed-size windows aligned to the epoch, as Kafka Streams' TimeWindows:
+// tumbling (advance = size) or hopping (advance < size), with a grace
+// period. A window [start, start + size) is open until stream time reaches
+// start + size + grace; a record all of whose windows have closed is late.
+// Make one with onceflow_tumbling or onceflow_hopping.
+typedef struct {
+    int64_t size_ms;
+    int64_t advance_ms;
+    int64_t grace_ms;
+} onceflow_time_windows;
+
+// Windows of `size_ms` one after the other (0 counts as 1 ms).
+onceflow_time_windows onceflow_tumbling(uint64_t size_ms, uint64_t grace_ms);
+// Windows of `size_ms` starting every `advance_ms` (at most `size_ms`).
+onceflow_time_windows onceflow_hopping(uint64_t size_ms, uint64_t advance_ms, uint64_t grace_ms);
+// The end (exclusive) of the window starting at `start`.
+int64_t onceflow_window_end(const onceflow_time_windows *windows, int64_t start);
+// Writes the starts of the windows that contain `timestamp`, ascending
+// (Kafka Streams' windowsFor: no window starts before the epoch), into
+// `starts` (at most `capacity` of them) and returns how many there are
+// (which may be more than `capacity`: at most size / advance + 1).
+size_t onceflow_windows_for(const onceflow_time_windows *windows, int64_t timestamp, int64_t *starts,
+                            size_t capacity);
+// Whether the window starting at `start` has closed at `stream_time`.
+bool onceflow_window_is_closed(const onceflow_time_windows *windows, int64_t start, int64_t stream_time);
+// As onceflow_windows_for, only the windows still open at *stream_time
+// (all of them when it is NULL, before the first record): 0 means the
+// record is late.
+size_t onceflow_open_windows(const onceflow_time_windows *windows, int64_t timestamp, const int64_t *stream_time,
+                             int64_t *starts, size_t capacity);
+// The stream-time punctuation interval, ms, that falls on every point where
+// one of these windows closes (end + grace of each), so that
+// onceflow_take_closed in onceflow_punctuate emits each window at the record
+// that closes it.
+uint64_t onceflow_punctuation_interval(const onceflow_time_windows *windows);
+// Calls `each` on every window of `store` closed at `stream_time`, then
+// deletes it (emit final); `*count` (if not NULL) receives how many there
+// were.
+onceflow_error *onceflow_take_closed(const onceflow_time_windows *windows, const char *store, int64_t stream_time,
+                                     onceflow_window_visitor each, void *context, uint64_t *count);
 
 #ifdef __cplusplus
 }

@@ -20,10 +20,27 @@ a `process-error` naming the record, so the deployment's error policy
 failures raise `onceflow.Error` with the Rust SDK's messages. Any other
 exception is a bug: it is logged at level error with its stack and
 reported for the record with the message `processor error: ...`.
+
+Time is stream time (`ctx.stream_time()`), as in the Rust SDK: window
+stores (`ctx.window_store(name)`), `TimeWindows.tumbling` / `hopping` to
+assign records to windows, `schedule_punctuation(ms)` from `init`, and a
+`punctuate(ctx, stream_time)` function that emits closed windows
+(`TimeWindows.take_closed`):
+
+    WINDOWS = onceflow.TimeWindows.tumbling(60_000, 10_000)
+
+    def init(config):
+        onceflow.schedule_punctuation(WINDOWS.punctuation_interval())
+
+    def punctuate(ctx, stream_time):
+        views = ctx.window_store("views")
+        WINDOWS.take_closed(views, stream_time, lambda w: ctx.emit("counts", w.key, w.value))
+
+    WitWorld = onceflow.export(process, init=init, punctuate=punctuate)
 """
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import wit_world
 from componentize_py_types import Err
@@ -31,16 +48,26 @@ from wit_world.imports import context as _context
 from wit_world.imports import log as _log
 from wit_world.imports import output as _output
 from wit_world.imports import state as _state
+from wit_world.imports import windows as _windows
 from wit_world.imports.types import (
     Header,
     OutputError_TooLarge,
     OutputError_UnknownAlias,
     ProcessError,
+    StateError_ReadOnly,
     StateError_TooLarge,
     StateError_UnknownStore,
+    StateError_WrongKind,
+    WindowKey,
 )
 
 Bytes = Union[bytes, str]
+
+I64_MIN = -(2**63)
+I64_MAX = 2**63 - 1
+U64_MAX = 2**64 - 1
+# How many windows WindowStore.fetch_all asks the host for at a time.
+DEFAULT_WINDOW_PAGE = 256
 
 TRACE = _log.Level.TRACE
 DEBUG = _log.Level.DEBUG
@@ -69,6 +96,25 @@ class Record:
     key: Optional[bytes]
     value: Optional[bytes]
     headers: Sequence[Header]
+
+    def key_str(self) -> str:
+        """The key as UTF-8 text; `Error` (the Rust SDK's message) when it
+        is null or not UTF-8."""
+        return _record_text(self.key, "key")
+
+    def value_str(self) -> str:
+        """The value as UTF-8 text; `Error` when it is absent (a tombstone)
+        or not UTF-8."""
+        return _record_text(self.value, "value")
+
+
+def _record_text(data: Optional[bytes], what: str) -> str:
+    if data is None:
+        raise Error(f"record has no {what}")
+    try:
+        return data.decode("utf-8")  # strict, as Rust's str::from_utf8
+    except UnicodeDecodeError:
+        raise Error(f"record {what} is not UTF-8 text") from None
 
 
 def _bytes(data: Bytes) -> bytes:
@@ -111,7 +157,36 @@ def _state_call(call):
             raise Error(
                 f"state key or value too large: the host accepts at most {e.value} bytes"
             ) from None
+        if isinstance(e, StateError_ReadOnly):
+            raise Error(
+                f'"{e.value}" is a table: the host writes it from its topic, '
+                "a processor only reads it"
+            ) from None
+        if isinstance(e, StateError_WrongKind):
+            raise Error(
+                f'"{e.value}" is of the other kind: use ctx.window_store for a store under '
+                "window-stores in onceflow.toml, ctx.store for one under stores"
+            ) from None
         raise
+
+
+def _parse_i64(value: bytes) -> Optional[int]:
+    """Rust's i64::from_str: an optional sign, then ASCII digits only."""
+    text = value.decode("ascii", errors="replace")
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if digits and all("0" <= c <= "9" for c in digits):
+        number = int(text)
+        if I64_MIN <= number <= I64_MAX:
+            return number
+    return None
+
+
+def _i64(value: int, what: str) -> int:
+    if not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if not I64_MIN <= value <= I64_MAX:
+        raise ValueError(f"{what} {value} is outside the 64-bit integer range")
+    return value
 
 
 class Store:
@@ -129,13 +204,9 @@ class Store:
         value = self.get(key)
         if value is None:
             return None
-        # Rust's i64::from_str: an optional sign, then ASCII digits only.
-        text = value.decode("ascii", errors="replace")
-        digits = text[1:] if text[:1] in ("+", "-") else text
-        if digits and all("0" <= c <= "9" for c in digits):
-            number = int(text)
-            if -(2**63) <= number < 2**63:
-                return number
+        number = _parse_i64(value)
+        if number is not None:
+            return number
         raise Error(
             f'state store "{self.name}": the value of key "{_escape_ascii(key)}" '
             "is not a decimal integer"
@@ -163,14 +234,246 @@ class Store:
             after = entries[-1].key
 
 
+@dataclass
+class Window:
+    """A window of a window store: its key, its start (ms since the Unix
+    epoch) and its value."""
+
+    key: bytes
+    start: int
+    value: bytes
+
+
+class WindowStore:
+    """A window store declared under `[window-stores.NAME]` in the manifest:
+    a value per key and window start. A window whose start is at or before
+    `stream time - retention` has expired: reads no longer see it and writes
+    to it are ignored."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def get(self, key: Bytes, start: int) -> Optional[bytes]:
+        """The value of the window of `key` starting at `start`."""
+        start = _i64(start, "start")
+        return _state_call(lambda: _windows.get(self.name, _bytes(key), start))
+
+    def get_i64(self, key: Bytes, start: int) -> Optional[int]:
+        """The value of a window as an integer in decimal text (as `put_i64`
+        writes it)."""
+        key = _bytes(key)
+        value = self.get(key, start)
+        if value is None:
+            return None
+        number = _parse_i64(value)
+        if number is not None:
+            return number
+        raise Error(
+            f'window store "{self.name}": the window of key "{_escape_ascii(key)}" '
+            f"at {start} is not an integer"
+        )
+
+    def put(self, key: Bytes, start: int, value: Bytes) -> None:
+        """Sets the value of the window of `key` starting at `start`."""
+        start = _i64(start, "start")
+        _state_call(lambda: _windows.put(self.name, _bytes(key), start, _bytes(value)))
+
+    def put_i64(self, key: Bytes, start: int, value: int) -> None:
+        """Sets a window's value to `value` in decimal text."""
+        self.put(key, start, str(_i64(value, "value")))
+
+    def delete(self, key: Bytes, start: int) -> None:
+        """Removes the window of `key` starting at `start`."""
+        start = _i64(start, "start")
+        _state_call(lambda: _windows.delete(self.name, _bytes(key), start))
+
+    def fetch(self, key: Bytes, earliest: int, latest: int) -> List[Window]:
+        """The windows of `key` whose start is in [earliest, latest], by start."""
+        earliest = _i64(earliest, "earliest")
+        latest = _i64(latest, "latest")
+        entries = _state_call(lambda: _windows.fetch(self.name, _bytes(key), earliest, latest))
+        return [Window(e.key, e.start, e.value) for e in entries]
+
+    def fetch_all(self, earliest: int, latest: int) -> Iterator[Window]:
+        """The windows of every key whose start is in [earliest, latest], in
+        (key, start) order, fetched from the host DEFAULT_WINDOW_PAGE at a
+        time."""
+        earliest = _i64(earliest, "earliest")
+        latest = _i64(latest, "latest")
+        after = None
+        while True:
+            page = _state_call(
+                lambda: _windows.fetch_all(
+                    self.name, earliest, latest, after, DEFAULT_WINDOW_PAGE
+                )
+            )
+            for e in page:
+                yield Window(e.key, e.start, e.value)
+            if len(page) < DEFAULT_WINDOW_PAGE:
+                return
+            after = WindowKey(key=page[-1].key, start=page[-1].start)
+
+
+def _saturate(x: int) -> int:
+    return I64_MAX if x > I64_MAX else I64_MIN if x < I64_MIN else x
+
+
+def _wrap(x: int) -> int:
+    """x as Rust's wrapping i64 arithmetic leaves it."""
+    return (x + 2**63) % 2**64 - 2**63
+
+
+def _duration_ms(value: int, what: str) -> int:
+    """A duration in ms (a non-negative int), saturating at the i64 maximum."""
+    if not isinstance(value, int):
+        raise TypeError(f"{what} must be an int (ms), not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must not be negative (got {value})")
+    return min(value, I64_MAX)
+
+
+def _length(value: int, what: str) -> int:
+    """A window length in ms: at least 1."""
+    return _duration_ms(value, what) or 1
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+class TimeWindows:
+    """Fixed-size windows aligned to the epoch, as Kafka Streams'
+    TimeWindows: tumbling (advance = size) or hopping (advance < size), with
+    a grace period. A window [start, start + size) is open until stream time
+    reaches start + size + grace; a record all of whose windows have closed
+    is late. Times are ints, ms."""
+
+    __slots__ = ("size_ms", "advance_ms", "grace_ms")
+
+    def __init__(self, size_ms: int, advance_ms: int, grace_ms: int):
+        self.size_ms = size_ms
+        self.advance_ms = advance_ms
+        self.grace_ms = grace_ms
+
+    @classmethod
+    def tumbling(cls, size_ms: int, grace_ms: int) -> "TimeWindows":
+        """Windows of `size_ms` one after the other (0 counts as 1 ms)."""
+        size = _length(size_ms, "size_ms")
+        return cls(size, size, _duration_ms(grace_ms, "grace_ms"))
+
+    @classmethod
+    def hopping(cls, size_ms: int, advance_ms: int, grace_ms: int) -> "TimeWindows":
+        """Windows of `size_ms` starting every `advance_ms` (at most
+        `size_ms`)."""
+        size = _length(size_ms, "size_ms")
+        advance = min(_length(advance_ms, "advance_ms"), size)
+        return cls(size, advance, _duration_ms(grace_ms, "grace_ms"))
+
+    def __repr__(self) -> str:
+        return (
+            f"TimeWindows(size_ms={self.size_ms}, advance_ms={self.advance_ms}, "
+            f"grace_ms={self.grace_ms})"
+        )
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TimeWindows) and (
+            self.size_ms,
+            self.advance_ms,
+            self.grace_ms,
+        ) == (other.size_ms, other.advance_ms, other.grace_ms)
+
+    def end(self, start: int) -> int:
+        """The end (exclusive) of the window starting at `start`."""
+        return _saturate(start + self.size_ms)
+
+    def windows_for(self, timestamp: int) -> List[int]:
+        """The starts of the windows that contain `timestamp`, ascending
+        (Kafka Streams' windowsFor: no window starts before the epoch)."""
+        # Wrapping, as the Rust SDK's i64 arithmetic.
+        first = max(_wrap(timestamp - self.size_ms + self.advance_ms), 0)
+        first -= first % self.advance_ms
+        return list(range(first, timestamp + 1, self.advance_ms))
+
+    def is_closed(self, start: int, stream_time: int) -> bool:
+        """Whether the window starting at `start` has closed at
+        `stream_time`."""
+        return _saturate(self.end(start) + self.grace_ms) <= stream_time
+
+    def open_windows(self, timestamp: int, stream_time: Optional[int]) -> List[int]:
+        """The windows containing `timestamp` still open at `stream_time`
+        (all of them when it is None, before the first record): empty means
+        the record is late."""
+        starts = self.windows_for(timestamp)
+        if stream_time is None:
+            return starts
+        return [start for start in starts if not self.is_closed(start, stream_time)]
+
+    def punctuation_interval(self) -> int:
+        """The stream-time punctuation interval, ms, that falls on every
+        point where one of these windows closes (end + grace of each), so
+        that take_closed in punctuate emits each window at the record that
+        closes it."""
+        offset = _wrap(self.size_ms + self.grace_ms) % self.advance_ms
+        return max(_gcd(self.advance_ms, offset), 1)
+
+    def take_closed(
+        self, store: WindowStore, stream_time: int, each: Callable[[Window], None]
+    ) -> int:
+        """Every window of `store` closed at `stream_time`: calls `each` on
+        it, then deletes it (emit final). Returns how many there were."""
+        latest = _saturate(_saturate(stream_time - self.grace_ms) - self.size_ms)
+        closed = list(store.fetch_all(I64_MIN, latest))
+        for window in closed:
+            each(window)
+            store.delete(window.key, window.start)
+        return len(closed)
+
+
+def schedule_punctuation(interval_ms: int) -> None:
+    """Asks the host to call the processor's `punctuate(ctx, stream_time)`
+    whenever the task's stream time reaches a multiple of `interval_ms` (and
+    once at the task's first record). Only `init` may call it (it raises
+    `Error` anywhere else); 0 cancels."""
+    if not isinstance(interval_ms, int) or not 0 <= interval_ms <= U64_MAX:
+        raise ValueError(f"interval_ms must be an int in 0..2**64-1 (got {interval_ms!r})")
+    try:
+        _context.schedule_punctuation(interval_ms)
+    except Err as err:
+        raise Error(str(err.value)) from None
+
+
 class Context:
-    """What a processor may do while processing one record."""
+    """What a processor may do while processing one record (or
+    punctuating)."""
 
     def __init__(self, config: dict):
         self.config = config
+        # The record's index in its batch; None in punctuate.
+        self.index: Optional[int] = None
 
     def store(self, name: str) -> Store:
         return Store(name)
+
+    def window_store(self, name: str) -> WindowStore:
+        """The window store called `name`, declared under [window-stores]
+        in the manifest."""
+        return WindowStore(name)
+
+    def stream_time(self) -> Optional[int]:
+        """The task's stream time, ms: the largest record timestamp it has
+        seen, counting this record (in punctuate, the time it was called
+        for); None before the task's first record."""
+        return _context.stream_time()
+
+    def report_late(self, message: str) -> None:
+        """Reports this record as late (its window had closed): leave no
+        other mark for it and return normally; the host counts and drops it
+        or hands it to the error policy with `message`, as the manifest's
+        [time] late-records says. Outside process it does nothing."""
+        if self.index is not None:
+            _context.late_record(self.index, str(message))
 
     def emit(
         self,
@@ -214,12 +517,22 @@ def _stack(error: BaseException) -> str:
     return "\n".join(lines)
 
 
+def _bug(error: BaseException) -> str:
+    """The message of an unexpected exception, logged with its stack."""
+    message = f"processor error: {type(error).__name__}: {error}"
+    _log.write(ERROR, f"{message}\n{_stack(error)}")
+    return message
+
+
 def export(
     process: Callable[[Context, Record], None],
     init: Optional[Callable[[dict], None]] = None,
+    punctuate: Optional[Callable[[Context, int], None]] = None,
 ):
     """The `WitWorld` class componentize-py expects, running `process` for
-    every record of a batch."""
+    every record of a batch, `init(config)` once per instance and
+    `punctuate(ctx, stream_time)` at every scheduled punctuation (without
+    it, punctuate does nothing)."""
 
     class WitWorld(wit_world.WitWorld):
         config: dict = {}
@@ -236,6 +549,7 @@ def export(
             ctx = Context(WitWorld.config)
             for index, r in enumerate(batch):
                 _context.begin_record(index)
+                ctx.index = index
                 record = Record(
                     r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers
                 )
@@ -244,12 +558,19 @@ def export(
                 except Error as error:
                     raise Err(ProcessError(record_index=index, message=error.message)) from None
                 except Exception as error:
-                    message = f"processor error: {type(error).__name__}: {error}"
-                    _log.write(ERROR, f"{message}\n{_stack(error)}")
+                    message = _bug(error)
                     raise Err(ProcessError(record_index=index, message=message)) from None
 
         def punctuate(self, stream_time):
-            # Not called by the host yet.
-            pass
+            if punctuate is None:
+                return
+            ctx = Context(WitWorld.config)
+            try:
+                punctuate(ctx, stream_time)
+            except Error as error:
+                raise Err(ProcessError(record_index=None, message=error.message)) from None
+            except Exception as error:
+                message = _bug(error)
+                raise Err(ProcessError(record_index=None, message=message)) from None
 
     return WitWorld

@@ -832,7 +832,10 @@ dead-letter-topic = "payments.dlq"
                 "outputs.audit",
             ),
             (
-                WALLET.replace("inputs = [\"payments\"]", "inputs = [\"payments\", \"payments\"]"),
+                WALLET.replace(
+                    "inputs = [\"payments\"]",
+                    "inputs = [\"payments\", \"payments\"]",
+                ),
                 "listed twice",
             ),
         ];
@@ -863,7 +866,10 @@ dead-letter-topic = "payments.dlq"
     #[test]
     fn several_inputs_and_tables_are_the_sources() {
         let text = WALLET
-            .replace("inputs = [\"payments\"]", "inputs = [\"payments\", \"refunds\"]")
+            .replace(
+                "inputs = [\"payments\"]",
+                "inputs = [\"payments\", \"refunds\"]",
+            )
             .replace("[build]", "[tables]\naccounts = \"accounts\"\n[build]");
         let m = parse(&text).unwrap();
         assert_eq!(m.sources(), ["payments", "refunds", "accounts"]);

@@ -1,7 +1,8 @@
-//! Processors in other languages: the wallet written in JavaScript, Python,
-//! Go and C, built with `onceflow build`, must print byte-for-byte what the
-//! Rust wallet prints under `onceflow test` (outputs and dead letters), and
-//! the language runtimes' WASI imports must give them no network and no
+//! Processors in other languages: the wallet and the pageviews example
+//! written in JavaScript, Python, Go and C, built with `onceflow build`, must
+//! print byte-for-byte what the Rust ones print under `onceflow test`
+//! (outputs and dead letters; for pageviews also the final window store),
+//! and the language runtimes' WASI imports must give them no network and no
 //! files.
 //!
 //! Needs the toolchains `onceflow build` installs into the toolchain cache
@@ -18,6 +19,13 @@ const WALLETS: [&str; 4] = [
     "examples/wallet-python/onceflow.toml",
     "examples/wallet-go/onceflow.toml",
     "examples/wallet-c/onceflow.toml",
+];
+
+const PAGEVIEWS: [&str; 4] = [
+    "examples/pageviews-js/onceflow.toml",
+    "examples/pageviews-python/onceflow.toml",
+    "examples/pageviews-go/onceflow.toml",
+    "examples/pageviews-c/onceflow.toml",
 ];
 
 /// A copy of `manifest` in `dir` with an absolute component path and,
@@ -54,9 +62,10 @@ fn manifest_copy(manifest: &Path, dir: &Path, big: bool) -> PathBuf {
     path
 }
 
-/// Payments with every malformed kind we know of (see gen_input.py).
-fn generated_input(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
-    let script = repo().join("examples/wallet-js/conformance/gen_input.py");
+/// The input `script` (a generator under examples/, see the wallet's and
+/// the pageviews' gen_input.py) writes with `args`.
+fn generated_input(script: &str, dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let script = repo().join(script);
     let out = Command::new("python3")
         .arg(&script)
         .args(args)
@@ -72,13 +81,24 @@ fn generated_input(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     path
 }
 
+const WALLET_INPUT: &str = "examples/wallet-js/conformance/gen_input.py";
+const PAGEVIEWS_INPUT: &str = "examples/pageviews-js/conformance/gen_input.py";
+
 fn run_test(manifest: &Path, input: &Path, batch: &str, partitions: &str) -> Vec<u8> {
+    run_test_with(
+        manifest,
+        input,
+        &["--batch-size", batch, "--partitions", partitions],
+    )
+}
+
+fn run_test_with(manifest: &Path, input: &Path, args: &[&str]) -> Vec<u8> {
     let out = onceflow()
         .arg("test")
         .arg(manifest)
         .arg("--input")
         .arg(input)
-        .args(["--batch-size", batch, "--partitions", partitions])
+        .args(args)
         .output()
         .expect("run onceflow test");
     assert!(
@@ -97,11 +117,13 @@ fn every_wallet_prints_exactly_what_the_rust_wallet_prints() {
     let dir = tempfile::tempdir().expect("temp dir");
     let sample = repo().join("examples/wallet/sample.jsonl");
     let mixed = generated_input(
+        WALLET_INPUT,
         dir.path(),
         "mixed.jsonl",
         &["--lines", "2000", "--seed", "1"],
     );
     let big = generated_input(
+        WALLET_INPUT,
         dir.path(),
         "big.jsonl",
         &["--lines", "300", "--seed", "7", "--big"],
@@ -128,28 +150,90 @@ fn every_wallet_prints_exactly_what_the_rust_wallet_prints() {
                     wallet.display(),
                     input.file_name().unwrap_or_default().to_string_lossy()
                 );
-                if actual != expected {
-                    let first_difference = String::from_utf8_lossy(&expected)
-                        .lines()
-                        .zip(String::from_utf8_lossy(&actual).lines())
-                        .enumerate()
-                        .find(|(_, (e, a))| e != a)
-                        .map(|(i, (e, a))| {
-                            format!(
-                                "line {i}:\n  rust: {}\n  this: {}",
-                                e.chars().take(300).collect::<String>(),
-                                a.chars().take(300).collect::<String>()
-                            )
-                        })
-                        .unwrap_or_else(|| "one output is a prefix of the other".to_owned());
-                    panic!("{label}: output differs from the Rust wallet's\n{first_difference}");
-                }
+                assert_identical(&expected, &actual, &label, "the Rust wallet's");
                 eprintln!("identical: {label}, {lines} lines");
                 compared += 1;
             }
         }
     }
     assert_eq!(compared, 6 * WALLETS.len());
+}
+
+/// Panics with the first differing line unless `actual == expected`.
+fn assert_identical(expected: &[u8], actual: &[u8], label: &str, reference: &str) {
+    if actual == expected {
+        return;
+    }
+    let first_difference = String::from_utf8_lossy(expected)
+        .lines()
+        .zip(String::from_utf8_lossy(actual).lines())
+        .enumerate()
+        .find(|(_, (e, a))| e != a)
+        .map(|(i, (e, a))| {
+            format!(
+                "line {i}:\n  rust: {}\n  this: {}",
+                e.chars().take(300).collect::<String>(),
+                a.chars().take(300).collect::<String>()
+            )
+        })
+        .unwrap_or_else(|| "one output is a prefix of the other".to_owned());
+    panic!("{label}: output differs from {reference}\n{first_difference}");
+}
+
+#[test]
+fn every_pageviews_prints_exactly_what_the_rust_pageviews_prints() {
+    let reference = build_guest("examples/pageviews/onceflow.toml");
+    let ports: Vec<PathBuf> = PAGEVIEWS.iter().map(|m| build_guest(m)).collect();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sample = repo().join("examples/pageviews/sample.jsonl");
+    // 3000 views of ~300 pages: out of order, late, no key, keys that are
+    // not UTF-8 or need escaping, negative timestamps, a burst of 300 pages
+    // in one window (more than one `fetch-all` page closes at once), a jump
+    // that closes everything.
+    let views = generated_input(
+        PAGEVIEWS_INPUT,
+        dir.path(),
+        "views.jsonl",
+        &["--lines", "3000", "--seed", "1"],
+    );
+    let cases: [(&Path, &[(&str, &str)]); 2] = [
+        (&sample, &[("100", "1"), ("1", "1")]),
+        (&views, &[("100", "1"), ("1", "3"), ("7", "3")]),
+    ];
+    let expected_manifest = manifest_copy(&reference, dir.path(), false);
+    let mut compared = 0;
+    for (input, runs) in cases {
+        for (batch, partitions) in runs {
+            // The outputs, then every window left in the store.
+            let args = [
+                "--batch-size",
+                batch,
+                "--partitions",
+                partitions,
+                "--dump-state",
+            ];
+            let expected = run_test_with(&expected_manifest, input, &args);
+            let text = String::from_utf8_lossy(&expected);
+            assert!(
+                text.contains("\"topic\":\"pageview-counts\"")
+                    && (input == sample.as_path() || text.contains("late record: ")),
+                "the reference emitted no counts (or no late view):\n{text}"
+            );
+            for port in &ports {
+                let manifest = manifest_copy(port, dir.path(), false);
+                let actual = run_test_with(&manifest, input, &args);
+                let label = format!(
+                    "{} on {} (batch {batch}, {partitions} partitions)",
+                    port.display(),
+                    input.file_name().unwrap_or_default().to_string_lossy()
+                );
+                assert_identical(&expected, &actual, &label, "the Rust pageviews'");
+                eprintln!("identical: {label}, {} lines", text.lines().count());
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 5 * PAGEVIEWS.len());
 }
 
 /// The imports of a built component.

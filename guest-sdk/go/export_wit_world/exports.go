@@ -19,7 +19,7 @@ func Process(batch []onceflow_processor_types.Record) witTypes.Result[witTypes.U
 	return onceflow.ProcessBatch(batch)
 }
 
-// Punctuate is the world's `punctuate` export; the host does not call it yet.
+// Punctuate is the world's `punctuate` export.
 func Punctuate(streamTime int64) witTypes.Result[witTypes.Unit, onceflow_processor_types.ProcessError] {
-	return witTypes.Ok[witTypes.Unit, onceflow_processor_types.ProcessError](witTypes.Unit{})
+	return onceflow.Punctuate(streamTime)
 }

@@ -472,6 +472,6 @@ mod tests {
         assert!(wasmparser::Parser::is_component(&component));
         let interface = policy::inspect(&component).unwrap();
         // Only the types the exports use; no WASI, no adapter.
-        assert_eq!(interface.imports, ["onceflow:processor/types@0.1.0"]);
+        assert_eq!(interface.imports, ["onceflow:processor/types@0.2.0"]);
     }
 }

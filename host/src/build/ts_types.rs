@@ -296,7 +296,7 @@ mod tests {
     fn declarations_follow_the_wit() {
         let d = declarations();
         assert!(
-            d.contains("declare module 'onceflow:processor/state@0.1.0'"),
+            d.contains("declare module 'onceflow:processor/state@0.2.0'"),
             "{d}"
         );
         assert!(
@@ -310,6 +310,23 @@ mod tests {
             "{d}"
         );
         assert!(d.contains("{ tag: 'unknown-store', val: string }"), "{d}");
+        // 0.2.0: windows, stream time, punctuation, late records, and the
+        // state errors the SDK layers turn into the Rust SDK's messages.
+        assert!(d.contains("{ tag: 'read-only', val: string }"), "{d}");
+        assert!(d.contains("{ tag: 'wrong-kind', val: string }"), "{d}");
+        assert!(
+            d.contains("export function fetchAll(store: string, earliest: bigint, latest: bigint, after: WindowKey | undefined, limit: number): Array<WindowEntry>;"),
+            "{d}"
+        );
+        assert!(
+            d.contains("export function streamTime(): bigint | undefined;"),
+            "{d}"
+        );
+        assert!(
+            d.contains("export function schedulePunctuation(intervalMs: bigint): void;"),
+            "{d}"
+        );
+        assert!(d.contains("punctuate(streamTime: bigint): void;"), "{d}");
         assert!(d.contains("export type Level = 'trace' | 'debug'"), "{d}");
         assert!(d.contains("process(batch: Array<Record>): void;"), "{d}");
         assert!(d.contains("recordIndex: number | undefined,"), "{d}");
