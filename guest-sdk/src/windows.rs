@@ -337,12 +337,21 @@ impl TimeWindows {
     /// The starts of the windows that contain `timestamp`, ascending
     /// (Kafka Streams' `windowsFor`: no window starts before the epoch).
     pub fn windows_for(&self, timestamp: i64) -> Vec<i64> {
-        let first = (timestamp - self.size_ms + self.advance_ms).max(0);
-        let first = first - first % self.advance_ms;
-        (0..)
-            .map(|i| first + i * self.advance_ms)
-            .take_while(|&start| start <= timestamp)
-            .collect()
+        let first = timestamp
+            .saturating_sub(self.size_ms)
+            .saturating_add(self.advance_ms)
+            .max(0);
+        let mut start = first - first % self.advance_ms;
+        let mut starts = Vec::new();
+        while start <= timestamp {
+            starts.push(start);
+            // The last window before i64::MAX: no next one.
+            let Some(next) = start.checked_add(self.advance_ms) else {
+                break;
+            };
+            start = next;
+        }
+        starts
     }
 
     /// Whether the window starting at `start` has closed at `stream_time`.
@@ -558,6 +567,9 @@ mod tests {
         assert_eq!(w.open_windows(5_000, Some(75_000)), Vec::<i64>::new());
         assert_eq!(w.open_windows(5_000, None), [0]);
         assert_eq!(w.punctuation_interval(), TEN_S);
+        // The last windows before the end of time, and before the epoch.
+        assert_eq!(w.windows_for(i64::MAX), [i64::MAX - i64::MAX % 60_000]);
+        assert_eq!(w.windows_for(i64::MIN), Vec::<i64>::new());
     }
 
     #[test]

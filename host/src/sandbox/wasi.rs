@@ -98,6 +98,9 @@ pub fn record_seed(topic: &str, partition: i32, offset: i64) -> u64 {
     h ^ (h >> 31)
 }
 
+/// The latest wall-clock time a guest can read, ms: u64 nanoseconds' end.
+const MAX_CLOCK_MS: u64 = u64::MAX / 1_000_000;
+
 struct RecordClock(Determinism);
 
 impl HostWallClock for RecordClock {
@@ -106,7 +109,10 @@ impl HostWallClock for RecordClock {
     }
     fn now(&self) -> Duration {
         let ms = lock(&self.0.current).timestamp_ms;
-        Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+        // At most what u64 nanoseconds hold (year 2554): WASI 0.1's clock,
+        // which C and Go runtimes read through the adapter, is u64 ns; past
+        // it C read a wrapped time and Go aborted.
+        Duration::from_millis(u64::try_from(ms).unwrap_or(0).min(MAX_CLOCK_MS))
     }
 }
 
@@ -262,7 +268,16 @@ mod tests {
         assert_eq!(rng.try_next_u64().unwrap(), a);
         assert_eq!(rng.try_next_u64().unwrap(), a2);
         assert_ne!(a, b);
-        assert_eq!(RecordClock(d).now_wall(), Duration::from_millis(1000));
+        assert_eq!(RecordClock(d.clone()).now_wall(), Duration::from_millis(1000));
+        // Past year 2554 the clock stops at what u64 nanoseconds hold (a
+        // C guest read a wrapped time, a Go guest aborted); before the
+        // epoch it reads 0.
+        d.set_record(0, i64::MAX);
+        let end = RecordClock(d.clone()).now_wall();
+        assert_eq!(end, Duration::from_millis(MAX_CLOCK_MS));
+        assert!(u64::try_from(end.as_nanos()).is_ok());
+        d.set_record(0, -5);
+        assert_eq!(RecordClock(d).now_wall(), Duration::ZERO);
     }
 
     impl RecordClock {
