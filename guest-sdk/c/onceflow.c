@@ -9,6 +9,7 @@
 
 struct onceflow_error {
     char *message; // malloc'd, NUL-terminated
+    size_t len;    // its length: NULs included for onceflow_error_from_bytes
 };
 
 // The index of the record onceflow_process is working on; -1 outside it.
@@ -37,6 +38,16 @@ onceflow_error *onceflow_error_new(const char *format, ...) {
     va_start(args, format);
     error->message = vformat(format, args);
     va_end(args);
+    error->len = strlen(error->message);
+    return error;
+}
+
+onceflow_error *onceflow_error_from_bytes(onceflow_bytes message) {
+    onceflow_error *error = checked_malloc(sizeof *error);
+    error->message = checked_malloc(message.len + 1);
+    if (message.len) memcpy(error->message, message.ptr, message.len);
+    error->message[message.len] = 0;
+    error->len = message.len;
     return error;
 }
 
@@ -147,8 +158,14 @@ onceflow_error *onceflow_get(const char *store, onceflow_bytes key, onceflow_byt
     return NULL;
 }
 
+// The bindings' cabi_realloc hands out no memory for an empty list (its
+// pointer is the alignment): only a non-empty one was malloc'd.
+static void free_list(const void *ptr, size_t len) {
+    if (len > 0) free((void *)ptr);
+}
+
 void onceflow_bytes_free(onceflow_bytes *bytes) {
-    free((void *)bytes->ptr);
+    free_list(bytes->ptr, bytes->len);
     bytes->ptr = NULL;
     bytes->len = 0;
 }
@@ -374,14 +391,14 @@ onceflow_error *onceflow_window_fetch(const char *store, onceflow_bytes key, int
     windows->ptr = checked_malloc(ret.len * sizeof *windows->ptr);
     windows->len = ret.len;
     for (size_t i = 0; i < ret.len; i++) windows->ptr[i] = window_of(&ret.ptr[i]);
-    free(ret.ptr);
+    free_list(ret.ptr, ret.len);
     return NULL;
 }
 
 void onceflow_windows_free(onceflow_windows *windows) {
     for (size_t i = 0; i < windows->len; i++) {
-        free((void *)windows->ptr[i].key.ptr);
-        free((void *)windows->ptr[i].value.ptr);
+        free_list(windows->ptr[i].key.ptr, windows->ptr[i].key.len);
+        free_list(windows->ptr[i].value.ptr, windows->ptr[i].value.len);
     }
     free(windows->ptr);
     windows->ptr = NULL;
@@ -539,6 +556,134 @@ onceflow_error *onceflow_take_closed(const onceflow_time_windows *w, const char 
     return error;
 }
 
+onceflow_session_windows onceflow_session_windows_with_gap(uint64_t gap_ms, uint64_t grace_ms) {
+    return (onceflow_session_windows){(int64_t)duration_ms(gap_ms), (int64_t)duration_ms(grace_ms)};
+}
+
+bool onceflow_session_is_closed(const onceflow_session_windows *w, int64_t end, int64_t stream_time) {
+    return saturating_add(saturating_add(end, w->gap_ms), w->grace_ms) <= stream_time;
+}
+
+// A window of a session store as a session (its key and value point into
+// the window): false when the value is shorter than the 8 bytes of the end.
+static bool decode_session(const onceflow_window *window, onceflow_session *session) {
+    if (window->value.len < 8) return false;
+    uint64_t end = 0;
+    for (int i = 0; i < 8; i++) end = end << 8 | window->value.ptr[i];
+    *session = (onceflow_session){window->key, window->start, (int64_t)end,
+                                  {window->value.ptr + 8, window->value.len - 8}};
+    return true;
+}
+
+onceflow_error *onceflow_session_record(const onceflow_session_windows *w, const char *store,
+                                        onceflow_bytes key, int64_t timestamp, const int64_t *stream_time,
+                                        onceflow_session_merge merge, onceflow_session_add add, void *context,
+                                        onceflow_session *session, bool *recorded) {
+    *recorded = false;
+    onceflow_windows windows;
+    onceflow_error *error =
+        onceflow_window_fetch(store, key, INT64_MIN, saturating_add(timestamp, w->gap_ms), &windows);
+    if (error) return error;
+    // The sessions the record touches, in start order, in place.
+    size_t n = 0;
+    int64_t start = timestamp, end = timestamp;
+    onceflow_session *touching = checked_malloc(windows.len * sizeof *touching);
+    for (size_t i = 0; i < windows.len; i++) {
+        onceflow_session s;
+        if (!decode_session(&windows.ptr[i], &s) || saturating_add(s.end, w->gap_ms) < timestamp) continue;
+        touching[n++] = s;
+        if (s.start < start) start = s.start;
+        if (s.end > end) end = s.end;
+    }
+    if (!stream_time || !onceflow_session_is_closed(w, end, *stream_time)) {
+        onceflow_bytes folded = {NULL, 0};
+        bool owned = false; // folded was malloc'd by merge
+        for (size_t i = 0; !error && i < n; i++) {
+            if (i == 0) {
+                folded = touching[i].value;
+            } else {
+                onceflow_bytes merged = merge(folded, touching[i].value, context);
+                if (owned) free((void *)folded.ptr);
+                folded = merged;
+                owned = true;
+            }
+            error = onceflow_window_delete(store, key, touching[i].start);
+        }
+        if (!error) {
+            onceflow_bytes value = add(n > 0 ? &folded : NULL, context);
+            uint8_t *stored = checked_malloc(8 + value.len);
+            for (int i = 0; i < 8; i++) stored[i] = (uint8_t)((uint64_t)end >> (56 - 8 * i));
+            if (value.len) memcpy(stored + 8, value.ptr, value.len);
+            error = onceflow_window_put(store, key, start, (onceflow_bytes){stored, 8 + value.len});
+            free(stored);
+            if (!error) *recorded = true;
+            if (!error && session) {
+                *session = (onceflow_session){key, start, end, value};
+            } else {
+                free((void *)value.ptr);
+            }
+        }
+        if (owned) free((void *)folded.ptr);
+    }
+    free(touching);
+    onceflow_windows_free(&windows);
+    return error;
+}
+
+void onceflow_session_free(onceflow_session *session) {
+    free((void *)session->value.ptr);
+    session->value = (onceflow_bytes){NULL, 0};
+}
+
+// The closed sessions onceflow_session_take_closed collects: copies.
+typedef struct {
+    const onceflow_session_windows *windows;
+    int64_t stream_time;
+    onceflow_session *ptr;
+    size_t len, cap;
+} closed_sessions;
+
+static onceflow_bytes copy_bytes(onceflow_bytes bytes) {
+    uint8_t *copy = checked_malloc(bytes.len);
+    if (bytes.len) memcpy(copy, bytes.ptr, bytes.len);
+    return (onceflow_bytes){copy, bytes.len};
+}
+
+static onceflow_error *collect_closed(const onceflow_window *window, void *context) {
+    closed_sessions *closed = context;
+    onceflow_session s;
+    if (!decode_session(window, &s) || !onceflow_session_is_closed(closed->windows, s.end, closed->stream_time)) {
+        return NULL;
+    }
+    if (closed->len == closed->cap) {
+        closed->cap = closed->cap * 2 + 16;
+        closed->ptr = realloc(closed->ptr, closed->cap * sizeof *closed->ptr);
+        if (!closed->ptr) abort();
+    }
+    closed->ptr[closed->len++] = (onceflow_session){copy_bytes(s.key), s.start, s.end, copy_bytes(s.value)};
+    return NULL;
+}
+
+onceflow_error *onceflow_session_take_closed(const onceflow_session_windows *w, const char *store,
+                                             int64_t stream_time, onceflow_session_visitor each, void *context,
+                                             uint64_t *count) {
+    int64_t latest = saturating_sub(saturating_sub(stream_time, w->grace_ms), w->gap_ms);
+    closed_sessions closed = {w, stream_time, NULL, 0, 0};
+    onceflow_error *error = onceflow_window_fetch_all(store, INT64_MIN, latest, collect_closed, &closed);
+    for (size_t i = 0; !error && i < closed.len; i++) {
+        if (!(error = each(&closed.ptr[i], context))) {
+            error = onceflow_window_delete(store, closed.ptr[i].key, closed.ptr[i].start);
+        }
+    }
+    for (size_t i = 0; i < closed.len; i++) {
+        free((void *)closed.ptr[i].key.ptr);
+        free((void *)closed.ptr[i].value.ptr);
+    }
+    free(closed.ptr);
+    if (count) *count = error ? 0 : closed.len;
+    return error;
+}
+
 static onceflow_bytes from_wit_string(processor_string_t s) {
     return (onceflow_bytes){s.ptr, s.len};
 }
@@ -562,7 +707,7 @@ bool exports_processor_init(processor_list_tuple2_string_string_t *config, proce
         if (error) {
             // The message's memory goes to the bindings (freed after return).
             err->ptr = (uint8_t *)error->message;
-            err->len = strlen(error->message);
+            err->len = error->len;
             free(error);
             ok = false;
         }
@@ -599,7 +744,7 @@ bool exports_processor_process(processor_list_record_t *batch, processor_process
             err->record_index.is_some = true;
             err->record_index.val = (uint32_t)index;
             err->message.ptr = (uint8_t *)error->message;
-            err->message.len = strlen(error->message);
+            err->message.len = error->len;
             free(error);
             ok = false;
             break;
@@ -617,7 +762,7 @@ bool exports_processor_punctuate(int64_t stream_time, processor_process_error_t 
     err->record_index.is_some = false;
     // The message's memory goes to the bindings (freed after return).
     err->message.ptr = (uint8_t *)error->message;
-    err->message.len = strlen(error->message);
+    err->message.len = error->len;
     free(error);
     return false;
 }

@@ -84,6 +84,10 @@ typedef struct onceflow_error onceflow_error;
 // A new error with a printf-style message.
 onceflow_error *onceflow_error_new(const char *format, ...)
     __attribute__((format(printf, 1, 2)));
+// A new error whose message is `message`, which may hold NULs (a key in
+// it, say): the host gets every byte; onceflow_error_message's C string
+// stops at the first NUL.
+onceflow_error *onceflow_error_from_bytes(onceflow_bytes message);
 const char *onceflow_error_message(const onceflow_error *error);
 void onceflow_error_free(onceflow_error *error);
 
@@ -132,7 +136,9 @@ char *onceflow_escape_ascii(onceflow_bytes bytes);
 //
 // Time is stream time, as in the Rust SDK: the largest record timestamp
 // the task has seen. Window stores keep a value per key and window start;
-// onceflow_tumbling / onceflow_hopping assign records to windows;
+// onceflow_tumbling / onceflow_hopping assign records to windows, and
+// onceflow_session_windows_with_gap to sessions (onceflow_session_record,
+// onceflow_session_take_closed);
 // onceflow_schedule_punctuation (from onceflow_init) makes the host call
 // onceflow_punctuate as stream time passes, where onceflow_take_closed
 // emits the closed windows:
@@ -262,6 +268,62 @@ uint64_t onceflow_punctuation_interval(const onceflow_time_windows *windows);
 // were.
 onceflow_error *onceflow_take_closed(const onceflow_time_windows *windows, const char *store, int64_t stream_time,
                                      onceflow_window_visitor each, void *context, uint64_t *count);
+
+// Session windows, as Kafka Streams' SessionWindows and the Rust SDK's
+// SessionWindows: a key's records closer than `gap` to each other form one
+// session [start, end] (the first and last record's times), and a record
+// bridging two sessions merges them. A session closes when stream time
+// reaches end + gap + grace; a record whose merged session would already be
+// closed is late. Sessions live in a window store under their start; the
+// value is the session's end (8 bytes, big-endian) followed by the
+// aggregate, as in every SDK. Make one with onceflow_session_windows_with_gap.
+typedef struct {
+    int64_t gap_ms;
+    int64_t grace_ms;
+} onceflow_session_windows;
+
+// A session: its key, the first and last record's times (ms), the
+// aggregate.
+typedef struct {
+    onceflow_bytes key;
+    int64_t start;
+    int64_t end;
+    onceflow_bytes value;
+} onceflow_session;
+
+// The new aggregate of two merged sessions (`a` the older), and the
+// aggregate with a record added (`aggregate` NULL: a new session). Return
+// bytes allocated with malloc (NULL if empty): the SDK frees them.
+typedef onceflow_bytes (*onceflow_session_merge)(onceflow_bytes a, onceflow_bytes b, void *context);
+typedef onceflow_bytes (*onceflow_session_add)(const onceflow_bytes *aggregate, void *context);
+// Called for each closed session with the `context` given; the session is
+// valid during the call. A non-NULL error stops the scan.
+typedef onceflow_error *(*onceflow_session_visitor)(const onceflow_session *session, void *context);
+
+// Sessions split by `gap_ms` of inactivity, with `grace_ms` for records out
+// of order.
+onceflow_session_windows onceflow_session_windows_with_gap(uint64_t gap_ms, uint64_t grace_ms);
+// Whether a session ending at `end` has closed at `stream_time`.
+bool onceflow_session_is_closed(const onceflow_session_windows *windows, int64_t end, int64_t stream_time);
+// Adds a record of `key` at `timestamp` to `store`: merges the sessions it
+// touches into one (their aggregates folded with `merge`, oldest first)
+// and adds the record with `add`. `*recorded` is false when the record is
+// late (report it with onceflow_report_late): closed at *stream_time (NULL
+// before the first record: nothing is late). If `session` is not NULL it
+// receives the session (its key is `key`; free its value with
+// onceflow_session_free).
+onceflow_error *onceflow_session_record(const onceflow_session_windows *windows, const char *store,
+                                        onceflow_bytes key, int64_t timestamp, const int64_t *stream_time,
+                                        onceflow_session_merge merge, onceflow_session_add add, void *context,
+                                        onceflow_session *session, bool *recorded);
+// Frees a session's value from onceflow_session_record.
+void onceflow_session_free(onceflow_session *session);
+// Calls `each` on every session of `store` closed at `stream_time`, then
+// deletes it (emit final); `*count` (if not NULL) receives how many there
+// were.
+onceflow_error *onceflow_session_take_closed(const onceflow_session_windows *windows, const char *store,
+                                             int64_t stream_time, onceflow_session_visitor each, void *context,
+                                             uint64_t *count);
 
 #ifdef __cplusplus
 }

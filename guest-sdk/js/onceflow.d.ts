@@ -104,6 +104,46 @@ export class TimeWindows {
   takeClosed(store: WindowStore, streamTime: Millis, each: (window: Window) => void): number;
 }
 
+/** A session of a SessionWindows store: key, first and last record times, aggregate. */
+export interface Session {
+  key: Uint8Array;
+  /** The first record's time, ms. */
+  start: bigint;
+  /** The last record's time, ms. */
+  end: bigint;
+  value: Uint8Array;
+}
+
+/**
+ * Session windows (Kafka Streams' SessionWindows): records of a key closer
+ * than the gap form one session; a session closes at end + gap + grace.
+ * Stored under their start, the value being the end (8 bytes, big-endian)
+ * then the aggregate.
+ */
+export class SessionWindows {
+  private constructor();
+  static withGap(gapMs: Millis, graceMs: Millis): SessionWindows;
+  readonly gapMs: bigint;
+  readonly graceMs: bigint;
+  /** Whether a session ending at `end` has closed at `streamTime`. */
+  isClosed(end: Millis, streamTime: Millis): boolean;
+  /**
+   * Adds a record to the sessions it touches (merged with `merge`, oldest
+   * first; `add` folds the record in, undefined: a new session); undefined
+   * when the record is late.
+   */
+  record(
+    store: WindowStore,
+    key: Bytes,
+    timestamp: Millis,
+    streamTime: Millis | undefined,
+    merge: (a: Uint8Array, b: Uint8Array) => Bytes,
+    add: (aggregate: Uint8Array | undefined) => Bytes,
+  ): Session | undefined;
+  /** Calls `each` on every session of `store` closed at `streamTime`, then deletes it; returns how many. */
+  takeClosed(store: WindowStore, streamTime: Millis, each: (session: Session) => void): number;
+}
+
 /** Asks the host to call punctuate as stream time passes multiples of `intervalMs`; only from init. */
 export function schedulePunctuation(intervalMs: Millis): void;
 

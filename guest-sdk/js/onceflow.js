@@ -25,8 +25,9 @@
 //
 // Time is stream time (ctx.streamTime()), as in the Rust SDK: window stores
 // (ctx.windowStore(name)), TimeWindows.tumbling / hopping to assign records
-// to windows, schedulePunctuation(ms) from init, and a punctuate(ctx,
-// streamTime) function that emits closed windows (TimeWindows#takeClosed):
+// to windows, SessionWindows.withGap for sessions, schedulePunctuation(ms)
+// from init, and a punctuate(ctx, streamTime) function that emits closed
+// windows (TimeWindows#takeClosed, SessionWindows#takeClosed):
 //
 //   const WINDOWS = TimeWindows.tumbling(60_000, 10_000);
 //   export const { init, process, punctuate } = exportProcessor({
@@ -427,6 +428,112 @@ export class TimeWindows {
     for (const window of closed) {
       each(window);
       store.delete(window.key, window.start);
+    }
+    return closed.length;
+  }
+}
+
+/** The later of two BigInts. */
+const later = (a, b) => (a > b ? a : b);
+/** The earlier of two BigInts. */
+const earlier = (a, b) => (a < b ? a : b);
+
+/**
+ * A window of a session store as a session: its value is the session's end
+ * (8 bytes, big-endian) followed by the aggregate; undefined when shorter.
+ */
+function decodeSession(window) {
+  const value = window.value;
+  if (value.length < 8) return undefined;
+  const end = new DataView(value.buffer, value.byteOffset, 8).getBigInt64(0);
+  return { key: window.key, start: window.start, end, value: value.subarray(8) };
+}
+
+/** A session's stored value: its end (8 bytes, big-endian), then the aggregate. */
+function encodeSession(end, aggregate) {
+  const out = new Uint8Array(8 + aggregate.length);
+  new DataView(out.buffer).setBigInt64(0, end);
+  out.set(aggregate, 8);
+  return out;
+}
+
+/**
+ * Session windows, as Kafka Streams' SessionWindows and the Rust SDK's
+ * `SessionWindows`: a key's records closer than `gap` to each other form one
+ * session [start, end] (the first and last record's times), and a record
+ * bridging two sessions merges them. A session closes when stream time
+ * reaches end + gap + grace; a record whose merged session would already be
+ * closed is late. Sessions live in a WindowStore under their start; the
+ * value is the session's end (8 bytes, big-endian) followed by the aggregate,
+ * as in every SDK. Sessions are `{ key: Uint8Array, start: bigint, end:
+ * bigint, value: Uint8Array }`. Times are BigInt ms (Numbers are accepted).
+ */
+export class SessionWindows {
+  constructor(gapMs, graceMs) {
+    this.gapMs = gapMs;
+    this.graceMs = graceMs;
+    Object.freeze(this);
+  }
+
+  /** Sessions split by `gapMs` of inactivity, with `graceMs` for records out of order. */
+  static withGap(gapMs, graceMs) {
+    return new SessionWindows(durationMs(gapMs, 'gapMs'), durationMs(graceMs, 'graceMs'));
+  }
+
+  /** Whether a session ending at `end` has closed at `streamTime`. */
+  isClosed(end, streamTime) {
+    return saturate(saturate(BigInt(end) + this.gapMs) + this.graceMs) <= BigInt(streamTime);
+  }
+
+  /**
+   * Adds a record of `key` at `timestamp` to `store` (a WindowStore): merges
+   * the sessions it touches into one (their aggregates folded with
+   * `merge(a, b)`, oldest first) and adds the record with `add(aggregate)`
+   * (undefined: a new session); both return the new aggregate (bytes or a
+   * string). Returns the session, or undefined when the record is late
+   * (report it with ctx.reportLate). `streamTime` undefined: before the
+   * first record, nothing is late.
+   */
+  record(store, key, timestamp, streamTime, merge, add) {
+    const k = bytes(key);
+    const ts = i64(timestamp, 'timestamp');
+    const touching = [];
+    for (const window of store.fetch(k, I64_MIN, saturate(ts + this.gapMs))) {
+      const session = decodeSession(window);
+      if (session !== undefined && saturate(session.end + this.gapMs) >= ts) touching.push(session);
+    }
+    let start = ts;
+    let end = ts;
+    for (const s of touching) {
+      start = earlier(start, s.start);
+      end = later(end, s.end);
+    }
+    if (streamTime !== undefined && streamTime !== null && this.isClosed(end, streamTime)) return undefined;
+    let folded;
+    for (const s of touching) {
+      folded = folded === undefined ? s.value : bytes(merge(folded, s.value));
+      store.delete(k, s.start);
+    }
+    const value = bytes(add(folded));
+    store.put(k, start, encodeSession(end, value));
+    return { key: k, start, end, value };
+  }
+
+  /**
+   * Every session of `store` closed at `streamTime`: calls `each(session)`
+   * on it, then deletes it (emit final). Returns how many there were.
+   */
+  takeClosed(store, streamTime, each) {
+    const now = BigInt(streamTime);
+    const latest = saturate(saturate(now - this.graceMs) - this.gapMs);
+    const closed = [];
+    for (const window of store.fetchAll(I64_MIN, latest)) {
+      const session = decodeSession(window);
+      if (session !== undefined && this.isClosed(session.end, now)) closed.push(session);
+    }
+    for (const session of closed) {
+      each(session);
+      store.delete(session.key, session.start);
     }
     return closed.length;
   }

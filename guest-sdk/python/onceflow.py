@@ -23,9 +23,10 @@ reported for the record with the message `processor error: ...`.
 
 Time is stream time (`ctx.stream_time()`), as in the Rust SDK: window
 stores (`ctx.window_store(name)`), `TimeWindows.tumbling` / `hopping` to
-assign records to windows, `schedule_punctuation(ms)` from `init`, and a
-`punctuate(ctx, stream_time)` function that emits closed windows
-(`TimeWindows.take_closed`):
+assign records to windows, `SessionWindows.with_gap` for sessions,
+`schedule_punctuation(ms)` from `init`, and a `punctuate(ctx, stream_time)`
+function that emits closed windows (`TimeWindows.take_closed`,
+`SessionWindows.take_closed`):
 
     WINDOWS = onceflow.TimeWindows.tumbling(60_000, 10_000)
 
@@ -428,6 +429,113 @@ class TimeWindows:
         for window in closed:
             each(window)
             store.delete(window.key, window.start)
+        return len(closed)
+
+
+@dataclass
+class Session:
+    """A session of a SessionWindows store: its key, the first and last
+    record's times (ms) and the aggregate."""
+
+    key: bytes
+    start: int
+    end: int
+    value: bytes
+
+
+def _decode_session(window: Window) -> Optional[Session]:
+    """A window of a session store as a session: its value is the session's
+    end (8 bytes, big-endian) followed by the aggregate; None when shorter."""
+    if len(window.value) < 8:
+        return None
+    end = int.from_bytes(window.value[:8], "big", signed=True)
+    return Session(window.key, window.start, end, window.value[8:])
+
+
+class SessionWindows:
+    """Session windows, as Kafka Streams' SessionWindows and the Rust SDK's
+    `SessionWindows`: a key's records closer than `gap` to each other form
+    one session [start, end] (the first and last record's times), and a
+    record bridging two sessions merges them. A session closes when stream
+    time reaches end + gap + grace; a record whose merged session would
+    already be closed is late. Sessions live in a window store under their
+    start; the value is the session's end (8 bytes, big-endian) followed by
+    the aggregate, as in every SDK. Times are ints, ms."""
+
+    __slots__ = ("gap_ms", "grace_ms")
+
+    def __init__(self, gap_ms: int, grace_ms: int):
+        self.gap_ms = gap_ms
+        self.grace_ms = grace_ms
+
+    @classmethod
+    def with_gap(cls, gap_ms: int, grace_ms: int) -> "SessionWindows":
+        """Sessions split by `gap_ms` of inactivity, with `grace_ms` for
+        records out of order."""
+        return cls(_duration_ms(gap_ms, "gap_ms"), _duration_ms(grace_ms, "grace_ms"))
+
+    def __repr__(self) -> str:
+        return f"SessionWindows(gap_ms={self.gap_ms}, grace_ms={self.grace_ms})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, SessionWindows) and (self.gap_ms, self.grace_ms) == (
+            other.gap_ms,
+            other.grace_ms,
+        )
+
+    def is_closed(self, end: int, stream_time: int) -> bool:
+        """Whether a session ending at `end` has closed at `stream_time`."""
+        return _saturate(_saturate(end + self.gap_ms) + self.grace_ms) <= stream_time
+
+    def record(
+        self,
+        store: WindowStore,
+        key: Bytes,
+        timestamp: int,
+        stream_time: Optional[int],
+        merge: Callable[[bytes, bytes], Bytes],
+        add: Callable[[Optional[bytes]], Bytes],
+    ) -> Optional[Session]:
+        """Adds a record of `key` at `timestamp` to `store`: merges the
+        sessions it touches into one (their aggregates folded with
+        `merge(a, b)`, oldest first) and adds the record with
+        `add(aggregate)` (None: a new session); both return the new
+        aggregate. Returns the session, or None when the record is late
+        (report it with `ctx.report_late`). `stream_time` None: before the
+        first record, nothing is late."""
+        key = _bytes(key)
+        timestamp = _i64(timestamp, "timestamp")
+        touching = []
+        for window in store.fetch(key, I64_MIN, _saturate(timestamp + self.gap_ms)):
+            session = _decode_session(window)
+            if session is not None and _saturate(session.end + self.gap_ms) >= timestamp:
+                touching.append(session)
+        start = min([timestamp] + [s.start for s in touching])
+        end = max([timestamp] + [s.end for s in touching])
+        if stream_time is not None and self.is_closed(end, stream_time):
+            return None
+        folded: Optional[bytes] = None
+        for s in touching:
+            folded = s.value if folded is None else _bytes(merge(folded, s.value))
+            store.delete(key, s.start)
+        value = _bytes(add(folded))
+        store.put(key, start, end.to_bytes(8, "big", signed=True) + value)
+        return Session(key, start, end, value)
+
+    def take_closed(
+        self, store: WindowStore, stream_time: int, each: Callable[[Session], None]
+    ) -> int:
+        """Every session of `store` closed at `stream_time`: calls `each` on
+        it, then deletes it (emit final). Returns how many there were."""
+        latest = _saturate(_saturate(stream_time - self.grace_ms) - self.gap_ms)
+        closed = []
+        for window in store.fetch_all(I64_MIN, latest):
+            session = _decode_session(window)
+            if session is not None and self.is_closed(session.end, stream_time):
+                closed.append(session)
+        for session in closed:
+            each(session)
+            store.delete(session.key, session.start)
         return len(closed)
 
 

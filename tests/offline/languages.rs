@@ -1,14 +1,16 @@
-//! Processors in other languages: the wallet and the pageviews example
+//! Processors in other languages: the wallet, pageviews and fraud examples
 //! written in JavaScript, Python, Go and C, built with `onceflow build`, must
 //! print byte-for-byte what the Rust ones print under `onceflow test`
 //! (outputs and dead letters; for pageviews also the final window store),
-//! and the language runtimes' WASI imports must give them no network and no
-//! files.
+//! every SDK's session windows must count sessions as the Rust SDK's and an
+//! independent model do (and store them alike), and the language runtimes'
+//! WASI imports must give them no network and no files.
 //!
 //! Needs the toolchains `onceflow build` installs into the toolchain cache
 //! (`scripts/setup` installs them ahead: node/npm, python3-venv, Go 1.24+,
 //! clang + wasi-libc, `wit-bindgen`).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,6 +28,22 @@ const PAGEVIEWS: [&str; 4] = [
     "examples/pageviews-python/onceflow.toml",
     "examples/pageviews-go/onceflow.toml",
     "examples/pageviews-c/onceflow.toml",
+];
+
+const FRAUDS: [&str; 4] = [
+    "examples/fraud-js/onceflow.toml",
+    "examples/fraud-python/onceflow.toml",
+    "examples/fraud-go/onceflow.toml",
+    "examples/fraud-c/onceflow.toml",
+];
+
+/// The session-counting test guest in every language, Rust first.
+const SESSIONS: [&str; 5] = [
+    "tests/guests/sessions/onceflow.toml",
+    "tests/guests/sessions-js/onceflow.toml",
+    "tests/guests/sessions-python/onceflow.toml",
+    "tests/guests/sessions-go/onceflow.toml",
+    "tests/guests/sessions-c/onceflow.toml",
 ];
 
 /// A copy of `manifest` in `dir` with an absolute component path and,
@@ -83,6 +101,7 @@ fn generated_input(script: &str, dir: &Path, name: &str, args: &[&str]) -> PathB
 
 const WALLET_INPUT: &str = "examples/wallet-js/conformance/gen_input.py";
 const PAGEVIEWS_INPUT: &str = "examples/pageviews-js/conformance/gen_input.py";
+const FRAUD_INPUT: &str = "examples/fraud-js/conformance/gen_input.py";
 
 fn run_test(manifest: &Path, input: &Path, batch: &str, partitions: &str) -> Vec<u8> {
     run_test_with(
@@ -234,6 +253,292 @@ fn every_pageviews_prints_exactly_what_the_rust_pageviews_prints() {
         }
     }
     assert_eq!(compared, 5 * PAGEVIEWS.len());
+}
+
+#[test]
+fn every_fraud_prints_exactly_what_the_rust_fraud_prints() {
+    let reference = build_guest("examples/fraud/onceflow.toml");
+    let ports: Vec<PathBuf> = FRAUDS.iter().map(|m| build_guest(m)).collect();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sample = repo().join("examples/fraud/sample.jsonl");
+    // 2000 account updates and payments: tombstones, blocked accounts and
+    // limits of every shape, unknown accounts, payments without a key or a
+    // value or with keys that are not UTF-8, invalid JSON of every kind
+    // serde_json names (its message and position are in the dead letter),
+    // missing fields, amounts that are not i64 integers, ids and names that
+    // need escaping, randomly mutated payments and account values.
+    let generated = generated_input(
+        FRAUD_INPUT,
+        dir.path(),
+        "fraud.jsonl",
+        &["--lines", "2000", "--seed", "1"],
+    );
+    let expected_manifest = manifest_copy(&reference, dir.path(), false);
+    let mut compared = 0;
+    for input in [&sample, &generated] {
+        for (batch, partitions) in [("1", "1"), ("1", "3"), ("64", "1"), ("64", "3")] {
+            let expected = run_test(&expected_manifest, input, batch, partitions);
+            let text = String::from_utf8_lossy(&expected);
+            assert!(
+                text.contains("\"topic\":\"alerts\"")
+                    && text.contains("record value is not the expected JSON: ")
+                    && (input == &sample
+                        || (text.contains("its table value is not JSON: ")
+                            && text.contains("must be an integer")
+                            && text.contains("record key is not UTF-8 text"))),
+                "the reference raised no alert or dead letter of some kind:\n{text}"
+            );
+            for port in &ports {
+                let manifest = manifest_copy(port, dir.path(), false);
+                let actual = run_test(&manifest, input, batch, partitions);
+                let label = format!(
+                    "{} on {} (batch {batch}, {partitions} partitions)",
+                    port.display(),
+                    input.file_name().unwrap_or_default().to_string_lossy()
+                );
+                assert_identical(&expected, &actual, &label, "the Rust fraud's");
+                eprintln!("identical: {label}, {} lines", text.lines().count());
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 8 * FRAUDS.len());
+}
+
+/// The session guests' gap and grace, ms.
+const GAP: i64 = 5_000;
+const GRACE: i64 = 10_000;
+
+/// Clicks `(user, time)`: first the Rust SDK unit test's story (two
+/// sessions, a record that merges two, a late one), then `n` clicks of 15
+/// users (some names need JSON escaping) mostly moving forward, some out of
+/// order (bridging sessions, or late), some after long pauses.
+fn clicks(n: usize, seed: u64) -> Vec<(String, i64)> {
+    const BASE: i64 = 1_700_000_000_000;
+    let mut out: Vec<(String, i64)> = [0, 3_000, 20_000, 22_000, 10_000, 15_000]
+        .into_iter()
+        .map(|at| ("u".to_owned(), BASE + at))
+        .collect();
+    out.push(("v".to_owned(), BASE + 30_000));
+    // [0, 3 s] was emitted at 20 s: a click at 1 s is a session closed at 30 s.
+    out.push(("u".to_owned(), BASE + 1_000));
+    let mut users: Vec<String> = (0..12).map(|i| format!("user-{i}")).collect();
+    users.extend([
+        "zo\u{eb}".to_owned(),
+        "q\"uote".to_owned(),
+        "\u{65e5}\u{672c}".to_owned(),
+    ]);
+    let mut state = seed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as i64
+    };
+    let mut now = BASE + 30_000;
+    for _ in 0..n {
+        let user = users[next() as usize % users.len()].clone();
+        let at = match next() % 100 {
+            0..=79 => {
+                now += next() % 1_500;
+                now
+            }
+            80..=94 => now - next() % 20_000,
+            _ => {
+                now += 5_000 + next() % 25_000;
+                now
+            }
+        };
+        out.push((user, at));
+    }
+    out
+}
+
+/// What the session guests must do with `clicks` over `partitions`
+/// partitions, as Kafka Streams' `SessionWindows.ofInactivityGapAndGrace(5 s,
+/// 10 s)` count with `suppress(untilWindowCloses)`: the `(key, value)` lines
+/// they emit, in order (a session is emitted at the record that moves its
+/// partition's stream time to its end + gap + grace, a partition's sessions
+/// in key and start order), how many clicks are late, and the sessions left
+/// open at the end `(partition, key, start, end, count)`.
+type SessionsModel = (
+    Vec<(String, String)>,
+    usize,
+    BTreeSet<(i32, String, i64, i64, u64)>,
+);
+
+/// A partition's open sessions: (key, start) -> (end, count).
+type OpenSessions = BTreeMap<(Vec<u8>, i64), (i64, u64)>;
+
+fn sessions_model(clicks: &[(String, i64)], partitions: i32) -> SessionsModel {
+    let mut time: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut open: BTreeMap<i32, OpenSessions> = BTreeMap::new();
+    let mut emitted = Vec::new();
+    let mut late = 0;
+    for (user, at) in clicks {
+        let key = user.as_bytes().to_vec();
+        let p = onceflow::offline::kafka_partition(&key, partitions);
+        let before = time.get(&p).copied();
+        let now = before.map_or(*at, |t| t.max(*at));
+        time.insert(p, now);
+        let sessions = open.entry(p).or_default();
+        // The sessions within the gap of this click: merged with it.
+        let touching: Vec<(i64, i64, u64)> = sessions
+            .iter()
+            .filter(|((k, start), (end, _))| *k == key && *start <= at + GAP && end + GAP >= *at)
+            .map(|((_, start), (end, count))| (*start, *end, *count))
+            .collect();
+        let start = touching.iter().map(|s| s.0).fold(*at, i64::min);
+        let end = touching.iter().map(|s| s.1).fold(*at, i64::max);
+        if end + GAP + GRACE <= now {
+            late += 1;
+        } else {
+            for (s, _, _) in &touching {
+                sessions.remove(&(key.clone(), *s));
+            }
+            let count = touching.iter().map(|s| s.2).sum::<u64>() + 1;
+            sessions.insert((key, start), (end, count));
+        }
+        // Punctuation at every advance of stream time (and the first record).
+        if before.is_none_or(|t| now > t) {
+            let closed: OpenSessions = sessions
+                .iter()
+                .filter(|(_, (end, _))| end + GAP + GRACE <= now)
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            for ((k, start), (end, count)) in closed {
+                sessions.remove(&(k.clone(), start));
+                let user = String::from_utf8(k).expect("UTF-8 users");
+                emitted.push((user, format!("{start} {end} {count}")));
+            }
+        }
+    }
+    let left = open
+        .into_iter()
+        .flat_map(|(p, sessions)| {
+            sessions.into_iter().map(move |((k, start), (end, count))| {
+                (
+                    p,
+                    String::from_utf8(k).expect("UTF-8 users"),
+                    start,
+                    end,
+                    count,
+                )
+            })
+        })
+        .collect();
+    (emitted, late, left)
+}
+
+/// `onceflow test --dump-state` in batches of `batch` over `partitions`:
+/// stdout, and how many late records the run's summary says it dropped.
+fn run_sessions(manifest: &Path, input: &Path, batch: &str, partitions: &str) -> (Vec<u8>, usize) {
+    let out = onceflow()
+        .arg("test")
+        .arg(manifest)
+        .arg("--input")
+        .arg(input)
+        .args([
+            "--batch-size",
+            batch,
+            "--partitions",
+            partitions,
+            "--dump-state",
+        ])
+        .output()
+        .expect("run onceflow test");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "onceflow test {}: {stderr}",
+        manifest.display()
+    );
+    let dropped = stderr
+        .lines()
+        .find_map(|l| l.strip_suffix(" late records dropped"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    (out.stdout, dropped)
+}
+
+#[test]
+fn every_sdk_counts_sessions_as_the_rust_sdk_and_a_model_do() {
+    use base64::Engine as _;
+    let guests: Vec<PathBuf> = SESSIONS.iter().map(|m| build_guest(m)).collect();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clicks = clicks(1_500, 3);
+    let input = dir.path().join("clicks.jsonl");
+    let lines: Vec<String> = clicks
+        .iter()
+        .map(|(user, at)| {
+            serde_json::json!({"topic": "clicks", "key": user, "value": "", "timestamp": at})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).expect("write the clicks");
+    let manifests: Vec<PathBuf> = guests
+        .iter()
+        .map(|g| manifest_copy(g, dir.path(), false))
+        .collect();
+    let mut compared = 0;
+    for partitions in [1, 3] {
+        let (emitted, late, left) = sessions_model(&clicks, partitions);
+        assert!(
+            emitted.len() > 500 && late > 10 && !left.is_empty(),
+            "{} sessions, {late} late, {} open",
+            emitted.len(),
+            left.len()
+        );
+        let parts = partitions.to_string();
+        for batch in ["1", "64"] {
+            // The Rust guest against the model.
+            let (expected, dropped) = run_sessions(&manifests[0], &input, batch, &parts);
+            let label = format!("batch {batch}, {partitions} partitions");
+            let mut got_emitted = Vec::new();
+            let mut got_left = BTreeSet::new();
+            for line in common::json_lines(&expected) {
+                let key = line["key"].as_str().expect("a UTF-8 key").to_owned();
+                if line["topic"] == "sessions" {
+                    got_emitted.push((key, line["value"].as_str().expect("a value").to_owned()));
+                    continue;
+                }
+                // A session left in the store: its end (8 bytes, big-endian),
+                // then the count in decimal.
+                assert_eq!(line["store"], "sessions", "{line}");
+                let value = match line["value"].as_str() {
+                    Some(text) => text.as_bytes().to_vec(),
+                    None => base64::engine::general_purpose::STANDARD
+                        .decode(line["value_base64"].as_str().expect("a value"))
+                        .expect("base64"),
+                };
+                let (end, count) = value.split_at(8);
+                got_left.insert((
+                    line["partition"].as_i64().expect("partition") as i32,
+                    key,
+                    line["start"].as_i64().expect("start"),
+                    i64::from_be_bytes(end.try_into().expect("8 bytes")),
+                    std::str::from_utf8(count)
+                        .expect("text")
+                        .parse()
+                        .expect("a count"),
+                ));
+            }
+            assert_eq!(got_emitted, emitted, "emitted sessions ({label})");
+            assert_eq!(dropped, late, "late clicks dropped ({label})");
+            assert_eq!(got_left, left, "sessions left open ({label})");
+            // Every other SDK: the same bytes, outputs and store.
+            for (guest, manifest) in guests.iter().zip(&manifests).skip(1) {
+                let (actual, dropped) = run_sessions(manifest, &input, batch, &parts);
+                let label = format!("{} ({label})", guest.display());
+                assert_identical(&expected, &actual, &label, "the Rust SDK's");
+                assert_eq!(dropped, late, "late clicks dropped by {label}");
+                eprintln!("identical: {label}, {} sessions", emitted.len());
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 4 * (SESSIONS.len() - 1));
 }
 
 /// The imports of a built component.

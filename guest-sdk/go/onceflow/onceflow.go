@@ -36,8 +36,9 @@
 //
 // Time is stream time (ctx.StreamTime), as in the Rust SDK: window stores
 // (ctx.WindowStore), Tumbling / Hopping windows to assign records to
-// windows, SchedulePunctuation from Init, and a Punctuate method that emits
-// closed windows (TimeWindows.TakeClosed):
+// windows, SessionsWithGap for sessions, SchedulePunctuation from Init, and
+// a Punctuate method that emits closed windows (TimeWindows.TakeClosed,
+// SessionWindows.TakeClosed):
 //
 //	var windows = onceflow.Tumbling(time.Minute, 10*time.Second)
 //
@@ -54,6 +55,7 @@
 package onceflow
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"runtime"
@@ -636,6 +638,120 @@ func (w TimeWindows) TakeClosed(store WindowStore, streamTime int64, each func(W
 			return 0, err
 		}
 		if err := store.Delete(window.Key, window.Start); err != nil {
+			return 0, err
+		}
+	}
+	return len(closed), nil
+}
+
+// SessionWindows are session windows, as Kafka Streams' SessionWindows and
+// the Rust SDK's SessionWindows: a key's records closer than gap to each
+// other form one session [start, end] (the first and last record's times),
+// and a record bridging two sessions merges them. A session closes when
+// stream time reaches end+gap+grace; a record whose merged session would
+// already be closed is late. Sessions live in a window store under their
+// start; the value is the session's end (8 bytes, big-endian) followed by
+// the aggregate, as in every SDK.
+type SessionWindows struct {
+	gapMs, graceMs int64
+}
+
+// Session is a session of a SessionWindows store: its key, the first and
+// last record's times (ms) and the aggregate.
+type Session struct {
+	Key        []byte
+	Start, End int64
+	Value      []byte
+}
+
+// SessionsWithGap returns sessions split by gap of inactivity, with grace
+// for records out of order.
+func SessionsWithGap(gap, grace time.Duration) SessionWindows {
+	return SessionWindows{gapMs: durationMs(gap), graceMs: durationMs(grace)}
+}
+
+// GapMs is the inactivity gap, ms.
+func (w SessionWindows) GapMs() int64 { return w.gapMs }
+
+// GraceMs is the grace period, ms.
+func (w SessionWindows) GraceMs() int64 { return w.graceMs }
+
+// IsClosed reports whether a session ending at end has closed at
+// streamTime.
+func (w SessionWindows) IsClosed(end, streamTime int64) bool {
+	return saturatingAdd(saturatingAdd(end, w.gapMs), w.graceMs) <= streamTime
+}
+
+// decodeSession reads a window of a session store: false when its value is
+// shorter than the 8 bytes of the end.
+func decodeSession(window Window) (Session, bool) {
+	if len(window.Value) < 8 {
+		return Session{}, false
+	}
+	return Session{Key: window.Key, Start: window.Start, End: int64(binary.BigEndian.Uint64(window.Value)), Value: window.Value[8:]}, true
+}
+
+// Record adds a record of key at timestamp to store: it merges the
+// sessions the record touches into one (their aggregates folded with
+// merge, oldest first) and adds the record with add (ok false: a new
+// session). It returns the session, or false when the record is late
+// (report it with ctx.ReportLate). Pass ctx.StreamTime()'s two results as
+// streamTime and known (before the first record nothing is late).
+func (w SessionWindows) Record(store WindowStore, key []byte, timestamp, streamTime int64, known bool,
+	merge func(a, b []byte) []byte, add func(aggregate []byte, ok bool) []byte) (Session, bool, error) {
+	windows, err := store.Fetch(key, math.MinInt64, saturatingAdd(timestamp, w.gapMs))
+	if err != nil {
+		return Session{}, false, err
+	}
+	var touching []Session
+	start, end := timestamp, timestamp
+	for _, window := range windows {
+		if s, ok := decodeSession(window); ok && saturatingAdd(s.End, w.gapMs) >= timestamp {
+			touching = append(touching, s)
+			start, end = min(start, s.Start), max(end, s.End)
+		}
+	}
+	if known && w.IsClosed(end, streamTime) {
+		return Session{}, false, nil
+	}
+	var folded []byte
+	for i, s := range touching {
+		if i == 0 {
+			folded = s.Value
+		} else {
+			folded = merge(folded, s.Value)
+		}
+		if err := store.Delete(key, s.Start); err != nil {
+			return Session{}, false, err
+		}
+	}
+	value := add(folded, len(touching) > 0)
+	stored := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(value)), uint64(end))
+	if err := store.Put(key, start, append(stored, value...)); err != nil {
+		return Session{}, false, err
+	}
+	return Session{Key: key, Start: start, End: end, Value: value}, true, nil
+}
+
+// TakeClosed calls each on every session of store closed at streamTime,
+// then deletes it (emit final), and returns how many there were.
+func (w SessionWindows) TakeClosed(store WindowStore, streamTime int64, each func(Session) error) (int, error) {
+	latest := saturatingAdd(saturatingAdd(streamTime, -w.graceMs), -w.gapMs)
+	var closed []Session
+	err := store.FetchAll(math.MinInt64, latest, func(window Window) error {
+		if s, ok := decodeSession(window); ok && w.IsClosed(s.End, streamTime) {
+			closed = append(closed, s)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, session := range closed {
+		if err := each(session); err != nil {
+			return 0, err
+		}
+		if err := store.Delete(session.Key, session.Start); err != nil {
 			return 0, err
 		}
 	}

@@ -268,7 +268,10 @@ mod tests {
         assert_eq!(rng.try_next_u64().unwrap(), a);
         assert_eq!(rng.try_next_u64().unwrap(), a2);
         assert_ne!(a, b);
-        assert_eq!(RecordClock(d.clone()).now_wall(), Duration::from_millis(1000));
+        assert_eq!(
+            RecordClock(d.clone()).now_wall(),
+            Duration::from_millis(1000)
+        );
         // Past year 2554 the clock stops at what u64 nanoseconds hold (a
         // C guest read a wrapped time, a Go guest aborted); before the
         // epoch it reads 0.
