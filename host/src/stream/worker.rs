@@ -249,7 +249,23 @@ struct Core {
     /// abort is stale (the input was rewound) and must not be processed.
     aborts: u64,
     restore_consumer: Option<changelog::Restorer>,
+    /// Restored tasks whose tables are still being read up to where they
+    /// ended at the restore: their inputs stay paused meanwhile.
+    catching_up: BTreeMap<i32, CatchUp>,
 }
+
+/// A task loading its tables before its inputs (Kafka Streams waits for a
+/// partition with unread data before it processes a task's others): the
+/// offset each table must reach, and when a table record last came.
+struct CatchUp {
+    targets: BTreeMap<String, i64>,
+    last_record: Instant,
+}
+
+/// A task catching up on its tables resumes its inputs anyway when no table
+/// record came for this long (a table ending in a transaction marker or in
+/// aborted records never reaches its end offset).
+const CATCH_UP_QUIET: Duration = Duration::from_secs(1);
 
 impl Drop for Core {
     /// The session ended: its tasks close.
@@ -636,6 +652,7 @@ impl Session {
             aborts: 0,
             restore_failing_since: BTreeMap::new(),
             restore_consumer: None,
+            catching_up: BTreeMap::new(),
         }));
         let sources = d.manifest.sources();
         let consumer: BaseConsumer<WorkerContext> =
@@ -726,6 +743,9 @@ impl Session {
             };
             if !batch.is_empty() {
                 core.process(&self.consumer, batch)?;
+            }
+            if !core.catching_up.is_empty() {
+                core.end_quiet_catch_ups(&self.consumer)?;
             }
             // Kafka Streams does not commit while a rebalance is in
             // progress: the offsets would carry a generation that is about
@@ -905,6 +925,7 @@ impl Core {
     /// `state_cleanup_delay`).
     fn close_task(&mut self, partition: i32) -> bool {
         self.restore_failing_since.remove(&partition);
+        self.catching_up.remove(&partition);
         let closed = self.tasks.remove(&partition).is_some();
         if closed {
             self.d
@@ -1030,8 +1051,36 @@ impl Core {
             if stats.finished {
                 Metrics::add(&self.d.metrics.restores, 1);
                 self.restoring.remove(p);
-                for topic in self.d.manifest.sources() {
+                // Tables first: what a table holds now (past the committed
+                // offset) is read before the task's inputs resume, so the
+                // first records see the table, as in Kafka Streams.
+                let mut targets = BTreeMap::new();
+                for (_, topic) in &self.d.manifest.tables {
+                    let end = restorer.committed_end(topic, *p)?;
+                    let from = table_ends.get(&(topic.clone(), *p)).copied().unwrap_or(0);
+                    if end > from {
+                        targets.insert(topic.clone(), end);
+                    }
                     done.add_partition(topic, *p);
+                }
+                if targets.is_empty() {
+                    for topic in &self.d.manifest.inputs {
+                        done.add_partition(topic, *p);
+                    }
+                } else {
+                    tracing::info!(
+                        worker = self.worker,
+                        partition = p,
+                        tables = ?targets,
+                        "reading the tables up to their ends before the inputs"
+                    );
+                    self.catching_up.insert(
+                        *p,
+                        CatchUp {
+                            targets,
+                            last_record: Instant::now(),
+                        },
+                    );
                 }
             }
         }
@@ -1041,6 +1090,68 @@ impl Core {
                 .map_err(|e| StreamError::kafka("resuming restored partitions", e))?;
         }
         Ok(())
+    }
+
+    /// Counts a catching-up task's table records; once every table reached
+    /// its end (or none came for [`CATCH_UP_QUIET`]), resumes its inputs.
+    fn catch_up(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        partition: i32,
+        records: &[InputRecord],
+    ) -> Result<(), StreamError> {
+        let Some(c) = self.catching_up.get_mut(&partition) else {
+            return Ok(());
+        };
+        for r in records {
+            if let Some(target) = c.targets.get(&r.topic) {
+                c.last_record = Instant::now();
+                if r.offset + 1 >= *target {
+                    c.targets.remove(&r.topic);
+                }
+            }
+        }
+        if c.targets.is_empty() {
+            self.end_catch_up(consumer, partition)?;
+        }
+        Ok(())
+    }
+
+    /// Resumes the inputs of the tasks whose tables are loaded, or quiet.
+    fn end_quiet_catch_ups(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+    ) -> Result<(), StreamError> {
+        let quiet: Vec<i32> = self
+            .catching_up
+            .iter()
+            .filter(|(_, c)| c.last_record.elapsed() >= CATCH_UP_QUIET)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in quiet {
+            self.end_catch_up(consumer, p)?;
+        }
+        Ok(())
+    }
+
+    fn end_catch_up(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        partition: i32,
+    ) -> Result<(), StreamError> {
+        self.catching_up.remove(&partition);
+        let mut inputs = TopicPartitionList::new();
+        for topic in &self.d.manifest.inputs {
+            inputs.add_partition(topic, partition);
+        }
+        tracing::info!(
+            worker = self.worker,
+            partition,
+            "tables read: resuming the inputs"
+        );
+        consumer
+            .resume(&inputs)
+            .map_err(|e| StreamError::kafka("resuming inputs after the tables", e))
     }
 
     /// Begins a transaction if none is open.
@@ -1149,6 +1260,9 @@ impl Core {
                         break;
                     }
                 }
+            }
+            if self.catching_up.contains_key(&partition) {
+                self.catch_up(consumer, partition, &records)?;
             }
             self.pending.records += records.len() as u64;
             self.pending.input_bytes += records.iter().map(|r| r.size() as u64).sum::<u64>();
