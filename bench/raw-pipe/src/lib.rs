@@ -156,6 +156,17 @@ pub enum Kind {
     /// Enrich orders; 1 in `INVALID_EVERY` malformed, about 5% with a
     /// non-positive amount (dropped), about a third large.
     Orders,
+    /// Page views for `examples/pageviews` (see [`pageviews`]): keyed by
+    /// page, with explicit event timestamps hours in the past, mostly
+    /// increasing, some out of order within the grace, a few late.
+    Pageviews,
+    /// The accounts table of `examples/fraud` (see [`fraud`]): every
+    /// account, then updates of some, then tombstones of a few; produced
+    /// once, before the payments.
+    Accounts,
+    /// Payments for `examples/fraud` (see [`fraud`]), keyed by account, on
+    /// accounts in and out of the table; 1 in `INVALID_EVERY` malformed.
+    Fraud,
 }
 
 /// Accounts the payments spread over.
@@ -189,11 +200,17 @@ fn mix(i: u64) -> u64 {
 }
 
 impl Kind {
-    /// Record number `i`.
+    /// Record number `i` (payments, orders and fraud payments; page views
+    /// and accounts come from [`pageviews::views`] and
+    /// [`fraud::table_records`]).
     pub fn generate(self, i: u64) -> Generated {
         let r = mix(i);
         let invalid = i % INVALID_EVERY == INVALID_EVERY - 1;
         match self {
+            Kind::Pageviews | Kind::Accounts => {
+                panic!("{self:?} records are generated as a sequence, not one by one")
+            }
+            Kind::Fraud => fraud::payment(i),
             Kind::Payments => {
                 let account = format!("acct-{:04}", r % ACCOUNTS);
                 let amount = ((r >> 20) % 1000) as i64 - 300;
@@ -243,16 +260,336 @@ impl Kind {
     }
 }
 
+/// Kafka's default partitioner for keyed records: murmur2, sign bit
+/// cleared, modulo the partition count (the Java client's; a copy of
+/// `onceflow::offline::kafka_partition`). The generators send each record to
+/// this partition explicitly, so the models and the topics agree.
+pub fn kafka_partition(key: &[u8], partitions: i32) -> i32 {
+    ((murmur2(key) & 0x7fff_ffff) % partitions.max(1) as u32) as i32
+}
+
+/// Kafka's murmur2 (seed 0x9747b28c).
+pub fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let len = data.len();
+    let mut h: u32 = 0x9747_b28c ^ (len as u32);
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+/// The pageviews workload and a model of what `examples/pageviews` (and
+/// its Kafka Streams twin) must emit: tumbling one-minute windows with a
+/// ten-second grace, one final count per page and window once stream time
+/// (per partition) passes its end plus the grace. The generator and the
+/// model follow `tests/common/pageviews.rs`, with more pages and smaller
+/// steps so that 300,000 views span about four hours of event time.
+pub mod pageviews {
+    use std::collections::BTreeMap;
+
+    /// Window size, ms.
+    pub const SIZE: i64 = 60_000;
+    /// Grace, ms.
+    pub const GRACE: i64 = 10_000;
+    /// Pages the views spread over.
+    pub const PAGES: u64 = 100;
+    /// How far before now the views start: the broker refuses timestamps
+    /// more than an hour in its future (`log.message.timestamp.after.max.ms`)
+    /// and the topics keep 7 days.
+    pub const BASE_BEFORE_NOW_MS: i64 = 6 * 3600 * 1000;
+
+    /// The first view's time for a run starting at `now_ms`: six hours
+    /// earlier, on a minute boundary.
+    pub fn base(now_ms: i64) -> i64 {
+        let base = now_ms - BASE_BEFORE_NOW_MS;
+        base - base.rem_euclid(SIZE)
+    }
+
+    /// The view's record value (not read by the processors).
+    pub fn value(page: &str) -> String {
+        format!("{{\"page\":\"{page}\"}}")
+    }
+
+    /// The first `n` views `(page, time)` from `base`: mostly moving
+    /// forward (85%, by 0-60 ms), out of order by up to 15 s (12%: within
+    /// the grace, or late when that crosses a closed window), 60-120 s
+    /// back (3%: late), and 1 in 10,000 a jump of several windows forward.
+    /// A prefix of a longer run is the shorter run.
+    pub fn views(n: usize, base: i64) -> Vec<(String, i64)> {
+        let mut state: u64 = 0x0dd_b1a5e5;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            state >> 33
+        };
+        let mut now = base;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let page = format!("/page-{}", next() % PAGES);
+            let r = next() % 10_000;
+            let at = match r {
+                0..=8_499 => {
+                    now += (next() % 60) as i64;
+                    now
+                }
+                8_500..=9_699 => now - (next() % 15_000) as i64,
+                9_700..=9_998 => now - 60_000 - (next() % 60_000) as i64,
+                _ => {
+                    now += 150_000 + (next() % 200_000) as i64;
+                    now
+                }
+            };
+            out.push((page, at));
+        }
+        out
+    }
+
+    /// What the windowed count must emit for `views` over `partitions`
+    /// partitions.
+    #[derive(Debug, Default)]
+    pub struct Expected {
+        /// Every window closed by the end of its partition's stream time:
+        /// (page, start) -> final count.
+        pub closed: BTreeMap<(String, i64), u64>,
+        /// Windows still open at the end (never emitted).
+        pub open: usize,
+        /// Late views (page, time) -> how many (dead-lettered by Onceflow,
+        /// dropped by Kafka Streams).
+        pub late: BTreeMap<(String, i64), u64>,
+    }
+
+    impl Expected {
+        pub fn late_count(&self) -> u64 {
+            self.late.values().sum()
+        }
+    }
+
+    /// The model: per partition (Kafka's partitioner on the page), stream
+    /// time is the largest view time so far, counting the view itself; a
+    /// view whose window closed (end + grace <= stream time) is late.
+    pub fn model(views: &[(String, i64)], partitions: i32) -> Expected {
+        let mut time: BTreeMap<i32, i64> = BTreeMap::new();
+        let mut counts: BTreeMap<(i32, String, i64), u64> = BTreeMap::new();
+        let mut expected = Expected::default();
+        for (page, at) in views {
+            let p = super::kafka_partition(page.as_bytes(), partitions);
+            let now = time.entry(p).or_insert(i64::MIN);
+            *now = (*now).max(*at);
+            let start = at - at.rem_euclid(SIZE);
+            if start + SIZE + GRACE <= *now {
+                *expected.late.entry((page.clone(), *at)).or_default() += 1;
+            } else {
+                *counts.entry((p, page.clone(), start)).or_default() += 1;
+            }
+        }
+        for ((p, page, start), count) in counts {
+            if start + SIZE + GRACE <= time[&p] {
+                expected.closed.insert((page, start), count);
+            } else {
+                expected.open += 1;
+            }
+        }
+        expected
+    }
+}
+
+/// The fraud workload (payments joined with an accounts table) and a model
+/// of the alerts `examples/fraud` (and its Kafka Streams twin) must emit. As
+/// `tests/common/fraud.rs`, but with the whole table first (every account,
+/// then updates, then tombstones, all earlier in time than any payment) and
+/// payments deterministic in their number, so the alerts of any range of
+/// payments follow from the final table.
+pub mod fraud {
+    use std::collections::HashMap;
+
+    use super::{Generated, INVALID_EVERY, mix};
+
+    /// Accounts in the table (before the tombstones).
+    pub const ACCOUNTS: u64 = 10_000;
+    /// Payments go to accounts `0..ACCOUNTS + UNKNOWN`: about 9% to
+    /// accounts that were never in the table (an inner join: no alert).
+    pub const UNKNOWN: u64 = ACCOUNTS / 10;
+    /// Every this-many-th account is updated after all were created.
+    pub const UPDATE_EVERY: u64 = 13;
+    /// Every this-many-th account is deleted (a tombstone) at the end.
+    pub const DELETE_EVERY: u64 = 97;
+
+    pub fn account(j: u64) -> String {
+        format!("acct-{j:05}")
+    }
+
+    fn settings(r: u64) -> (i64, bool) {
+        let limit = 100 + (r % 1_900) as i64;
+        let blocked = (r >> 32).is_multiple_of(50);
+        (limit, blocked)
+    }
+
+    fn settings_value((limit, blocked): (i64, bool)) -> String {
+        let status = if blocked { "blocked" } else { "active" };
+        format!("{{\"limit\":{limit},\"status\":\"{status}\"}}")
+    }
+
+    /// The table's records in the order they are produced: key and value
+    /// (None: a tombstone).
+    pub fn table_records() -> Vec<(String, Option<String>)> {
+        let mut out = Vec::new();
+        for j in 0..ACCOUNTS {
+            let s = settings(mix(j ^ 0xacc0_0000_0000));
+            out.push((account(j), Some(settings_value(s))));
+        }
+        for j in (0..ACCOUNTS).filter(|j| j.is_multiple_of(UPDATE_EVERY)) {
+            let s = settings(mix(j ^ 0xacc1_0000_0000));
+            out.push((account(j), Some(settings_value(s))));
+        }
+        for j in (0..ACCOUNTS).filter(|j| j % DELETE_EVERY == DELETE_EVERY - 1) {
+            out.push((account(j), None));
+        }
+        out
+    }
+
+    /// The table after all its records: account -> (limit, blocked).
+    pub fn table() -> HashMap<String, (i64, bool)> {
+        let mut table = HashMap::new();
+        for (key, value) in table_records() {
+            match value {
+                Some(v) => {
+                    let v: serde_json::Value = serde_json::from_str(&v).expect("our JSON");
+                    let limit = v["limit"].as_i64().expect("limit");
+                    table.insert(key, (limit, v["status"] == "blocked"));
+                }
+                None => {
+                    table.remove(&key);
+                }
+            }
+        }
+        table
+    }
+
+    /// Payment number `i`: key = account, `{"payment_id","account","amount"}`
+    /// with an amount of 0-1499; 1 in `INVALID_EVERY` malformed
+    /// (`"amount":"N/A"`, dead-lettered by Onceflow, dropped by Kafka
+    /// Streams).
+    pub fn payment(i: u64) -> Generated {
+        let r = mix(i ^ 0xf4a0_d000_0000_0000);
+        let invalid = i % INVALID_EVERY == INVALID_EVERY - 1;
+        let account = account(r % (ACCOUNTS + UNKNOWN));
+        let amount = (r >> 24) % 1_500;
+        let id = format!("f{i}");
+        let value = if invalid {
+            format!(r#"{{"payment_id":"{id}","account":"{account}","amount":"N/A"}}"#)
+        } else {
+            format!(r#"{{"payment_id":"{id}","account":"{account}","amount":{amount}}}"#)
+        };
+        Generated {
+            key: account,
+            value,
+            invalid,
+            output: None,
+            id,
+        }
+    }
+
+    /// The alert payment `i` raises against the final `table`, if any:
+    /// blocked before over-limit, nothing for an account not in the table.
+    pub fn alert(i: u64, table: &HashMap<String, (i64, bool)>) -> Option<String> {
+        let g = payment(i);
+        if g.invalid {
+            return None;
+        }
+        let &(limit, blocked) = table.get(&g.key)?;
+        let v: serde_json::Value = serde_json::from_str(&g.value).expect("our JSON");
+        let amount = v["amount"].as_i64().expect("amount");
+        let reason = if blocked {
+            "blocked"
+        } else if amount > limit {
+            "over-limit"
+        } else {
+            return None;
+        };
+        Some(format!(
+            "{{\"payment_id\":\"{}\",\"account\":\"{}\",\"amount\":{amount},\"limit\":{limit},\"reason\":\"{reason}\"}}",
+            g.id, g.key
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn murmur2_partitions_as_the_java_client() {
+        // Values from Kafka's own partitioner tests (Utils.murmur2).
+        assert_eq!(murmur2(b"21"), (-973932308i32) as u32);
+        assert_eq!(murmur2(b"foobar"), (-790332482i32) as u32);
+        assert_eq!(murmur2(b"a-little-bit-long-string"), (-985981536i32) as u32);
+        assert_eq!(
+            murmur2(b"a-little-bit-longer-string"),
+            (-1486304829i32) as u32
+        );
+        assert_eq!(
+            murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8"),
+            (-58897971i32) as u32
+        );
+        assert_eq!(murmur2(b"abc"), 479470107);
+    }
+
+    #[test]
+    fn pageviews_span_hours_with_late_views_and_closed_windows() {
+        let base = pageviews::base(1_800_000_000_000);
+        assert_eq!(base % 60_000, 0);
+        let views = pageviews::views(300_000, base);
+        let last = views.iter().map(|v| v.1).max().unwrap();
+        // The full run's views end over an hour before now.
+        assert!(last - base < 5 * 3600 * 1000, "{}", last - base);
+        assert_eq!(pageviews::views(1000, base), views[..1000]);
+        let expected = pageviews::model(&views[..60_000], 6);
+        let late = expected.late_count();
+        assert!(late > 1000 && late < 6000, "{late}");
+        assert!(expected.closed.len() > 1000, "{}", expected.closed.len());
+        let counted: u64 = expected.closed.values().sum();
+        assert!(counted + late <= 60_000);
+    }
+
+    #[test]
+    fn fraud_payments_raise_some_alerts() {
+        let table = fraud::table();
+        assert!(table.len() > 9_000 && table.len() < 10_000);
+        let alerts = (0..10_000).filter_map(|i| fraud::alert(i, &table)).count();
+        assert!(alerts > 2_000 && alerts < 5_000, "{alerts}");
+        let a = (0..100).find_map(|i| fraud::alert(i, &table)).unwrap();
+        assert!(a.starts_with(r#"{"payment_id":"f"#), "{a}");
+    }
 
     #[test]
     fn generated_records_go_through_the_transforms_as_announced() {
         for kind in [Kind::Payments, Kind::Orders] {
             let transform = match kind {
                 Kind::Payments => Transform::Wallet,
-                Kind::Orders => Transform::Enrich,
+                _ => Transform::Enrich,
             };
             for i in 0..1000 {
                 let g = kind.generate(i);

@@ -5,16 +5,17 @@
 //! - `await`: reads output topics `read_committed` until the expected count
 //!   is visible, and reports throughput, end-to-end latency, and the
 //!   contender's CPU time and peak RSS from /proc;
-//! - `verify-enrich`: checks the enrich outputs record by record.
+//! - `verify-enrich`, `verify-pageviews`, `verify-fraud`: check a run's
+//!   outputs against what the generator and the workload's model say.
 //!
 //! Every command prints one JSON object on stdout.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use raw_pipe::{Kind, region};
+use raw_pipe::{Kind, fraud, kafka_partition, pageviews, region};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -35,7 +36,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Produce records [first, first+count) of a kind.
+    /// Produce records [first, first+count) of a kind (accounts: the whole
+    /// table, no count).
     Produce {
         #[arg(long)]
         topic: String,
@@ -44,7 +46,11 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         first: u64,
         #[arg(long)]
-        count: u64,
+        count: Option<u64>,
+        /// Page views: the first view's time (default: six hours ago, on a
+        /// minute boundary); printed as `base_ms`, for the verifier.
+        #[arg(long)]
+        base_ms: Option<i64>,
         /// Records per second (default: as fast as possible).
         #[arg(long)]
         rate: Option<u64>,
@@ -67,8 +73,18 @@ enum Command {
         /// stamped at or after this wall time (ms since the epoch).
         #[arg(long)]
         latency_from_ms: Option<i64>,
+        /// With `--group`: measure throughput in input records of this
+        /// topic, as the contender's consumer group commits them, and wait
+        /// until all of it is committed too.
+        #[arg(long, requires = "group")]
+        input_topic: Option<String>,
+        /// The contender's consumer group (Onceflow: `<tenant>.<name>`;
+        /// Kafka Streams: the application id).
+        #[arg(long, requires = "input_topic")]
+        group: Option<String>,
     },
-    /// Create topics, `name:partitions` each (existing ones are kept).
+    /// Create topics, `name:partitions` or `name:partitions:compact` each
+    /// (existing ones are kept).
     CreateTopics {
         #[arg(required = true)]
         topics: Vec<String>,
@@ -93,6 +109,42 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         timeout_secs: u64,
     },
+    /// Check the pageviews outputs for the views [0, count) from `base_ms`
+    /// in `input` (its partition count): every window closed by its
+    /// partition's stream time exactly once with its final count, nothing
+    /// else; with `--dead-letter`, every late view dead-lettered once.
+    VerifyPageviews {
+        #[arg(long)]
+        input: String,
+        #[arg(long)]
+        count: u64,
+        #[arg(long)]
+        base_ms: i64,
+        #[arg(long)]
+        counts: String,
+        /// Onceflow dead-letters late views (Kafka Streams drops them).
+        #[arg(long)]
+        dead_letter: Option<String>,
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
+    /// Check the fraud alerts for payments [first, first+count) against the
+    /// accounts table: every alert exactly once, nothing else; with
+    /// `--dead-letter`, one dead letter per malformed payment.
+    VerifyFraud {
+        #[arg(long)]
+        first: u64,
+        #[arg(long)]
+        count: u64,
+        #[arg(long)]
+        alerts: String,
+        /// Onceflow dead-letters malformed payments (Kafka Streams drops
+        /// them).
+        #[arg(long)]
+        dead_letter: Option<String>,
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -106,13 +158,28 @@ fn main() -> anyhow::Result<()> {
             kind,
             first,
             count,
+            base_ms,
             rate,
             dry_run,
         } => {
+            let count = match (kind, count) {
+                (Kind::Accounts, _) => fraud::table_records().len() as u64,
+                (_, Some(count)) => count,
+                (_, None) => bail!("--count is required for --kind {kind:?}"),
+            };
+            let input = Input::new(
+                &cli.bootstrap_servers,
+                &topic,
+                kind,
+                first,
+                count,
+                base_ms,
+                dry_run,
+            )?;
             if dry_run {
-                count_expected(kind, first, count)
+                input.expected
             } else {
-                produce(&cli.bootstrap_servers, &topic, kind, first, count, rate)?
+                produce(&cli.bootstrap_servers, &topic, input, rate)?
             }
         }
         Command::Await {
@@ -121,6 +188,8 @@ fn main() -> anyhow::Result<()> {
             timeout_secs,
             pid,
             latency_from_ms,
+            input_topic,
+            group,
         } => await_outputs(
             &cli.bootstrap_servers,
             &topics,
@@ -128,6 +197,7 @@ fn main() -> anyhow::Result<()> {
             Duration::from_secs(timeout_secs),
             pid,
             latency_from_ms,
+            input_topic.as_deref().zip(group.as_deref()),
         )?,
         Command::CreateTopics { topics } => create_topics(&cli.bootstrap_servers, &topics)?,
         Command::DeleteTopics { topics } => delete_topics(&cli.bootstrap_servers, &topics)?,
@@ -146,6 +216,36 @@ fn main() -> anyhow::Result<()> {
             &dead_letter,
             Duration::from_secs(timeout_secs),
         )?,
+        Command::VerifyPageviews {
+            input,
+            count,
+            base_ms,
+            counts,
+            dead_letter,
+            timeout_secs,
+        } => verify_pageviews(
+            &cli.bootstrap_servers,
+            &input,
+            count,
+            base_ms,
+            &counts,
+            dead_letter.as_deref(),
+            Duration::from_secs(timeout_secs),
+        )?,
+        Command::VerifyFraud {
+            first,
+            count,
+            alerts,
+            dead_letter,
+            timeout_secs,
+        } => verify_fraud(
+            &cli.bootstrap_servers,
+            first,
+            count,
+            &alerts,
+            dead_letter.as_deref(),
+            Duration::from_secs(timeout_secs),
+        )?,
     };
     println!("{out}");
     Ok(())
@@ -161,17 +261,28 @@ fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
 fn create_topics(bootstrap: &str, specs: &[String]) -> anyhow::Result<serde_json::Value> {
     let mut parsed = Vec::new();
     for spec in specs {
-        let (name, partitions) = spec
+        let (rest, compact) = match spec.strip_suffix(":compact") {
+            Some(rest) => (rest, true),
+            None => (spec.as_str(), false),
+        };
+        let (name, partitions) = rest
             .rsplit_once(':')
-            .with_context(|| format!("topic {spec:?}: expected name:partitions"))?;
+            .with_context(|| format!("topic {spec:?}: expected name:partitions[:compact]"))?;
         let partitions: i32 = partitions
             .parse()
             .with_context(|| format!("topic {spec:?}: partitions must be a number"))?;
-        parsed.push((name.to_owned(), partitions));
+        parsed.push((name.to_owned(), partitions, compact));
     }
     let new: Vec<NewTopic> = parsed
         .iter()
-        .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(1)))
+        .map(|(name, partitions, compact)| {
+            let topic = NewTopic::new(name, *partitions, TopicReplication::Fixed(1));
+            if *compact {
+                topic.set("cleanup.policy", "compact")
+            } else {
+                topic
+            }
+        })
         .collect();
     let results = futures::executor::block_on(admin(bootstrap)?.create_topics(
         &new,
@@ -209,25 +320,183 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-fn count_expected(kind: Kind, first: u64, count: u64) -> serde_json::Value {
-    let (mut invalid, mut expected_outputs) = (0u64, 0u64);
-    for i in first..first + count {
-        let g = kind.generate(i);
-        if g.invalid {
-            invalid += 1;
-        } else if kind == Kind::Payments || g.output.is_some() {
-            expected_outputs += 1;
-        }
+/// One input record to send: to Kafka's partitioner unless `partition`,
+/// stamped at send time unless `timestamp`.
+struct Rec {
+    key: String,
+    value: Option<String>,
+    partition: Option<i32>,
+    timestamp: Option<i64>,
+}
+
+/// What `produce` sends, and what the contenders must make of it.
+struct Input {
+    records: Box<dyn Iterator<Item = Rec>>,
+    /// `count`, `invalid`, `expected_outputs` (what `await` waits for) and
+    /// the kind's own figures.
+    expected: serde_json::Value,
+}
+
+/// The partition count of `topic`.
+fn partitions_of(bootstrap: &str, topic: &str) -> anyhow::Result<i32> {
+    let metadata = reader(bootstrap)?
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .with_context(|| format!("metadata of {topic}"))?;
+    let n = metadata
+        .topics()
+        .first()
+        .map_or(0, |t| t.partitions().len() as i32);
+    if n == 0 {
+        bail!("topic {topic} has no partitions (does it exist?)");
     }
-    json!({ "count": count, "invalid": invalid, "expected_outputs": expected_outputs })
+    Ok(n)
+}
+
+impl Input {
+    fn new(
+        bootstrap: &str,
+        topic: &str,
+        kind: Kind,
+        first: u64,
+        count: u64,
+        base_ms: Option<i64>,
+        dry_run: bool,
+    ) -> anyhow::Result<Input> {
+        let range = first..first + count;
+        Ok(match kind {
+            Kind::Payments | Kind::Orders => {
+                let (mut invalid, mut expected_outputs) = (0u64, 0u64);
+                for i in range.clone() {
+                    let g = kind.generate(i);
+                    if g.invalid {
+                        invalid += 1;
+                    } else if kind == Kind::Payments || g.output.is_some() {
+                        expected_outputs += 1;
+                    }
+                }
+                Input {
+                    records: Box::new(range.map(move |i| {
+                        let g = kind.generate(i);
+                        Rec {
+                            key: g.key,
+                            value: Some(g.value),
+                            partition: None,
+                            timestamp: None,
+                        }
+                    })),
+                    // Payments: one audit record per valid payment; orders:
+                    // one record in large or standard per valid order with a
+                    // positive amount.
+                    expected: json!({
+                        "count": count,
+                        "invalid": invalid,
+                        "expected_outputs": expected_outputs,
+                    }),
+                }
+            }
+            Kind::Fraud => {
+                // Co-partitioned with the accounts: both sent to Kafka's
+                // partition of the account explicitly. (A dry run counts
+                // without the topic.)
+                let partitions = if dry_run {
+                    1
+                } else {
+                    partitions_of(bootstrap, topic)?
+                };
+                let table = fraud::table();
+                let (mut invalid, mut alerts) = (0u64, 0u64);
+                for i in range.clone() {
+                    if fraud::payment(i).invalid {
+                        invalid += 1;
+                    } else if fraud::alert(i, &table).is_some() {
+                        alerts += 1;
+                    }
+                }
+                Input {
+                    records: Box::new(range.map(move |i| {
+                        let g = fraud::payment(i);
+                        let partition = kafka_partition(g.key.as_bytes(), partitions);
+                        Rec {
+                            key: g.key,
+                            value: Some(g.value),
+                            partition: Some(partition),
+                            // Send time: later than every account, and what
+                            // the latency is measured from.
+                            timestamp: None,
+                        }
+                    })),
+                    expected: json!({
+                        "count": count,
+                        "invalid": invalid,
+                        // One alert per valid payment on an account in the
+                        // table that is blocked or whose limit it exceeds.
+                        "expected_outputs": alerts,
+                        "accounts": table.len(),
+                    }),
+                }
+            }
+            Kind::Accounts => {
+                let partitions = partitions_of(bootstrap, topic)?;
+                let records = fraud::table_records();
+                let count = records.len();
+                // An hour ago, a millisecond apart: before every payment in
+                // time, so both engines apply the whole table first.
+                let base = now_ms() - 3600 * 1000;
+                Input {
+                    records: Box::new(records.into_iter().enumerate().map(
+                        move |(n, (key, value))| Rec {
+                            partition: Some(kafka_partition(key.as_bytes(), partitions)),
+                            key,
+                            value,
+                            timestamp: Some(base + n as i64),
+                        },
+                    )),
+                    expected: json!({
+                        "count": count,
+                        "invalid": 0,
+                        "expected_outputs": 0,
+                        "accounts": fraud::table().len(),
+                    }),
+                }
+            }
+            Kind::Pageviews => {
+                let partitions = partitions_of(bootstrap, topic)?;
+                let base = base_ms.unwrap_or_else(|| pageviews::base(now_ms()));
+                let all = pageviews::views((first + count) as usize, base);
+                let model = pageviews::model(&all, partitions);
+                let last_ms = all.iter().map(|v| v.1).max();
+                Input {
+                    records: Box::new(all.into_iter().skip(first as usize).map(
+                        move |(page, at)| Rec {
+                            partition: Some(kafka_partition(page.as_bytes(), partitions)),
+                            value: Some(pageviews::value(&page)),
+                            key: page,
+                            timestamp: Some(at),
+                        },
+                    )),
+                    expected: json!({
+                        "count": count,
+                        "invalid": 0,
+                        // One final count per window closed by the end of
+                        // its partition's stream time (of the views
+                        // [0, first + count)).
+                        "expected_outputs": model.closed.len(),
+                        "late": model.late_count(),
+                        "open_windows": model.open,
+                        "base_ms": base,
+                        "last_ms": last_ms,
+                        "partitions": partitions,
+                    }),
+                }
+            }
+        })
+    }
 }
 
 fn produce(
     bootstrap: &str,
     topic: &str,
-    kind: Kind,
-    first: u64,
-    count: u64,
+    input: Input,
     rate: Option<u64>,
 ) -> anyhow::Result<serde_json::Value> {
     let producer: BaseProducer = ClientConfig::new()
@@ -242,8 +511,8 @@ fn produce(
         .context("creating the producer")?;
     let started = Instant::now();
     let started_ms = now_ms();
-    let (mut invalid, mut expected_outputs) = (0u64, 0u64);
-    for (n, i) in (first..first + count).enumerate() {
+    let mut count = 0u64;
+    for (n, r) in input.records.enumerate() {
         if let Some(rate) = rate {
             // Send record n at n/rate seconds after the start.
             let due = Duration::from_secs_f64(n as f64 / rate as f64);
@@ -253,13 +522,16 @@ fn produce(
                 std::thread::sleep(due - elapsed);
             }
         }
-        let g = kind.generate(i);
-        if g.invalid {
-            invalid += 1;
-        } else if kind == Kind::Payments || g.output.is_some() {
-            expected_outputs += 1;
+        let mut record = BaseRecord::<String, String>::to(topic).key(&r.key);
+        if let Some(value) = &r.value {
+            record = record.payload(value);
         }
-        let mut record = BaseRecord::to(topic).key(&g.key).payload(&g.value);
+        if let Some(p) = r.partition {
+            record = record.partition(p);
+        }
+        if let Some(at) = r.timestamp {
+            record = record.timestamp(at);
+        }
         loop {
             match producer.send(record) {
                 Ok(()) => break,
@@ -271,21 +543,17 @@ fn produce(
             }
         }
         producer.poll(Duration::ZERO);
+        count += 1;
     }
     producer
         .flush(Duration::from_secs(120))
         .context("flushing the input")?;
     let seconds = started.elapsed().as_secs_f64();
-    Ok(json!({
-        "count": count,
-        "invalid": invalid,
-        // Payments: one audit record per valid payment; orders: one record
-        // in large or standard per valid order with a positive amount.
-        "expected_outputs": expected_outputs,
-        "started_ms": started_ms,
-        "seconds": seconds,
-        "rate": count as f64 / seconds.max(1e-9),
-    }))
+    let mut out = input.expected;
+    out["started_ms"] = json!(started_ms);
+    out["seconds"] = json!(seconds);
+    out["rate"] = json!(count as f64 / seconds.max(1e-9));
+    Ok(out)
 }
 
 /// CPU seconds (user + system, all threads) and peak RSS (bytes) of `pid`.
@@ -349,6 +617,77 @@ fn percentile(sorted: &[i64], q: f64) -> Option<i64> {
     Some(sorted[rank - 1])
 }
 
+/// A contender's progress through an input topic: the offsets its consumer
+/// group has committed (stable ones: with exactly_once_v2, committed with the
+/// outputs of the same transaction).
+struct InputProgress {
+    consumer: BaseConsumer,
+    partitions: TopicPartitionList,
+    /// The topic's end (all of it was produced before the contender started).
+    end: i64,
+}
+
+impl InputProgress {
+    fn new(bootstrap: &str, topic: &str, group: &str) -> anyhow::Result<InputProgress> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            // Fetching offsets only, never joining the group. Not
+            // read_committed: librdkafka would then ask for stable offsets
+            // and wait out every open transaction instead of answering with
+            // the last committed offsets.
+            .set("isolation.level", "read_uncommitted")
+            .create()
+            .context("creating the progress reader")?;
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .with_context(|| format!("metadata of {topic}"))?;
+        let mut partitions = TopicPartitionList::new();
+        let mut end = 0;
+        for p in metadata
+            .topics()
+            .first()
+            .map_or(&[][..], |t| t.partitions())
+        {
+            partitions.add_partition(topic, p.id());
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .with_context(|| format!("watermarks of {topic}/{}", p.id()))?;
+            end += high;
+        }
+        if partitions.count() == 0 {
+            bail!("topic {topic} has no partitions (does it exist?)");
+        }
+        Ok(InputProgress {
+            consumer,
+            partitions,
+            end,
+        })
+    }
+
+    /// Input records committed so far.
+    fn committed(&self) -> i64 {
+        match self
+            .consumer
+            .committed_offsets(self.partitions.clone(), Duration::from_secs(5))
+        {
+            Ok(tpl) => tpl
+                .elements()
+                .iter()
+                .map(|e| match e.offset() {
+                    Offset::Offset(o) => o,
+                    _ => 0,
+                })
+                .sum(),
+            Err(e) => {
+                eprintln!("bench-tool: committed offsets: {e}");
+                0
+            }
+        }
+    }
+}
+
 fn await_outputs(
     bootstrap: &str,
     topics: &[String],
@@ -356,27 +695,63 @@ fn await_outputs(
     timeout: Duration,
     pid: Option<u32>,
     latency_from_ms: Option<i64>,
+    input: Option<(&str, &str)>,
 ) -> anyhow::Result<serde_json::Value> {
     let consumer = reader(bootstrap)?;
     assign_from_start(&consumer, topics)?;
+    let progress = match input {
+        Some((topic, group)) => Some(InputProgress::new(bootstrap, topic, group)?),
+        None => None,
+    };
     let started = Instant::now();
     let mut seen = 0u64;
     // At the first visible output: when, how many, the contender's CPU.
     let mut first: Option<(Instant, u64, Option<f64>)> = None;
+    // The same for the input records committed (with `progress`), and when
+    // the last of them was.
+    let mut first_input: Option<(Instant, i64, Option<f64>)> = None;
+    let mut last_input: Option<Instant> = None;
+    let mut committed = 0i64;
+    let mut checked = Instant::now() - Duration::from_secs(1);
+    let mut output_end = None;
     let mut latencies: Vec<i64> = Vec::new();
-    while seen < expect {
+    loop {
+        if let Some(progress) = &progress
+            && last_input.is_none()
+            && checked.elapsed() >= Duration::from_millis(50)
+        {
+            checked = Instant::now();
+            committed = progress.committed();
+            if committed > 0 && first_input.is_none() {
+                first_input = Some((checked, committed, pid.and_then(proc_usage).map(|u| u.0)));
+            }
+            if committed >= progress.end {
+                last_input = Some(checked);
+            }
+        }
+        let inputs_done = progress.is_none() || last_input.is_some();
+        if seen >= expect && inputs_done {
+            break;
+        }
         if started.elapsed() > timeout {
+            let inputs = progress.as_ref().map_or(String::new(), |p| {
+                format!(", {committed} of {} input records committed", p.end)
+            });
             bail!(
-                "timed out after {}s: {seen} of {expect} records visible in {topics:?}",
+                "timed out after {}s: {seen} of {expect} records visible in {topics:?}{inputs}",
                 timeout.as_secs()
             );
         }
-        match consumer.poll(Duration::from_millis(50)) {
+        let wait = if seen >= expect { 10 } else { 50 };
+        match consumer.poll(Duration::from_millis(wait)) {
             Some(Ok(m)) => {
                 let now = now_ms();
                 seen += 1;
                 if first.is_none() {
                     first = Some((Instant::now(), seen, pid.and_then(proc_usage).map(|u| u.0)));
+                }
+                if seen == expect {
+                    output_end = Some(Instant::now());
                 }
                 if let (Some(from), Some(ts)) = (latency_from_ms, m.timestamp().to_millis())
                     && ts >= from
@@ -398,26 +773,57 @@ fn await_outputs(
     }
     let end = Instant::now();
     let usage = pid.and_then(proc_usage);
-    let (first_at, first_seen, first_cpu) = first.unwrap_or((end, 0, None));
-    let window = end.duration_since(first_at).as_secs_f64();
-    let counted = seen - first_seen;
+    let output_end = output_end.unwrap_or(end);
+    let (first_at, first_seen, first_cpu) = first.unwrap_or((output_end, 0, None));
+    let output_window = output_end.duration_since(first_at).as_secs_f64();
+    let output_counted = seen - first_seen;
+    let output_throughput = if output_window > 0.0 {
+        output_counted as f64 / output_window
+    } else {
+        0.0
+    };
     latencies.sort_unstable();
-    Ok(json!({
+    let mut out = json!({
         "seen": seen,
         // Records that became visible after the first one, over the time
         // from the first visible output to the last.
-        "throughput": if window > 0.0 { counted as f64 / window } else { 0.0 },
-        "window_seconds": window,
+        "throughput": output_throughput,
+        "window_seconds": output_window,
         "since_start_seconds": end.duration_since(started).as_secs_f64(),
         "cpu_seconds": match (usage, first_cpu) { (Some((end, _)), Some(start)) => Some(end - start), _ => None },
         "cpu_seconds_total": usage.map(|u| u.0),
-        "counted": counted,
+        "counted": output_counted,
         "peak_rss_bytes": usage.map(|u| u.1),
         "latency_samples": latencies.len(),
         "latency_p50_ms": percentile(&latencies, 0.50),
         "latency_p99_ms": percentile(&latencies, 0.99),
         "latency_max_ms": latencies.last(),
-    }))
+    });
+    if let (Some(progress), Some((first_at, first_committed, first_cpu)), Some(last_at)) =
+        (&progress, first_input, last_input)
+    {
+        // The same measure in input records: those committed after the
+        // first commit seen, over the time from it to the last.
+        let window = last_at.duration_since(first_at).as_secs_f64();
+        let counted = progress.end - first_committed;
+        out["measured_in"] = json!("input records committed");
+        out["output_throughput"] = json!(output_throughput);
+        out["output_window_seconds"] = json!(output_window);
+        out["output_counted"] = json!(output_counted);
+        out["throughput"] = json!(if window > 0.0 {
+            counted as f64 / window
+        } else {
+            0.0
+        });
+        out["window_seconds"] = json!(window);
+        out["counted"] = json!(counted);
+        out["input_records"] = json!(progress.end);
+        out["cpu_seconds"] = json!(match (usage, first_cpu) {
+            (Some((end, _)), Some(start)) => Some(end - start),
+            _ => None,
+        });
+    }
+    Ok(out)
 }
 
 fn verify_enrich(
@@ -447,7 +853,7 @@ fn verify_enrich(
     let mut seen: HashMap<String, u32> = HashMap::new();
     let (mut foreign, mut wrong) = (0u64, 0u64);
     for (index, topic) in outputs.iter().enumerate() {
-        for (key, value, _) in read_all(bootstrap, topic, timeout)? {
+        for Read { key, value, .. } in read_all(bootstrap, topic, timeout)? {
             let Some(&(output, amount, ref country)) = expected.get(&key) else {
                 foreign += 1;
                 continue;
@@ -467,7 +873,7 @@ fn verify_enrich(
     let duplicates: u32 = seen.values().filter(|n| **n > 1).map(|n| n - 1).sum();
     let dead_letters = read_all(bootstrap, dead_letter, timeout)?
         .into_iter()
-        .filter(|(_, _, has_coordinates)| *has_coordinates)
+        .filter(|r| r.has_coordinates)
         .count() as u64;
     if missing > 0 {
         findings.push(format!("{missing} enriched orders missing (gap)"));
@@ -502,14 +908,197 @@ fn verify_enrich(
     Ok(report)
 }
 
-/// Every committed record of `topic`: key, value, and whether it has the
-/// dead-letter coordinate headers. Reads each partition to its end (partition
-/// EOF, as `onceflow verify` does).
-fn read_all(
+/// The findings of a verifier as its report; an error if there are any.
+fn conclude(
+    what: &str,
+    findings: Vec<String>,
+    mut report: serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let exact = findings.is_empty();
+    report["exact"] = json!(exact);
+    report["findings"] = json!(findings);
+    if !exact {
+        bail!("{what} outputs are wrong: {report}");
+    }
+    Ok(report)
+}
+
+fn verify_pageviews(
     bootstrap: &str,
-    topic: &str,
+    input: &str,
+    count: u64,
+    base_ms: i64,
+    counts: &str,
+    dead_letter: Option<&str>,
     timeout: Duration,
-) -> anyhow::Result<Vec<(String, Vec<u8>, bool)>> {
+) -> anyhow::Result<serde_json::Value> {
+    let partitions = partitions_of(bootstrap, input)?;
+    let views = pageviews::views(count as usize, base_ms);
+    let expected = pageviews::model(&views, partitions);
+    let mut findings: Vec<String> = Vec::new();
+    // (page, start) -> how many times emitted.
+    let mut seen: BTreeMap<(String, i64), u32> = BTreeMap::new();
+    let (mut foreign, mut wrong, mut malformed) = (0u64, 0u64, 0u64);
+    for Read { key, value, .. } in read_all(bootstrap, counts, timeout)? {
+        let v: serde_json::Value = serde_json::from_slice(&value).unwrap_or_default();
+        let (Some(page), Some(start), Some(end), Some(n)) = (
+            v["page"].as_str(),
+            v["start"].as_i64(),
+            v["end"].as_i64(),
+            v["count"].as_u64(),
+        ) else {
+            malformed += 1;
+            continue;
+        };
+        if key != page || end != start + pageviews::SIZE {
+            wrong += 1;
+        }
+        let window = (page.to_owned(), start);
+        match expected.closed.get(&window) {
+            None => foreign += 1,
+            Some(&want) => {
+                if want != n {
+                    wrong += 1;
+                }
+                *seen.entry(window).or_insert(0) += 1;
+            }
+        }
+    }
+    let missing = expected.closed.len() - seen.len();
+    let duplicates: u32 = seen.values().filter(|n| **n > 1).map(|n| n - 1).sum();
+    if missing > 0 {
+        findings.push(format!("{missing} closed windows missing"));
+    }
+    if duplicates > 0 {
+        findings.push(format!("{duplicates} windows emitted more than once"));
+    }
+    if foreign > 0 {
+        findings.push(format!(
+            "{foreign} counts of windows not closed (or never viewed)"
+        ));
+    }
+    if wrong > 0 {
+        findings.push(format!("{wrong} counts with a wrong count, key or end"));
+    }
+    if malformed > 0 {
+        findings.push(format!("{malformed} outputs are not counts"));
+    }
+    let mut report = json!({
+        "expected": expected.closed.len(),
+        "seen": seen.len(),
+        "views": count,
+        "late": expected.late_count(),
+        "open_windows": expected.open,
+    });
+    if let Some(dead_letter) = dead_letter {
+        // Every late view once, by page and time (the time from the
+        // reason: "late record: view of <page> at <ms> arrived ...").
+        let mut late: BTreeMap<(String, i64), u64> = BTreeMap::new();
+        let mut other = 0u64;
+        for r in read_all(bootstrap, dead_letter, timeout)? {
+            let at = r
+                .error
+                .as_deref()
+                .filter(|e| e.starts_with("late record: ") && r.has_coordinates)
+                .and_then(|e| e.split(" at ").nth(1))
+                .and_then(|s| s.split(' ').next())
+                .and_then(|s| s.parse::<i64>().ok());
+            match at {
+                Some(at) => *late.entry((r.key, at)).or_default() += 1,
+                None => other += 1,
+            }
+        }
+        let dead_lettered: u64 = late.values().sum();
+        if late != expected.late {
+            findings.push(format!(
+                "{dead_lettered} late views dead-lettered, expected {} (or not the same views)",
+                expected.late_count()
+            ));
+        }
+        if other > 0 {
+            findings.push(format!("{other} dead letters that are not late views"));
+        }
+        report["dead_letters"] = json!(dead_lettered + other);
+    }
+    conclude("pageviews", findings, report)
+}
+
+fn verify_fraud(
+    bootstrap: &str,
+    first: u64,
+    count: u64,
+    alerts: &str,
+    dead_letter: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    let table = fraud::table();
+    // account -> the alert values it must get.
+    let mut expected: HashMap<(String, String), u32> = HashMap::new();
+    let mut invalid = 0u64;
+    for i in first..first + count {
+        if fraud::payment(i).invalid {
+            invalid += 1;
+        }
+        if let Some(alert) = fraud::alert(i, &table) {
+            expected.insert((fraud::payment(i).key, alert), 0);
+        }
+    }
+    let mut foreign = 0u64;
+    for Read { key, value, .. } in read_all(bootstrap, alerts, timeout)? {
+        let value = String::from_utf8_lossy(&value).into_owned();
+        match expected.get_mut(&(key, value)) {
+            Some(n) => *n += 1,
+            None => foreign += 1,
+        }
+    }
+    let missing = expected.values().filter(|n| **n == 0).count();
+    let duplicates: u32 = expected.values().filter(|n| **n > 1).map(|n| n - 1).sum();
+    let mut findings: Vec<String> = Vec::new();
+    if missing > 0 {
+        findings.push(format!("{missing} alerts missing"));
+    }
+    if duplicates > 0 {
+        findings.push(format!("{duplicates} duplicate alerts"));
+    }
+    if foreign > 0 {
+        findings.push(format!(
+            "{foreign} alerts that match no expected alert (key and value)"
+        ));
+    }
+    let mut report = json!({
+        "expected": expected.len(),
+        "seen": expected.len() - missing,
+        "payments": count,
+        "invalid": invalid,
+    });
+    if let Some(dead_letter) = dead_letter {
+        let dead_letters = read_all(bootstrap, dead_letter, timeout)?
+            .into_iter()
+            .filter(|r| r.has_coordinates)
+            .count() as u64;
+        if dead_letters != invalid {
+            findings.push(format!(
+                "{dead_letters} dead letters with coordinates, expected {invalid}"
+            ));
+        }
+        report["dead_letters"] = json!(dead_letters);
+    }
+    conclude("fraud", findings, report)
+}
+
+/// A committed record, as the verifiers need it.
+struct Read {
+    key: String,
+    value: Vec<u8>,
+    /// It has the dead-letter coordinate headers.
+    has_coordinates: bool,
+    /// The dead-letter reason header.
+    error: Option<String>,
+}
+
+/// Every committed record of `topic`. Reads each partition to its end
+/// (partition EOF, as `onceflow verify` does).
+fn read_all(bootstrap: &str, topic: &str, timeout: Duration) -> anyhow::Result<Vec<Read>> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "onceflow-bench-reader")
@@ -551,11 +1140,17 @@ fn read_all(
                     h.iter()
                         .any(|h| h.key == raw_pipe::dead_letter_headers::OFFSET)
                 });
-                records.push((
+                let error = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == raw_pipe::dead_letter_headers::ERROR)
+                        .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+                });
+                records.push(Read {
                     key,
-                    m.payload().unwrap_or_default().to_vec(),
+                    value: m.payload().unwrap_or_default().to_vec(),
                     has_coordinates,
-                ));
+                    error,
+                });
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 ended.insert(p);
