@@ -1601,6 +1601,9 @@ impl Core {
     /// Every task restores its stores again (from the position of its
     /// committed store) before it processes anything more.
     fn reload(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
+        // Each task catches up on its tables again after this restore; none
+        // may resume its inputs before.
+        self.catching_up.clear();
         let mut pause = TopicPartitionList::new();
         for p in self.tasks.keys() {
             self.restoring.insert(*p);
