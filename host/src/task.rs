@@ -476,6 +476,9 @@ pub struct Task {
     committed_stream_time: Option<i64>,
     /// The stream time of the last sweep of expired windows.
     swept_at: Option<i64>,
+    /// Whether the processor ever asked for punctuation (its instance may be
+    /// gone when the offsets commit).
+    punctuated: bool,
 }
 
 impl Task {
@@ -501,6 +504,7 @@ impl Task {
             stream_time: None,
             committed_stream_time: None,
             swept_at: None,
+            punctuated: false,
             effects: Box::new(TaskEffects {
                 state,
                 windows,
@@ -537,6 +541,18 @@ impl Task {
         self.stream_time
     }
 
+    /// Whether the task's results depend on stream time (window stores, or
+    /// a punctuation schedule seen so far): its committed offsets then carry
+    /// its stream time.
+    pub fn keeps_time(&self) -> bool {
+        !self.config.window_stores.is_empty()
+            || self
+                .guest
+                .as_ref()
+                .is_some_and(|g| g.punctuation_interval().is_some())
+            || self.punctuated
+    }
+
     /// Sets the stream time the task's committed offsets carry (restoring
     /// the task); records older than it do not move it.
     pub fn restore_stream_time(&mut self, committed: Option<i64>) {
@@ -562,6 +578,7 @@ impl Task {
             return Ok(());
         }
         let every = self.live_guest()?.punctuation_interval();
+        self.punctuated |= every.is_some();
         let mut times = Vec::with_capacity(batch.len());
         let mut now = self.stream_time;
         let mut from = 0;
