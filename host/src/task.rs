@@ -256,8 +256,9 @@ impl TaskEffects {
             }
             .into());
         }
-        // A key-value store says so; an unknown one is unknown.
-        self.state.get(store, b"")?;
+        if !self.state.has_store(store) {
+            return Err(StoreAccessError::UnknownStore(store.to_owned()).into());
+        }
         Err(StoreAccessError::WrongKind {
             store: store.to_owned(),
             window: false,
@@ -591,7 +592,7 @@ impl Task {
             if let Some(table) = self.table_of(&record.topic) {
                 // The stream records before it see the table as it was.
                 self.run(&batch[from..i], &times[from..i], outcome)?;
-                self.apply_table_record(&table, record)?;
+                self.apply_table_record(table, record)?;
                 from = i + 1;
             }
             let due = match (every, before, now) {
@@ -612,22 +613,22 @@ impl Task {
     }
 
     /// The table whose topic is `topic`.
-    fn table_of(&self, topic: &str) -> Option<String> {
-        self.config
-            .tables
-            .iter()
-            .find(|(_, t)| t == topic)
-            .map(|(s, _)| s.clone())
+    fn table_of(&self, topic: &str) -> Option<usize> {
+        self.config.tables.iter().position(|(_, t)| t == topic)
     }
 
     /// Writes a table's record to its store, in the transaction: a value
     /// sets the key, a tombstone deletes it, a record without a key is
     /// ignored (as Kafka Streams ignores it).
-    fn apply_table_record(&mut self, table: &str, record: &InputRecord) -> Result<(), TaskError> {
+    fn apply_table_record(&mut self, table: usize, record: &InputRecord) -> Result<(), TaskError> {
         let Some(key) = record.key.clone() else {
             return Ok(());
         };
-        let fx = self.fx();
+        let table = self.config.tables[table].0.as_str();
+        let any: &mut dyn Any = self.effects.as_mut();
+        let fx = any
+            .downcast_mut::<TaskEffects>()
+            .expect("a task's effects are always TaskEffects");
         let written = match &record.value {
             Some(value) => fx.state.put(table, key, value.clone()),
             None => fx.state.delete(table, key),

@@ -343,6 +343,11 @@ impl TaskState {
         self.committed.write(batch)
     }
 
+    /// Whether `name` is one of the task's stores.
+    pub fn has_store(&self, name: &str) -> bool {
+        self.store(name).is_ok()
+    }
+
     /// Stores are few (a handful per processor): a linear search beats
     /// hashing the name.
     fn store(&self, name: &str) -> Result<&LayeredStore, StoreAccessError> {

@@ -1747,6 +1747,15 @@ impl Core {
 /// `order`). Records of one topic keep their order even when their
 /// timestamps go back.
 fn merge_by_timestamp(batch: Vec<InputRecord>, order: &[&str]) -> BTreeMap<i32, Vec<InputRecord>> {
+    if order.len() <= 1 {
+        // One topic (most deployments): a task's records are already in
+        // offset order.
+        let mut by_partition: BTreeMap<i32, Vec<InputRecord>> = BTreeMap::new();
+        for r in batch {
+            by_partition.entry(r.partition).or_default().push(r);
+        }
+        return by_partition;
+    }
     let mut queues: BTreeMap<i32, Vec<std::collections::VecDeque<InputRecord>>> = BTreeMap::new();
     for r in batch {
         let rank = order
@@ -1898,6 +1907,16 @@ mod tests {
             ]
         );
         assert_eq!(merged[&1].len(), 1);
+
+        // One topic: by partition, in offset order whatever the timestamps.
+        let batch = vec![
+            r("payments", 1, 4, 9),
+            r("payments", 0, 0, 10),
+            r("payments", 1, 5, 2),
+        ];
+        let merged = merge_by_timestamp(batch, &["payments"]);
+        let offsets = |p: i32| merged[&p].iter().map(|r| r.offset).collect::<Vec<_>>();
+        assert_eq!((offsets(0), offsets(1)), (vec![0], vec![4, 5]));
     }
 
     fn membership(report_ago: Option<u64>, connected_ago: u64, now: Instant) -> Membership {
