@@ -74,9 +74,9 @@ mod tests {
                 pairs.push((k.to_vec(), s));
             }
         }
-        let mut encoded: Vec<(Vec<u8>, (Vec<u8>, i64))> = pairs
+        let mut encoded: Vec<_> = pairs
             .iter()
-            .map(|(k, s)| (encode(k, *s), (k.clone(), *s)))
+            .map(|(k, s): &(Vec<u8>, i64)| (encode(k, *s), (k.clone(), *s)))
             .collect();
         encoded.sort();
         let by_encoding: Vec<_> = encoded.iter().map(|(_, p)| p.clone()).collect();
