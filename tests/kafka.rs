@@ -12,7 +12,9 @@
 //! then SASL_SSL to the brokers (one node of its own with ACLs enforced),
 //! then windows and stream time (the pageviews example against a model and
 //! against Kafka Streams), then tables and joins (the fraud example, the
-//! same).
+//! same), then co-partitioning with two inputs through hosts joining and
+//! leaving (no task with two owners, from the assignments and from the
+//! changelog's producers in the broker's log segments).
 
 mod common;
 
@@ -32,3 +34,5 @@ mod f_sasl;
 mod g_windows;
 #[path = "kafka/joins.rs"]
 mod h_joins;
+#[path = "kafka/copartition.rs"]
+mod i_copartition;

@@ -271,6 +271,34 @@ pub(crate) fn watermarks<C: ConsumerContext>(
         .map_err(|e| KafkaError::client(format!("reading the bounds of {topic}/{partition}"), e))
 }
 
+/// Where `topic`'s `partition` ended at the consumer's last fetch from it
+/// (its high watermark, which librdkafka keeps per partition), without
+/// asking the broker; `None` before the first fetch. For a read_committed
+/// consumer it can be past the last stable offset (an open transaction).
+pub(crate) fn fetched_end<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let topic = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1_i64, -1_i64);
+    // SAFETY: the client handle lives as long as `consumer`, which this
+    // call borrows; the topic is a NUL-terminated string that outlives the
+    // call; librdkafka only writes the two integers and keeps no pointer.
+    // rust-rdkafka wraps only the querying variant (a broker round trip).
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some(high)
+}
+
 /// The next offset an assigned reader will return from `topic`'s
 /// `partition`: past the transaction markers and aborted records it skipped
 /// (librdkafka advances past them); -1 before its first fetch.

@@ -1,5 +1,6 @@
 //! `onceflow run` as a child process of the test, on a wallet's manifest.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -134,4 +135,37 @@ pub fn restored_records(log: &str) -> u64 {
             l[i + 9..].split_whitespace().next()?.parse::<u64>().ok()
         })
         .sum()
+}
+
+/// Every `partitions assigned` line of a host's log: each topic's
+/// partitions (`… partitions assigned worker=0 assigned={0, 1}
+/// topics=in-a[0,1] in-b[0,1]`).
+pub fn assignments(log: &str) -> Vec<BTreeMap<String, BTreeSet<i32>>> {
+    log.lines()
+        .filter(|l| l.contains("partitions assigned"))
+        .map(|l| {
+            let (_, topics) = l
+                .split_once(" topics=")
+                .unwrap_or_else(|| panic!("an assignment names its topics: {l}"));
+            topics
+                .split_whitespace()
+                .take_while(|t| t.ends_with(']'))
+                .map(|t| {
+                    let (topic, parts) = t
+                        .split_once('[')
+                        .unwrap_or_else(|| panic!("topic[partitions]: {l}"));
+                    let parts = parts
+                        .trim_end_matches(']')
+                        .split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(|p| {
+                            p.parse()
+                                .unwrap_or_else(|e| panic!("a partition ({e}): {l}"))
+                        })
+                        .collect();
+                    (topic.to_owned(), parts)
+                })
+                .collect()
+        })
+        .collect()
 }

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod dump_log;
 pub mod fraud;
 pub mod host_process;
 pub mod kstreams;

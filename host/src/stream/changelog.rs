@@ -66,14 +66,6 @@ pub(crate) struct Restorer {
     probe: BaseConsumer<kafka::QuietContext>,
 }
 
-impl Restorer {
-    /// Where a topic's partition ends for read_committed readers (its last
-    /// stable offset).
-    pub(crate) fn committed_end(&self, topic: &str, partition: i32) -> Result<i64, StreamError> {
-        Ok(kafka::watermarks(&self.reader, topic, partition)?.1)
-    }
-}
-
 /// A restorer: assigned partitions only, never in a group, never
 /// committing; the reader reads committed data and reports partition ends.
 pub(crate) fn restorer(d: &Deployment) -> Result<Restorer, StreamError> {

@@ -27,7 +27,7 @@
 //! (never commit it), and every task kept catches up with its changelog and
 //! committed offset before processing again (`Core::resync_after_rebalance`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -249,23 +249,85 @@ struct Core {
     /// abort is stale (the input was rewound) and must not be processed.
     aborts: u64,
     restore_consumer: Option<changelog::Restorer>,
-    /// Restored tasks whose tables are still being read up to where they
-    /// ended at the restore: their inputs stay paused meanwhile.
-    catching_up: BTreeMap<i32, CatchUp>,
+    /// Records polled and not processed yet, of tasks with more than one
+    /// source topic (see [`Queued`]).
+    queued: BTreeMap<i32, Queued>,
 }
 
-/// A task loading its tables before its inputs (Kafka Streams waits for a
-/// partition with unread data before it processes a task's others): the
-/// offset each table must reach, and when a table record last came.
-struct CatchUp {
-    targets: BTreeMap<String, i64>,
-    last_record: Instant,
+/// A task's polled records while it has more than one source topic (inputs
+/// and tables), one queue per topic in the order of
+/// [`Core::source_order`]. Kafka Streams' `max.task.idle.ms` at its default
+/// (0): the task takes the record with the smallest timestamp among its
+/// topics' heads, and while a topic's queue is empty it waits if that
+/// topic's partition has records on the broker it has not read (they may
+/// come first), and goes on without it when it is read to its end.
+struct Queued {
+    queues: Vec<VecDeque<InputRecord>>,
+    /// Since when the task has waited for an empty topic with unread
+    /// records.
+    waiting_since: Option<Instant>,
+    /// When the waiting task last asked the broker for the last stable
+    /// offsets, and which of its topics were read up to them then.
+    stable_check: Option<(Instant, Vec<bool>)>,
 }
 
-/// A task catching up on its tables resumes its inputs anyway when no table
-/// record came for this long (a table ending in a transaction marker or in
-/// aborted records never reaches its end offset).
-const CATCH_UP_QUIET: Duration = Duration::from_secs(1);
+impl Queued {
+    /// The records the task may process now, in timestamp order across its
+    /// topics (on a tie, the topic first; a topic's records keep their
+    /// offset order even when their timestamps go back), for as long as no
+    /// topic is empty or `may_go_without` the empty ones (their ranks) says
+    /// yes; it may wait at most [`MAX_SOURCE_WAIT`].
+    fn take(
+        &mut self,
+        mut may_go_without: impl FnMut(&[usize], &mut Queued) -> bool,
+    ) -> Vec<InputRecord> {
+        let mut taken = Vec::new();
+        // Queues only empty here: an answer holds for the rest of the call.
+        let mut allowed: Vec<usize> = Vec::new();
+        loop {
+            let empty: Vec<usize> = (0..self.queues.len())
+                .filter(|&i| self.queues[i].is_empty())
+                .collect();
+            if empty.len() == self.queues.len() {
+                break;
+            }
+            if empty.iter().all(|i| allowed.contains(i)) || may_go_without(&empty, self) {
+                allowed = empty;
+                self.waiting_since = None;
+                self.stable_check = None;
+            } else {
+                let since = *self.waiting_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < MAX_SOURCE_WAIT {
+                    break;
+                }
+                tracing::debug!(
+                    "waited {} ms for a topic's records: going on without them",
+                    since.elapsed().as_millis()
+                );
+            }
+            let next = (0..self.queues.len())
+                .filter_map(|i| self.queues[i].front().map(|r| (r.timestamp, i)))
+                .min();
+            let Some((_, i)) = next else {
+                break;
+            };
+            taken.extend(self.queues[i].pop_front());
+        }
+        taken
+    }
+}
+
+/// A waiting task asks the broker for the last stable offset of a topic it
+/// waits for after this long, and again every as long: librdkafka's
+/// cached end is the high watermark, which an open transaction keeps past
+/// what a read_committed consumer can read (Kafka Streams' consumer knows
+/// the last stable offset; librdkafka's does not tell).
+const STABLE_CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// A task never waits longer than this for a topic (a partition whose
+/// position cannot reach its end: not expected, but it must not stall the
+/// task's other topics for good).
+const MAX_SOURCE_WAIT: Duration = Duration::from_secs(5);
 
 impl Drop for Core {
     /// The session ended: its tasks close.
@@ -652,7 +714,7 @@ impl Session {
             aborts: 0,
             restore_failing_since: BTreeMap::new(),
             restore_consumer: None,
-            catching_up: BTreeMap::new(),
+            queued: BTreeMap::new(),
         }));
         let sources = d.manifest.sources();
         let consumer: BaseConsumer<WorkerContext> =
@@ -741,11 +803,8 @@ impl Session {
                     .filter(|r| !revoked.contains(&r.partition))
                     .collect()
             };
-            if !batch.is_empty() {
+            if !batch.is_empty() || !core.queued.is_empty() {
                 core.process(&self.consumer, batch)?;
-            }
-            if !core.catching_up.is_empty() {
-                core.end_quiet_catch_ups(&self.consumer)?;
             }
             // Kafka Streams does not commit while a rebalance is in
             // progress: the offsets would carry a generation that is about
@@ -925,7 +984,7 @@ impl Core {
     /// `state_cleanup_delay`).
     fn close_task(&mut self, partition: i32) -> bool {
         self.restore_failing_since.remove(&partition);
-        self.catching_up.remove(&partition);
+        self.queued.remove(&partition);
         let closed = self.tasks.remove(&partition).is_some();
         if closed {
             self.d
@@ -1051,36 +1110,10 @@ impl Core {
             if stats.finished {
                 Metrics::add(&self.d.metrics.restores, 1);
                 self.restoring.remove(p);
-                // Tables first: what a table holds now (past the committed
-                // offset) is read before the task's inputs resume, so the
-                // first records see the table, as in Kafka Streams.
-                let mut targets = BTreeMap::new();
-                for (_, topic) in &self.d.manifest.tables {
-                    let end = restorer.committed_end(topic, *p)?;
-                    let from = table_ends.get(&(topic.clone(), *p)).copied().unwrap_or(0);
-                    if end > from {
-                        targets.insert(topic.clone(), end);
-                    }
+                // Every source resumes at once: records are taken in
+                // timestamp order across them (`take_ready`).
+                for topic in self.d.manifest.sources() {
                     done.add_partition(topic, *p);
-                }
-                if targets.is_empty() {
-                    for topic in &self.d.manifest.inputs {
-                        done.add_partition(topic, *p);
-                    }
-                } else {
-                    tracing::info!(
-                        worker = self.worker,
-                        partition = p,
-                        tables = ?targets,
-                        "reading the tables up to their ends before the inputs"
-                    );
-                    self.catching_up.insert(
-                        *p,
-                        CatchUp {
-                            targets,
-                            last_record: Instant::now(),
-                        },
-                    );
                 }
             }
         }
@@ -1090,68 +1123,6 @@ impl Core {
                 .map_err(|e| StreamError::kafka("resuming restored partitions", e))?;
         }
         Ok(())
-    }
-
-    /// Counts a catching-up task's table records; once every table reached
-    /// its end (or none came for [`CATCH_UP_QUIET`]), resumes its inputs.
-    fn catch_up(
-        &mut self,
-        consumer: &BaseConsumer<WorkerContext>,
-        partition: i32,
-        records: &[InputRecord],
-    ) -> Result<(), StreamError> {
-        let Some(c) = self.catching_up.get_mut(&partition) else {
-            return Ok(());
-        };
-        for r in records {
-            if let Some(target) = c.targets.get(&r.topic) {
-                c.last_record = Instant::now();
-                if r.offset + 1 >= *target {
-                    c.targets.remove(&r.topic);
-                }
-            }
-        }
-        if c.targets.is_empty() {
-            self.end_catch_up(consumer, partition)?;
-        }
-        Ok(())
-    }
-
-    /// Resumes the inputs of the tasks whose tables are loaded, or quiet.
-    fn end_quiet_catch_ups(
-        &mut self,
-        consumer: &BaseConsumer<WorkerContext>,
-    ) -> Result<(), StreamError> {
-        let quiet: Vec<i32> = self
-            .catching_up
-            .iter()
-            .filter(|(_, c)| c.last_record.elapsed() >= CATCH_UP_QUIET)
-            .map(|(p, _)| *p)
-            .collect();
-        for p in quiet {
-            self.end_catch_up(consumer, p)?;
-        }
-        Ok(())
-    }
-
-    fn end_catch_up(
-        &mut self,
-        consumer: &BaseConsumer<WorkerContext>,
-        partition: i32,
-    ) -> Result<(), StreamError> {
-        self.catching_up.remove(&partition);
-        let mut inputs = TopicPartitionList::new();
-        for topic in &self.d.manifest.inputs {
-            inputs.add_partition(topic, partition);
-        }
-        tracing::info!(
-            worker = self.worker,
-            partition,
-            "tables read: resuming the inputs"
-        );
-        consumer
-            .resume(&inputs)
-            .map_err(|e| StreamError::kafka("resuming inputs after the tables", e))
     }
 
     /// Begins a transaction if none is open.
@@ -1175,103 +1146,173 @@ impl Core {
         Ok(())
     }
 
+    /// The task's source topics in the order a timestamp tie is broken:
+    /// tables first (a record sees the table as of its own time, that
+    /// instant included), then the inputs.
+    fn source_order(&self) -> Vec<&str> {
+        let m = &self.d.manifest;
+        m.tables
+            .iter()
+            .map(|(_, t)| t.as_str())
+            .chain(m.inputs.iter().map(String::as_str))
+            .collect()
+    }
+
     /// Runs a polled batch through the tasks and produces their outputs
-    /// inside the open transaction. A transaction open for half the
-    /// transaction timeout is committed before the next guest call, and the
-    /// batch goes on in a new one.
+    /// inside the open transaction. A task with one source topic takes its
+    /// records as polled; one with more takes them in timestamp order
+    /// across its topics, holding back what may not go yet
+    /// ([`Core::take_ready`]).
     fn process(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
         batch: Vec<InputRecord>,
     ) -> Result<(), StreamError> {
-        // Each task's records: of each topic in offset order, merged across
-        // its topics (inputs and tables) by timestamp.
-        // On a timestamp tie a table's update goes first: a record sees the
-        // table as of its own time, that instant included.
-        let m = &self.d.manifest;
-        let order: Vec<&str> = m
-            .tables
-            .iter()
-            .map(|(_, t)| t.as_str())
-            .chain(m.inputs.iter().map(String::as_str))
-            .collect();
-        let by_partition = merge_by_timestamp(batch, &order);
+        let ready = if self.d.manifest.sources().len() == 1 {
+            let mut by_partition: BTreeMap<i32, Vec<InputRecord>> = BTreeMap::new();
+            for r in batch {
+                by_partition.entry(r.partition).or_default().push(r);
+            }
+            by_partition
+        } else {
+            self.queue(batch);
+            self.take_ready(consumer)
+        };
+        let aborts = self.aborts;
+        for (partition, records) in ready {
+            self.process_task(consumer, partition, records)?;
+            if self.aborts != aborts {
+                // A commit failed and the input was rewound: the rest of
+                // the batch is read again.
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues a polled batch by task and topic.
+    fn queue(&mut self, batch: Vec<InputRecord>) {
+        let order: Vec<String> = self.source_order().into_iter().map(str::to_owned).collect();
+        for r in batch {
+            if !self.tasks.contains_key(&r.partition) {
+                continue;
+            }
+            let Some(rank) = order.iter().position(|t| *t == r.topic) else {
+                continue;
+            };
+            let q = self.queued.entry(r.partition).or_insert_with(|| Queued {
+                queues: (0..order.len()).map(|_| VecDeque::new()).collect(),
+                waiting_since: None,
+                stable_check: None,
+            });
+            q.queues[rank].push_back(r);
+        }
+    }
+
+    /// Takes from each task's queues the records it may process now, in
+    /// timestamp order across its topics (on a tie, the topic first in
+    /// [`Core::source_order`]; a topic's records keep their offset order
+    /// even when their timestamps go back). While one of the task's topics
+    /// has nothing queued, the task goes on only if that topic's partition
+    /// is read to its end; else it waits for the records to come, at most
+    /// [`MAX_SOURCE_WAIT`].
+    fn take_ready(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+    ) -> BTreeMap<i32, Vec<InputRecord>> {
+        let order: Vec<String> = self.source_order().into_iter().map(str::to_owned).collect();
+        let mut positions: Option<TopicPartitionList> = None;
+        let mut ready = BTreeMap::new();
+        for (&partition, q) in self.queued.iter_mut() {
+            let taken = q.take(|empty, q| {
+                may_go_without(consumer, &order, partition, empty, q, &mut positions)
+            });
+            if !taken.is_empty() {
+                ready.insert(partition, taken);
+            }
+        }
+        self.queued
+            .retain(|_, q| q.queues.iter().any(|x| !x.is_empty()));
+        ready
+    }
+
+    /// Runs one task's records through its guest, in the open transaction.
+    /// A transaction open for half the transaction timeout is committed
+    /// before the next guest call, and the records go on in a new one.
+    fn process_task(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        partition: i32,
+        records: Vec<InputRecord>,
+    ) -> Result<(), StreamError> {
+        if !self.tasks.contains_key(&partition) {
+            // Fetched before a revoke took the partition away: not ours
+            // to process; the new owner reads it from the committed
+            // offset.
+            tracing::debug!(
+                partition,
+                "dropping records of a partition no longer assigned"
+            );
+            return Ok(());
+        }
         // A call is at most limits.timeout-ms, which is at most the
         // transaction timeout (checked at start); the broker's clock starts
         // with the transaction's first record, after the first call.
         let budget = self.d.options.transaction_timeout / 2;
-        for (partition, records) in by_partition {
-            if !self.tasks.contains_key(&partition) {
-                // Fetched before a revoke took the partition away: not ours
-                // to process; the new owner reads it from the committed
-                // offset.
-                tracing::debug!(
-                    partition,
-                    "dropping records of a partition no longer assigned"
-                );
-                continue;
+        if self.in_txn && self.txn_started.elapsed() >= budget {
+            let aborts = self.aborts;
+            self.commit(consumer)?;
+            if self.aborts != aborts {
+                return Ok(());
             }
-            if self.in_txn && self.txn_started.elapsed() >= budget {
-                let aborts = self.aborts;
-                self.commit(consumer)?;
-                if self.aborts != aborts {
-                    // The commit failed and the input was rewound: the rest
-                    // of this batch is read again.
-                    return Ok(());
-                }
-            }
-            self.ensure_txn(consumer)?;
-            let task = self.tasks.get_mut(&partition).expect("checked above");
-            let mut outcome = BatchOutcome::default();
-            let call_started = Instant::now();
-            let result = task.process_batch(&records, &mut outcome);
-            if let Some(budget) = &self.d.options.cpu_budget {
-                // Over the tenant's CPU share: wait before the next call.
-                let wait = budget.charge(call_started.elapsed());
-                if !wait.is_zero() {
-                    std::thread::sleep(wait);
-                    Metrics::add(&self.d.metrics.throttled_us, wait.as_micros() as u64);
-                }
-            }
-            let fuel = task.take_fuel_used();
-            Metrics::add(&self.d.metrics.fuel, fuel);
-            self.pending.fuel += fuel;
-            if let Err(e) = result {
-                return Err(self.fail_batch(e));
-            }
-            for o in &outcome.outputs {
-                if let Err(e) = kafka::send_output(&self.producer, o) {
-                    return self.on_txn_error(consumer, "producing an output", e);
-                }
-                self.pending.output_bytes += o.size() as u64;
-            }
-            self.producer.poll(Duration::ZERO);
-            // Only each source topic's last record moves its offset
-            // (records of a topic are in offset order): no per-record work
-            // here.
-            let sources = self.d.manifest.inputs.len() + self.d.manifest.tables.len();
-            let mut seen: Vec<&str> = Vec::with_capacity(sources);
-            for r in records.iter().rev() {
-                if !seen.contains(&r.topic.as_str()) {
-                    seen.push(&r.topic);
-                    self.next_offsets
-                        .insert((r.topic.clone(), r.partition), r.offset + 1);
-                    if seen.len() == sources {
-                        break;
-                    }
-                }
-            }
-            if self.catching_up.contains_key(&partition) {
-                self.catch_up(consumer, partition, &records)?;
-            }
-            self.pending.records += records.len() as u64;
-            self.pending.input_bytes += records.iter().map(|r| r.size() as u64).sum::<u64>();
-            self.pending.outputs += outcome.outputs.len() as u64;
-            self.pending.dead_lettered += outcome.dead_lettered;
-            self.pending.skipped += outcome.skipped;
-            self.pending.late_dropped += outcome.late_dropped;
-            self.pending.punctuations += outcome.punctuations;
         }
+        self.ensure_txn(consumer)?;
+        let task = self.tasks.get_mut(&partition).expect("checked above");
+        let mut outcome = BatchOutcome::default();
+        let call_started = Instant::now();
+        let result = task.process_batch(&records, &mut outcome);
+        if let Some(budget) = &self.d.options.cpu_budget {
+            // Over the tenant's CPU share: wait before the next call.
+            let wait = budget.charge(call_started.elapsed());
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+                Metrics::add(&self.d.metrics.throttled_us, wait.as_micros() as u64);
+            }
+        }
+        let fuel = task.take_fuel_used();
+        Metrics::add(&self.d.metrics.fuel, fuel);
+        self.pending.fuel += fuel;
+        if let Err(e) = result {
+            return Err(self.fail_batch(e));
+        }
+        for o in &outcome.outputs {
+            if let Err(e) = kafka::send_output(&self.producer, o) {
+                return self.on_txn_error(consumer, "producing an output", e);
+            }
+            self.pending.output_bytes += o.size() as u64;
+        }
+        self.producer.poll(Duration::ZERO);
+        // Only each source topic's last record moves its offset (records of
+        // a topic are in offset order): no per-record work here.
+        let sources = self.d.manifest.inputs.len() + self.d.manifest.tables.len();
+        let mut seen: Vec<&str> = Vec::with_capacity(sources);
+        for r in records.iter().rev() {
+            if !seen.contains(&r.topic.as_str()) {
+                seen.push(&r.topic);
+                self.next_offsets
+                    .insert((r.topic.clone(), r.partition), r.offset + 1);
+                if seen.len() == sources {
+                    break;
+                }
+            }
+        }
+        self.pending.records += records.len() as u64;
+        self.pending.input_bytes += records.iter().map(|r| r.size() as u64).sum::<u64>();
+        self.pending.outputs += outcome.outputs.len() as u64;
+        self.pending.dead_lettered += outcome.dead_lettered;
+        self.pending.skipped += outcome.skipped;
+        self.pending.late_dropped += outcome.late_dropped;
+        self.pending.punctuations += outcome.punctuations;
         Ok(())
     }
 
@@ -1605,9 +1646,6 @@ impl Core {
     /// Every task restores its stores again (from the position of its
     /// committed store) before it processes anything more.
     fn reload(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
-        // Each task catches up on its tables again after this restore; none
-        // may resume its inputs before.
-        self.catching_up.clear();
         let mut pause = TopicPartitionList::new();
         for p in self.tasks.keys() {
             self.restoring.insert(*p);
@@ -1693,6 +1731,8 @@ impl Core {
     /// Seeks every assigned partition back to its committed offset.
     fn rewind(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
         self.rewind_pending = false;
+        // Polled and not processed: read again from the committed offsets.
+        self.queued.clear();
         let assignment = consumer
             .assignment()
             .map_err(|e| StreamError::Restart(format!("reading the assignment: {e}")))?;
@@ -1741,50 +1781,60 @@ impl Core {
     }
 }
 
-/// A polled batch by task: each topic's records in offset order, merged
-/// across the task's topics by timestamp (the smallest head first, as Kafka
-/// Streams picks a task's next record; on a tie, the topic listed first in
-/// `order`). Records of one topic keep their order even when their
-/// timestamps go back.
-fn merge_by_timestamp(batch: Vec<InputRecord>, order: &[&str]) -> BTreeMap<i32, Vec<InputRecord>> {
-    if order.len() <= 1 {
-        // One topic (most deployments): a task's records are already in
-        // offset order.
-        let mut by_partition: BTreeMap<i32, Vec<InputRecord>> = BTreeMap::new();
-        for r in batch {
-            by_partition.entry(r.partition).or_default().push(r);
-        }
-        return by_partition;
+/// Whether a task may take its next record while its topics `empty` (ranks
+/// in `order`) have nothing queued: each of them is read to its end, as
+/// librdkafka's last fetch saw it, or (asked of the broker once the task
+/// waited [`STABLE_CHECK_EVERY`]) to its last stable offset.
+fn may_go_without(
+    consumer: &BaseConsumer<WorkerContext>,
+    order: &[String],
+    partition: i32,
+    empty: &[usize],
+    q: &mut Queued,
+    positions: &mut Option<TopicPartitionList>,
+) -> bool {
+    let tpl = positions.get_or_insert_with(|| consumer.position().unwrap_or_default());
+    let position = |topic: &str| {
+        tpl.find_partition(topic, partition)
+            .and_then(|e| e.offset().to_raw())
+            .filter(|o| *o >= 0)
+    };
+    let read_to = |end: Option<i64>, topic: &str| match (end, position(topic)) {
+        (Some(end), Some(at)) => at >= end,
+        _ => false,
+    };
+    if empty.iter().all(|&i| {
+        read_to(
+            kafka::fetched_end(consumer, &order[i], partition),
+            &order[i],
+        )
+    }) {
+        return true;
     }
-    let mut queues: BTreeMap<i32, Vec<std::collections::VecDeque<InputRecord>>> = BTreeMap::new();
-    for r in batch {
-        let rank = order
+    let Some(since) = q.waiting_since else {
+        return false;
+    };
+    if since.elapsed() < STABLE_CHECK_EVERY {
+        return false;
+    }
+    let stale = q
+        .stable_check
+        .as_ref()
+        .is_none_or(|(at, _)| at.elapsed() >= STABLE_CHECK_EVERY);
+    if stale {
+        let read: Vec<bool> = order
             .iter()
-            .position(|t| *t == r.topic)
-            .unwrap_or(order.len());
-        let q = queues
-            .entry(r.partition)
-            .or_insert_with(|| (0..=order.len()).map(|_| Default::default()).collect());
-        q[rank].push_back(r);
+            .map(|topic| {
+                let end = kafka::watermarks(consumer, topic, partition)
+                    .ok()
+                    .map(|(_, hi)| hi);
+                read_to(end, topic)
+            })
+            .collect();
+        q.stable_check = Some((Instant::now(), read));
     }
-    queues
-        .into_iter()
-        .map(|(partition, mut q)| {
-            let mut merged = Vec::with_capacity(q.iter().map(|x| x.len()).sum());
-            loop {
-                let next = q
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, x)| x.front().map(|r| (r.timestamp, i)))
-                    .min();
-                let Some((_, i)) = next else {
-                    break;
-                };
-                merged.extend(q[i].pop_front());
-            }
-            (partition, merged)
-        })
-        .collect()
+    let (_, read) = q.stable_check.as_ref().expect("set above");
+    empty.iter().all(|&i| read[i])
 }
 
 /// What an input offset's commit metadata says of the task's stream time.
@@ -1873,50 +1923,77 @@ mod tests {
     /// back); across topics the smaller head goes first, a tie to the topic
     /// listed first; partitions are kept apart.
     #[test]
-    fn a_tasks_topics_merge_by_timestamp() {
-        let r = |topic: &str, partition: i32, offset: i64, timestamp: i64| InputRecord {
+    fn a_tasks_topics_go_in_timestamp_order_and_wait_for_unread_ones() {
+        let r = |topic: &str, offset: i64, timestamp: i64| InputRecord {
             topic: topic.to_owned(),
-            partition,
+            partition: 0,
             offset,
             timestamp,
             key: None,
             value: None,
             headers: Vec::new(),
         };
-        let batch = vec![
-            r("payments", 0, 0, 10),
-            r("payments", 0, 1, 5),
-            r("payments", 0, 2, 30),
-            r("accounts", 0, 0, 7),
-            r("accounts", 0, 1, 30),
-            r("payments", 1, 0, 1),
-        ];
-        let merged = merge_by_timestamp(batch, &["accounts", "payments"]);
-        let order: Vec<(&str, i64)> = merged[&0]
-            .iter()
-            .map(|r| (r.topic.as_str(), r.offset))
-            .collect();
+        let queued = |records: Vec<InputRecord>| {
+            let mut q = Queued {
+                queues: vec![VecDeque::new(), VecDeque::new()],
+                waiting_since: None,
+                stable_check: None,
+            };
+            for r in records {
+                let rank = usize::from(r.topic == "payments");
+                q.queues[rank].push_back(r);
+            }
+            q
+        };
+        let order = |taken: &[InputRecord]| {
+            taken
+                .iter()
+                .map(|r| (r.topic.clone(), r.offset))
+                .collect::<Vec<_>>()
+        };
+        let pair = |t: &str, o: i64| (t.to_owned(), o);
+
+        // Both topics queued: smallest timestamp first, a tie to the table,
+        // a topic's offsets in order even when its timestamps go back. Once
+        // the table is empty and read to its end, the payments go on.
+        let mut q = queued(vec![
+            r("payments", 0, 10),
+            r("payments", 1, 5),
+            r("payments", 2, 30),
+            r("accounts", 0, 7),
+            r("accounts", 1, 30),
+            r("payments", 3, 40),
+        ]);
+        let mut asked = Vec::new();
+        let taken = q.take(|empty, _| {
+            asked.push(empty.to_vec());
+            true
+        });
         assert_eq!(
-            order,
+            order(&taken),
             [
-                ("accounts", 0),
-                ("payments", 0),
-                ("payments", 1),
-                ("accounts", 1),
-                ("payments", 2)
+                pair("accounts", 0),
+                pair("payments", 0),
+                pair("payments", 1),
+                pair("accounts", 1),
+                pair("payments", 2),
+                pair("payments", 3),
             ]
         );
-        assert_eq!(merged[&1].len(), 1);
+        assert_eq!(asked, [vec![0]], "asked once, when the table ran out");
 
-        // One topic: by partition, in offset order whatever the timestamps.
-        let batch = vec![
-            r("payments", 1, 4, 9),
-            r("payments", 0, 0, 10),
-            r("payments", 1, 5, 2),
-        ];
-        let merged = merge_by_timestamp(batch, &["payments"]);
-        let offsets = |p: i32| merged[&p].iter().map(|r| r.offset).collect::<Vec<_>>();
-        assert_eq!((offsets(0), offsets(1)), (vec![0], vec![4, 5]));
+        // The table has unread records: the payments wait for them, and
+        // the task remembers since when it waits.
+        let mut q = queued(vec![r("accounts", 0, 7), r("payments", 0, 10)]);
+        let taken = q.take(|_, _| false);
+        assert_eq!(order(&taken), [pair("accounts", 0)]);
+        assert_eq!(q.queues[1].len(), 1);
+        assert!(q.waiting_since.is_some());
+
+        // Past the longest wait, it goes on without them.
+        q.waiting_since = Some(Instant::now() - MAX_SOURCE_WAIT);
+        let taken = q.take(|_, _| false);
+        assert_eq!(order(&taken), [pair("payments", 0)]);
     }
 
     fn membership(report_ago: Option<u64>, connected_ago: u64, now: Instant) -> Membership {
