@@ -475,6 +475,9 @@ pub struct Task {
     stream_time: Option<i64>,
     /// The stream time of the last commit (what an abort goes back to).
     committed_stream_time: Option<i64>,
+    /// The stream time the transaction being committed ends at (`Some`
+    /// while one is frozen, see [`Task::freeze`]).
+    committing_stream_time: Option<Option<i64>>,
     /// The stream time of the last sweep of expired windows.
     swept_at: Option<i64>,
     /// Whether the processor ever asked for punctuation (its instance may be
@@ -504,6 +507,7 @@ impl Task {
             fuel_used: 0,
             stream_time: None,
             committed_stream_time: None,
+            committing_stream_time: None,
             swept_at: None,
             punctuated: false,
             effects: Box::new(TaskEffects {
@@ -958,8 +962,20 @@ impl Task {
     /// committed stores, recording how far each store's changelog reached
     /// (`positions`: store -> next changelog offset).
     pub fn apply_committed(&mut self, positions: Vec<(String, i64)>) -> Result<(), TaskError> {
-        self.committed_stream_time = self.stream_time;
+        self.committed_stream_time = self
+            .committing_stream_time
+            .take()
+            .unwrap_or(self.stream_time);
         Ok(self.fx().state.apply_committed(positions)?)
+    }
+
+    /// Freezes the transaction's changes for its commit, which may run
+    /// while the task goes on with the next records: they see the frozen
+    /// changes, and [`Task::apply_committed`] applies only those. An
+    /// abort forgets both.
+    pub fn freeze(&mut self) {
+        self.committing_stream_time = Some(self.stream_time);
+        self.fx().state.freeze();
     }
 
     /// The next changelog offset to restore from, per store.
@@ -1002,6 +1018,7 @@ impl Task {
     /// guest never outlives an aborted transaction).
     pub fn abort(&mut self) {
         self.stream_time = self.committed_stream_time;
+        self.committing_stream_time = None;
         self.fx().state.abort();
         self.fx().call_outputs.clear();
         self.guest = None;

@@ -303,8 +303,10 @@ impl FaultProxy {
             source,
         };
         let mut stream = TcpStream::connect(("127.0.0.1", self.api_port)).map_err(io)?;
+        // Removing a latency toxic waits for the data it holds back (up to
+        // the spike, tens of seconds): seen taking over 10 s.
         stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
+            .set_read_timeout(Some(Duration::from_secs(90)))
             .map_err(io)?;
         write!(
             stream,

@@ -844,6 +844,14 @@ fn drill(
         .filter(|l| l.contains(" WARN ") && l.contains("aborting") && !l.contains("must restart"))
         .count();
     figure(guarantee, "aborted_transactions", aborts);
+    // Pipelined commits: a commit that failed while records behind it were
+    // processed already (their state over its frozen changes, their
+    // outputs held): both dropped and read again.
+    figure(
+        guarantee,
+        "failed_commits_with_records_behind",
+        count("a commit failed with records processed behind it"),
+    );
     figure(guarantee, "availability_findings", outcome.findings.len());
     figure(
         guarantee,

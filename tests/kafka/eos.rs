@@ -152,6 +152,12 @@ fn crash_loop(
         let killed_at = Instant::now();
         let at_kill = w.committed();
         host = w.start("a", &[]);
+        if at_kill >= ((k + 1) * chunk) as i64 {
+            // The backlog was all committed before the kill landed (a fast
+            // at_least_once run: its outputs are visible before their
+            // commit, the kill's trigger): nothing to recover.
+            continue;
+        }
         let deadline = Instant::now() + Duration::from_secs(120);
         while w.committed() <= at_kill {
             assert!(

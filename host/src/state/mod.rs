@@ -145,9 +145,12 @@ pub(crate) fn bounds_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
 
 type Layer = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
-/// One store's call and transaction layers.
+/// One store's layers over the committed store, oldest first: the
+/// transaction being committed (frozen; empty unless a commit is in flight),
+/// the open transaction's, and the call's.
 struct LayeredStore {
     name: String,
+    committing: Layer,
     txn: Layer,
     call: Layer,
 }
@@ -162,6 +165,9 @@ impl LayeredStore {
             return Ok(v.clone());
         }
         if let Some(v) = self.txn.get(key) {
+            return Ok(v.clone());
+        }
+        if let Some(v) = self.committing.get(key) {
             return Ok(v.clone());
         }
         committed.get(&self.name, key)
@@ -181,8 +187,11 @@ impl LayeredStore {
             return Ok(out);
         }
         let upper = MergeUpper {
-            txn: self.txn.range::<[u8], _>((start, end)).peekable(),
-            call: self.call.range::<[u8], _>((start, end)).peekable(),
+            layers: [&self.committing, &self.txn, &self.call]
+                .into_iter()
+                .filter(|l| !l.is_empty())
+                .map(|l| l.range::<[u8], _>((start, end)).peekable())
+                .collect(),
         };
         let mut upper = upper.peekable();
         let mut lower = committed.range(&self.name, start, end).peekable();
@@ -229,31 +238,30 @@ impl LayeredStore {
     }
 }
 
-/// Merges the transaction and call layers, the call layer winning.
+/// Merges the layers over the committed store, the newest winning on a key.
 struct MergeUpper<'a> {
-    txn: std::iter::Peekable<btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>,
-    call: std::iter::Peekable<btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>,
+    /// Oldest first.
+    layers: Vec<LayerRange<'a>>,
 }
+
+type LayerRange<'a> = std::iter::Peekable<btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>;
 
 impl<'a> Iterator for MergeUpper<'a> {
     type Item = (&'a Vec<u8>, &'a Option<Vec<u8>>);
 
     fn next(&mut self) -> Option<Self::Item> {
-        match (self.txn.peek(), self.call.peek()) {
-            (None, None) => None,
-            (Some(_), None) => self.txn.next(),
-            (None, Some(_)) => self.call.next(),
-            (Some((tk, _)), Some((ck, _))) => {
-                if tk == ck {
-                    self.txn.next();
-                    self.call.next()
-                } else if tk < ck {
-                    self.txn.next()
-                } else {
-                    self.call.next()
-                }
+        let smallest = self
+            .layers
+            .iter_mut()
+            .filter_map(|l| l.peek().map(|(k, _)| *k))
+            .min()?;
+        let mut newest = None;
+        for l in &mut self.layers {
+            if l.peek().is_some_and(|(k, _)| *k == smallest) {
+                newest = l.next();
             }
         }
+        newest
     }
 }
 
@@ -279,6 +287,10 @@ pub struct TaskState {
     txn_delta: i64,
     /// The same for the call in progress.
     call_delta: i64,
+    /// The same for the transaction being committed (frozen).
+    committing_delta: i64,
+    /// Whether a transaction's changes are frozen for its commit.
+    frozen: bool,
 }
 
 impl TaskState {
@@ -291,6 +303,7 @@ impl TaskState {
                 .iter()
                 .map(|name| LayeredStore {
                     name: name.clone(),
+                    committing: Layer::new(),
                     txn: Layer::new(),
                     call: Layer::new(),
                 })
@@ -298,6 +311,8 @@ impl TaskState {
             limit: u64::MAX,
             txn_delta: 0,
             call_delta: 0,
+            committing_delta: 0,
+            frozen: false,
         }
     }
 
@@ -312,7 +327,7 @@ impl TaskState {
     /// Bytes of keys and values the stores hold, as the processor sees
     /// them: committed, plus the transaction's and the call's writes.
     pub fn visible_bytes(&self) -> u64 {
-        let pending = self.txn_delta + self.call_delta;
+        let pending = self.committing_delta + self.txn_delta + self.call_delta;
         self.committed.live_bytes().saturating_add_signed(pending)
     }
 
@@ -466,34 +481,56 @@ impl TaskState {
             .collect()
     }
 
-    /// The transaction committed: move its changes into the committed
-    /// stores in one atomic write, with the changelog positions its
-    /// changelog records reached.
+    /// Freezes the open transaction's changes for its commit: they stay
+    /// visible, and what comes next is a new transaction over them, which
+    /// can go on while the commit is in flight (see
+    /// [`TaskState::apply_committed`] and [`TaskState::abort`]).
+    pub fn freeze(&mut self) {
+        debug_assert!(!self.frozen, "one commit in flight at a time");
+        for s in &mut self.stores {
+            s.committing = std::mem::take(&mut s.txn);
+        }
+        self.committing_delta = std::mem::take(&mut self.txn_delta);
+        self.frozen = true;
+    }
+
+    /// The transaction committed: move its changes (frozen, or the open
+    /// transaction's if none are) into the committed stores in one atomic
+    /// write, with the changelog positions its changelog records reached.
+    /// Changes made after the freeze stay pending.
     pub fn apply_committed(&mut self, positions: Vec<(String, i64)>) -> Result<(), StateError> {
+        if !self.frozen {
+            self.freeze();
+        }
+        self.frozen = false;
         let changes: Vec<StoreChanges> = self
             .stores
             .iter_mut()
-            .filter(|s| !s.txn.is_empty())
+            .filter(|s| !s.committing.is_empty())
             .map(|s| StoreChanges {
                 store: s.name.clone(),
-                changes: std::mem::take(&mut s.txn).into_iter().collect(),
+                changes: std::mem::take(&mut s.committing).into_iter().collect(),
             })
             .collect();
-        self.txn_delta = 0;
+        self.committing_delta = 0;
         if changes.is_empty() && positions.is_empty() {
             return Ok(());
         }
         self.committed.write(&WriteBatch { changes, positions })
     }
 
-    /// The transaction aborted: forget everything since the last commit.
+    /// The transaction aborted: forget everything since the last commit,
+    /// a frozen transaction's changes included (its commit failed).
     pub fn abort(&mut self) {
         for s in &mut self.stores {
+            s.committing.clear();
             s.txn.clear();
             s.call.clear();
         }
+        self.committing_delta = 0;
         self.txn_delta = 0;
         self.call_delta = 0;
+        self.frozen = false;
     }
 
     /// Every store's visible entries (committed plus pending), for dumps.
@@ -659,6 +696,46 @@ mod tests {
         assert!(!t.is_dirty());
         assert_eq!(t.committed().changelog_position("s").unwrap(), Some(42));
         assert_eq!(t.get("s", b"k").unwrap(), Some(b"v".to_vec()));
+    }
+
+    #[test]
+    fn a_frozen_transaction_stays_visible_under_the_next_one() {
+        let mut t = task_with(&[("a", "1"), ("b", "1"), ("c", "1")]);
+        t.put("s", b"a".to_vec(), b"2".to_vec()).unwrap();
+        t.delete("s", b"b".to_vec()).unwrap();
+        t.end_call();
+        t.freeze();
+        assert!(
+            !t.is_dirty(),
+            "frozen changes are not the open transaction's"
+        );
+        // The next transaction reads through the frozen one.
+        assert_eq!(t.get("s", b"a").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(t.get("s", b"b").unwrap(), None);
+        t.put("s", b"c".to_vec(), b"3".to_vec()).unwrap();
+        t.put("s", b"d".to_vec(), b"3".to_vec()).unwrap();
+        t.end_call();
+        let all = t.scan_prefix("s", b"", None, 100).unwrap();
+        assert_eq!(keys(&all), ["a=2", "c=3", "d=3"]);
+        // Only the next transaction's changes go to the next changelog.
+        let pending = t.pending_changes();
+        assert_eq!(pending[0].changes.len(), 2);
+        // The frozen one commits; the next stays pending over it.
+        t.apply_committed(vec![("s".to_owned(), 7)]).unwrap();
+        assert_eq!(t.committed().get("s", b"a").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(t.committed().get("s", b"c").unwrap(), Some(b"1".to_vec()));
+        assert!(t.is_dirty());
+        assert_eq!(t.visible_bytes(), 6);
+        // An abort with a commit in flight forgets both.
+        t.freeze();
+        t.put("s", b"a".to_vec(), b"9".to_vec()).unwrap();
+        t.end_call();
+        t.abort();
+        assert_eq!(
+            keys(&t.scan_prefix("s", b"", None, 100).unwrap()),
+            ["a=2", "c=1"]
+        );
+        assert_eq!(t.visible_bytes(), 4);
     }
 
     #[test]

@@ -3,25 +3,34 @@
 //! ```text
 //! loop {                                               Session::run
 //!     poll up to max-batch-records                     Session::poll_batch (rebalance callbacks run in here)
+//!     the commit in flight returned? step 5, and a     Core::poll_commit -> Core::finish_commit
+//!         transaction for the records processed meanwhile
 //!     restore newly assigned tasks                     Core::restore_pending (stable offsets, then changelog tail)
 //!     drop records of partitions revoked meanwhile
 //!     begin the transaction if none is open            Core::process
-//!     per partition, in order: task.process_batch      state -> call/txn layers; outputs -> produce
-//!     commit when commit-interval-ms has passed        Core::commit
+//!     per partition, in order: task.process_batch      state -> call/txn layers; outputs -> produce (held
+//!                                                          while a commit is in flight)
+//!     commit when commit-interval-ms has passed        Core::start_commit (steps 3-4 on a thread: run_commit)
 //!         or 20 batches are pending
 //! }
 //! ```
 //!
-//! `Core::commit` is the protocol: changelog records for every dirty key,
-//! the transaction's usage record (on a fleet host), flush, `send_offsets_to_transaction(offsets, group metadata as of the
-//! transaction's first record)`,
-//! `commit_transaction` (each call retried within one 30 s budget), and only
-//! then the overlays go to RocksDB together with the changelog positions.
-//! Abortable errors abort, drop every task's guest and pending changes, and
+//! The protocol: changelog records for every dirty key and the
+//! transaction's usage record (on a fleet host), then the tasks' changes
+//! are frozen and a thread runs flush, `send_offsets_to_transaction(offsets,
+//! group metadata as of the transaction's first record)` and
+//! `commit_transaction` (each call retried within one 30 s budget) while the
+//! worker goes on (pipelined commits: the next records' writes layer over
+//! the frozen changes, their outputs wait in memory); only when it returned
+//! committed do the frozen changes go to RocksDB together with the changelog
+//! positions. Abortable errors abort, drop every task's guest and pending
+//! changes (frozen ones and what was processed behind them included), and
 //! rewind to the committed offsets (inside a rebalance callback, where a
-//! rewind is not allowed, the session restarts instead); anything else
+//! rewind is not allowed, the loop rewinds right after); anything else
 //! (fenced, fatal, a timeout, an unknown state) ends the session: producer,
 //! consumer and tasks are dropped and the worker rejoins with new ones.
+//! Nothing that must not run under a commit (an abort, a restore, the
+//! session's end) does: each waits for the commit in flight first.
 //!
 //! A transaction never spans a rebalance: the rebalance callbacks abort it
 //! (never commit it), and every task kept catches up with its changelog and
@@ -45,7 +54,7 @@ use crate::kafka::{self, TxnFailure};
 use crate::metrics::{Metrics, WorkerLoad};
 use crate::state::rocks::RocksPartition;
 use crate::task::{BatchOutcome, Task, TaskError};
-use crate::types::{InputRecord, Usage, UsageRecord, error_chain};
+use crate::types::{InputRecord, OutputRecord, Usage, UsageRecord, error_chain};
 
 /// How long a blocking transactional call may take before the producer is
 /// considered to be in an unknown state.
@@ -214,6 +223,129 @@ impl Pending {
 /// the commit interval: the producer holds them until the commit.
 const MAX_TXN_OUTPUT_BYTES: u64 = 64 << 20;
 
+/// While a commit is in flight the loop polls for at most this long, so
+/// that it sees the commit return soon.
+const COMMIT_POLL: Duration = Duration::from_millis(2);
+
+/// Outputs of records processed while a commit is in flight wait in memory
+/// up to this many bytes; past it the worker waits for the commit.
+const MAX_HELD_OUTPUT_BYTES: u64 = 32 << 20;
+
+/// A transaction being committed on its own thread.
+struct InFlight {
+    done: std::sync::mpsc::Receiver<Result<CommitOutcome, StreamError>>,
+    started: Instant,
+    /// Its input offsets (a table's next offset is its store's position).
+    offsets: BTreeMap<(String, i32), i64>,
+    /// Its counts, for the metrics once it commits.
+    pending: Pending,
+}
+
+impl InFlight {
+    /// Waits for the outcome (the committer's calls are bounded: see
+    /// [`bounded`]).
+    fn wait(&self) -> Result<CommitOutcome, StreamError> {
+        self.done.recv().map_err(|_| {
+            StreamError::Restart("the commit thread ended without an outcome".to_owned())
+        })?
+    }
+
+    /// The outcome, if the commit has returned.
+    fn try_outcome(&self) -> Option<Result<CommitOutcome, StreamError>> {
+        match self.done.try_recv() {
+            Ok(outcome) => Some(outcome),
+            Err(std::sync::mpsc::TryRecvError::Empty) => None,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => Some(Err(StreamError::Restart(
+                "the commit thread ended without an outcome".to_owned(),
+            ))),
+        }
+    }
+}
+
+/// How steps 2-4 of the protocol (flush, offsets, commit) ended.
+enum CommitOutcome {
+    /// Committed (at_least_once: flushed); the last changelog offset each
+    /// changelog partition reached.
+    Committed {
+        changelog_offsets: HashMap<(String, i32), i64>,
+    },
+    Flush(KafkaError),
+    /// Records of the transaction were not delivered.
+    Undelivered {
+        count: u64,
+        code: Option<RDKafkaErrorCode>,
+        first: FailedDelivery,
+    },
+    Offsets(KafkaError),
+    Commit(KafkaError),
+}
+
+/// Steps 2-4 of the protocol on `producer`: flush (every record
+/// acknowledged, so the delivery reports hold the changelog positions), the
+/// offsets with the consumer's group metadata (none: at_least_once, where
+/// the consumer commits them), and the commit. Each transactional call runs
+/// bounded ([`bounded`]): an overrun ends the session.
+fn run_commit(
+    producer: &Arc<BaseProducer<ProducerCtx>>,
+    offsets: TopicPartitionList,
+    group: Option<rdkafka::consumer::ConsumerGroupMetadata>,
+) -> Result<CommitOutcome, StreamError> {
+    if let Err(e) = kafka::drain(producer.as_ref(), TXN_CALL_TIMEOUT) {
+        return Ok(CommitOutcome::Flush(e));
+    }
+    {
+        let mut d = producer.context().deliveries();
+        let failures = std::mem::take(&mut d.failures);
+        if let Some((code, first)) = d.first_failure.take() {
+            return Ok(CommitOutcome::Undelivered {
+                count: failures,
+                code,
+                first,
+            });
+        }
+    }
+    if let Some(metadata) = group {
+        if offsets.count() > 0 {
+            let metadata = Arc::new(metadata);
+            let mut overrun = None;
+            let r = retry("send_offsets_to_transaction", |timeout| {
+                let (offsets, metadata) = (offsets.clone(), Arc::clone(&metadata));
+                let call = move |p: &BaseProducer<ProducerCtx>| {
+                    p.send_offsets_to_transaction(&offsets, &metadata, timeout)
+                };
+                bounded(producer, "send_offsets_to_transaction", timeout, call).unwrap_or_else(
+                    |e| {
+                        overrun = Some(e);
+                        Ok(())
+                    },
+                )
+            });
+            if let Some(e) = overrun {
+                return Err(e);
+            }
+            if let Err(e) = r {
+                return Ok(CommitOutcome::Offsets(e));
+            }
+        }
+        let mut overrun = None;
+        let r = retry("commit_transaction", |timeout| {
+            let call = move |p: &BaseProducer<ProducerCtx>| p.commit_transaction(timeout);
+            bounded(producer, "commit_transaction", timeout, call).unwrap_or_else(|e| {
+                overrun = Some(e);
+                Ok(())
+            })
+        });
+        if let Some(e) = overrun {
+            return Err(e);
+        }
+        if let Err(e) = r {
+            return Ok(CommitOutcome::Commit(e));
+        }
+    }
+    let changelog_offsets = std::mem::take(&mut producer.context().deliveries().changelog_offsets);
+    Ok(CommitOutcome::Committed { changelog_offsets })
+}
+
 /// What the poll loop and the rebalance callbacks share.
 struct Core {
     d: Arc<Deployment>,
@@ -222,8 +354,18 @@ struct Core {
     tasks: BTreeMap<i32, Task>,
     /// Assigned partitions whose stores are not restored yet (paused).
     restoring: BTreeSet<i32>,
+    /// A Kafka transaction is open (or, at_least_once, a batch is
+    /// uncommitted).
     in_txn: bool,
     txn_started: Instant,
+    /// The transaction whose commit runs on a thread of its own while the
+    /// worker goes on (pipelined commits; see [`Core::start_commit`]).
+    in_flight: Option<InFlight>,
+    /// Records were processed while a commit was in flight: they go into
+    /// the next Kafka transaction, which begins when that commit returns;
+    /// their outputs wait in `held` until then.
+    deferred: bool,
+    held: Vec<OutputRecord>,
     /// Next offset to read per input partition consumed in this transaction.
     next_offsets: BTreeMap<(String, i32), i64>,
     pending: Pending,
@@ -436,7 +578,7 @@ impl ConsumerContext for WorkerContext {
             "partitions revoked"
         );
         core.in_callback = true;
-        if core.in_txn {
+        if core.busy() {
             let result = if std::thread::panicking() {
                 // The consumer is being dropped while a panic unwinds (a
                 // bug in processing): the transaction is half built. Never
@@ -499,7 +641,7 @@ impl ConsumerContext for WorkerContext {
         // `pre_rebalance`), and the tasks kept may have been another
         // member's meanwhile.
         core.in_callback = true;
-        if core.in_txn
+        if core.busy()
             && let Err(e) = core.abort(Some(consumer))
         {
             core.failure.get_or_insert(e);
@@ -703,6 +845,9 @@ impl Session {
             tasks: BTreeMap::new(),
             restoring: BTreeSet::new(),
             in_txn: false,
+            in_flight: None,
+            deferred: false,
+            held: Vec::new(),
             txn_started: Instant::now(),
             next_offsets: BTreeMap::new(),
             pending: Pending::default(),
@@ -755,7 +900,10 @@ impl Session {
             let wait = {
                 let mut core = lock(&self.core);
                 core.revoked_during_poll.clear();
-                if core.in_txn {
+                if core.in_flight.is_some() {
+                    // Back soon to see the commit return.
+                    COMMIT_POLL
+                } else if core.in_txn || core.deferred {
                     interval.saturating_sub(core.txn_started.elapsed())
                 } else {
                     Duration::from_millis(100)
@@ -782,11 +930,18 @@ impl Session {
                 core.rewind(&self.consumer)?;
                 continue;
             }
+            // The commit in flight returned: its outcome, and the next
+            // transaction for what was processed meanwhile.
+            let aborts = core.aborts;
+            core.poll_commit(&self.consumer)?;
+            if core.rewind_pending || core.aborts != aborts {
+                continue;
+            }
             if !core.restoring.is_empty() {
                 // Restoring takes a while: nothing may stay open meanwhile
                 // (the transaction timeout runs).
                 let aborts = core.aborts;
-                if core.in_txn {
+                if core.busy() {
                     core.commit(&self.consumer)?;
                 }
                 core.restore_pending(&self.consumer)?;
@@ -816,8 +971,9 @@ impl Session {
                     || open_for >= self.d.options.transaction_timeout / 2
                     || core.pending.records >= 20 * max_batch as u64
                     || core.pending.output_bytes >= MAX_TXN_OUTPUT_BYTES);
-            if due {
-                core.commit(&self.consumer)?;
+            if due && core.in_flight.is_none() {
+                // Pipelined: the worker goes on while it commits.
+                core.start_commit(&self.consumer)?;
             }
             drop(core);
             if self.last_load_report.elapsed() >= Duration::from_secs(1) {
@@ -914,6 +1070,15 @@ impl Session {
     /// when the consumer closes (its revoke callback would try).
     fn discard(&mut self) {
         let mut core = lock(&self.core);
+        if let Some(f) = core.in_flight.take() {
+            // Not under a commit in flight: it ends first. One that
+            // committed stays committed (the stores catch up from their
+            // changelogs when the tasks open again); one that failed is
+            // aborted here with the rest.
+            if !matches!(f.wait(), Ok(CommitOutcome::Committed { .. })) {
+                core.in_txn = true;
+            }
+        }
         if core.in_txn && self.d.exactly_once() {
             core.producer
                 .purge(PurgeConfig::default().queue().inflight());
@@ -921,6 +1086,8 @@ impl Session {
             let _ = core.producer.abort_transaction(Duration::from_secs(5));
         }
         core.in_txn = false;
+        core.deferred = false;
+        core.held.clear();
         for task in core.tasks.values_mut() {
             task.abort();
         }
@@ -932,7 +1099,7 @@ impl Session {
     fn shut_down(&mut self) -> Result<(), StreamError> {
         {
             let mut core = lock(&self.core);
-            if core.in_txn {
+            if core.busy() {
                 core.commit(&self.consumer)?;
             }
         }
@@ -1125,9 +1292,17 @@ impl Core {
         Ok(())
     }
 
-    /// Begins a transaction if none is open.
+    /// Whether anything is processed and not committed yet: an open
+    /// transaction, a commit in flight, or records processed meanwhile.
+    fn busy(&self) -> bool {
+        self.in_txn || self.deferred || self.in_flight.is_some()
+    }
+
+    /// Begins a transaction if none is open; while a commit is in flight,
+    /// marks the records that follow as the next transaction's (it begins
+    /// when the commit returns).
     fn ensure_txn(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
-        if self.in_txn {
+        if self.in_txn || self.deferred {
             return Ok(());
         }
         // The generation this transaction's records are read under: its
@@ -1136,13 +1311,21 @@ impl Core {
         // when the worker commits before it has served the rebalance's
         // callbacks.
         self.txn_group = consumer.group_metadata();
+        self.txn_started = Instant::now();
+        if self.in_flight.is_some() {
+            self.deferred = true;
+            return Ok(());
+        }
+        self.begin()
+    }
+
+    fn begin(&mut self) -> Result<(), StreamError> {
         if self.d.exactly_once() {
             self.producer
                 .begin_transaction()
                 .map_err(|e| StreamError::Restart(format!("begin_transaction: {e}")))?;
         }
         self.in_txn = true;
-        self.txn_started = Instant::now();
         Ok(())
     }
 
@@ -1259,7 +1442,7 @@ impl Core {
         // transaction timeout (checked at start); the broker's clock starts
         // with the transaction's first record, after the first call.
         let budget = self.d.options.transaction_timeout / 2;
-        if self.in_txn && self.txn_started.elapsed() >= budget {
+        if (self.in_txn || self.deferred) && self.txn_started.elapsed() >= budget {
             let aborts = self.aborts;
             self.commit(consumer)?;
             if self.aborts != aborts {
@@ -1271,6 +1454,7 @@ impl Core {
         let mut outcome = BatchOutcome::default();
         let call_started = Instant::now();
         let result = task.process_batch(&records, &mut outcome);
+        let outputs = outcome.outputs.len() as u64;
         if let Some(budget) = &self.d.options.cpu_budget {
             // Over the tenant's CPU share: wait before the next call.
             let wait = budget.charge(call_started.elapsed());
@@ -1285,13 +1469,22 @@ impl Core {
         if let Err(e) = result {
             return Err(self.fail_batch(e));
         }
-        for o in &outcome.outputs {
-            if let Err(e) = kafka::send_output(&self.producer, o) {
-                return self.on_txn_error(consumer, "producing an output", e);
+        if self.deferred {
+            // A commit is in flight: the outputs wait for the next
+            // transaction.
+            for o in outcome.outputs.drain(..) {
+                self.pending.output_bytes += o.size() as u64;
+                self.held.push(o);
             }
-            self.pending.output_bytes += o.size() as u64;
+        } else {
+            for o in &outcome.outputs {
+                if let Err(e) = kafka::send_output(&self.producer, o) {
+                    return self.on_txn_error(consumer, "producing an output", e);
+                }
+                self.pending.output_bytes += o.size() as u64;
+            }
+            self.producer.poll(Duration::ZERO);
         }
-        self.producer.poll(Duration::ZERO);
         // Only each source topic's last record moves its offset (records of
         // a topic are in offset order): no per-record work here.
         let sources = self.d.manifest.inputs.len() + self.d.manifest.tables.len();
@@ -1308,19 +1501,49 @@ impl Core {
         }
         self.pending.records += records.len() as u64;
         self.pending.input_bytes += records.iter().map(|r| r.size() as u64).sum::<u64>();
-        self.pending.outputs += outcome.outputs.len() as u64;
+        self.pending.outputs += outputs;
         self.pending.dead_lettered += outcome.dead_lettered;
         self.pending.skipped += outcome.skipped;
         self.pending.late_dropped += outcome.late_dropped;
         self.pending.punctuations += outcome.punctuations;
+        if self.deferred && self.pending.output_bytes >= MAX_HELD_OUTPUT_BYTES {
+            self.settle(consumer)?;
+        }
         Ok(())
     }
 
-    /// The protocol. Runs in the poll loop and in the revoke callback.
+    /// The protocol, synchronously: a commit in flight returns first (and
+    /// what was processed meanwhile becomes the open transaction), then the
+    /// open transaction commits. Runs in the poll loop and in the rebalance
+    /// callbacks.
     fn commit(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
+        self.settle(consumer)?;
         if !self.in_txn {
             return Ok(());
         }
+        let aborts = self.aborts;
+        self.start_commit(consumer)?;
+        if self.aborts != aborts {
+            return Ok(());
+        }
+        self.settle(consumer)
+    }
+
+    /// The protocol, top to bottom. Steps 1 and 1b put the state changes
+    /// and the usage into the open transaction; then the tasks' changes are
+    /// frozen and steps 2-4 (flush, offsets, commit: [`run_commit`]) run on
+    /// a thread of their own. The worker goes on meanwhile: the next
+    /// records' state writes layer over the frozen changes and their
+    /// outputs wait in memory, for the next transaction, which begins when
+    /// this one returns ([`Core::finish_commit`]: step 5, the frozen
+    /// changes into RocksDB). If it fails, both are dropped and the input
+    /// is read again from the committed offsets. at_least_once runs the
+    /// steps here, without a transaction.
+    fn start_commit(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
+        if !self.in_txn {
+            return Ok(());
+        }
+        debug_assert!(self.in_flight.is_none(), "one commit in flight at a time");
         let started = Instant::now();
 
         // 1. Every dirty key's latest value (or tombstone) to its store's
@@ -1382,42 +1605,6 @@ impl Core {
             }
         }
 
-        // 2. Flush: every record of the transaction acknowledged, so the
-        //    delivery reports hold the changelog positions.
-        if let Err(e) = kafka::drain(&self.producer, TXN_CALL_TIMEOUT) {
-            return self.on_txn_error(consumer, "flushing", e);
-        }
-        let failed = {
-            let mut d = self.producer.context().deliveries();
-            let failed = d.first_failure.take().map(|f| (d.failures, f));
-            d.failures = 0;
-            failed
-        };
-        if let Some((count, (code, first))) = failed {
-            if let Some(code) = code.filter(|c| kafka::is_authorization(*c)) {
-                let _ = self.abort(None);
-                return Err(refused(&self.d, self.worker, code, Some(&first.topic)));
-            }
-            let first = first.message;
-            if let Some(code) = code.filter(|c| is_unsendable(*c)) {
-                // Retrying cannot help: the same record would be refused
-                // again, forever.
-                let _ = self.abort(None);
-                return Err(StreamError::Unsendable {
-                    message: format!("{first}: {code}"),
-                });
-            }
-            tracing::warn!("{count} records failed delivery (first: {first}); aborting");
-            if code.is_some_and(is_timeout) {
-                // A produce request whose outcome is unknown may still land:
-                // only a new producer epoch keeps it out of later
-                // transactions.
-                return self.abort_unknown(consumer, "a delivery timed out");
-            }
-            return self.abort(Some(consumer));
-        }
-
-        // 3 and 4. Offsets and commit.
         // Each input offset of a task that keeps time (window stores or
         // punctuation) carries its stream time, as Kafka Streams keeps a
         // partition's time: it commits with the offsets, so a restarted task
@@ -1435,7 +1622,7 @@ impl Core {
                 elem.set_metadata(stream_time_metadata(time));
             }
         }
-        if self.d.exactly_once() {
+        let group = if self.d.exactly_once() {
             // The offsets go with the consumer's group metadata: the group
             // coordinator refuses them if this member's generation is stale
             // (a zombie whose partitions moved), and the transaction cannot
@@ -1445,76 +1632,132 @@ impl Core {
                     "no consumer group metadata".to_owned(),
                 ));
             };
-            // Each call runs bounded (see `bounded`): a call that overruns
-            // ends the session.
-            let mut overrun = None;
-            if !self.next_offsets.is_empty() {
-                let metadata = Arc::new(metadata);
-                let r = retry("send_offsets_to_transaction", |timeout| {
-                    let (offsets, metadata) = (offsets.clone(), Arc::clone(&metadata));
-                    let call = move |p: &BaseProducer<ProducerCtx>| {
-                        p.send_offsets_to_transaction(&offsets, &metadata, timeout)
-                    };
-                    bounded(&self.producer, "send_offsets_to_transaction", timeout, call)
-                        .unwrap_or_else(|e| {
-                            overrun = Some(e);
-                            Ok(())
-                        })
-                });
-                if let Some(e) = overrun {
-                    return Err(e);
-                }
-                if let Err(e) = r {
-                    return self.on_txn_error(consumer, "send_offsets_to_transaction", e);
-                }
-            }
-            let r = retry("commit_transaction", |timeout| {
-                let call = move |p: &BaseProducer<ProducerCtx>| p.commit_transaction(timeout);
-                bounded(&self.producer, "commit_transaction", timeout, call).unwrap_or_else(|e| {
-                    overrun = Some(e);
-                    Ok(())
-                })
-            });
-            if let Some(e) = overrun {
-                return Err(e);
-            }
-            if let Err(e) = r {
-                if kafka::is_fencing(&e) {
-                    return self.on_txn_error(consumer, "commit_transaction", e);
-                }
-                // Whatever librdkafka calls it, the outcome of an EndTxn
-                // that failed is not known here: it may have committed.
-                return self.abort_unknown(consumer, &format!("commit_transaction: {e}"));
-            }
-        } else if !self.next_offsets.is_empty()
-            && let Err(e) = consumer.commit(&offsets, CommitMode::Sync)
-        {
-            return Err(StreamError::Restart(format!("committing offsets: {e}")));
+            Some(metadata)
+        } else {
+            None
+        };
+        for task in self.tasks.values_mut() {
+            task.freeze();
         }
         self.in_txn = false;
+        let (tx, done) = std::sync::mpsc::channel();
+        let flight = InFlight {
+            done,
+            started,
+            offsets: std::mem::take(&mut self.next_offsets),
+            pending: std::mem::take(&mut self.pending),
+        };
+        if group.is_none() {
+            // at_least_once: flush here, then the consumer commits.
+            let mut outcome = run_commit(&self.producer, offsets.clone(), None)?;
+            if matches!(outcome, CommitOutcome::Committed { .. })
+                && offsets.count() > 0
+                && let Err(e) = consumer.commit(&offsets, CommitMode::Sync)
+            {
+                outcome = CommitOutcome::Commit(e);
+            }
+            return self.finish_commit(consumer, flight, outcome, true);
+        }
+        let producer = Arc::clone(&self.producer);
+        std::thread::Builder::new()
+            .name("onceflow-commit".to_owned())
+            .spawn(move || {
+                let _ = tx.send(run_commit(&producer, offsets, group));
+            })
+            .map_err(|e| StreamError::Restart(format!("cannot start a commit thread: {e}")))?;
+        self.in_flight = Some(flight);
+        Ok(())
+    }
 
-        // 5. Committed: now, and only now, the overlays go to RocksDB, with
-        //    the changelog positions in the same write batch.
-        let delivered = std::mem::take(&mut self.producer.context().deliveries().changelog_offsets);
+    /// Acts on the commit in flight if it has returned (the loop asks every
+    /// round).
+    fn poll_commit(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
+        let Some(outcome) = self.in_flight.as_ref().and_then(InFlight::try_outcome) else {
+            return Ok(());
+        };
+        let flight = self.in_flight.take().expect("checked above");
+        self.finish_commit(consumer, flight, outcome?, true)
+    }
+
+    /// Waits for the commit in flight, if any, and acts on its outcome.
+    fn settle(&mut self, consumer: &BaseConsumer<WorkerContext>) -> Result<(), StreamError> {
+        let Some(flight) = self.in_flight.take() else {
+            return Ok(());
+        };
+        let outcome = flight.wait()?;
+        self.finish_commit(consumer, flight, outcome, true)
+    }
+
+    /// A commit returned. Committed: step 5, then (`go_on`) the next
+    /// transaction begins with the outputs held meanwhile. Failed: the
+    /// transaction is aborted (it is still the producer's open one), and
+    /// with it whatever was processed since.
+    fn finish_commit(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        flight: InFlight,
+        outcome: CommitOutcome,
+        go_on: bool,
+    ) -> Result<(), StreamError> {
+        let changelog_offsets = match outcome {
+            CommitOutcome::Committed { changelog_offsets } => changelog_offsets,
+            failed => {
+                if self.deferred {
+                    tracing::info!(
+                        worker = self.worker,
+                        records = self.pending.records,
+                        "a commit failed with records processed behind it: they are dropped \
+                         with it and read again"
+                    );
+                }
+                self.in_txn = true;
+                self.pending.fuel += flight.pending.fuel;
+                self.pending.log_lines += flight.pending.log_lines;
+                return match failed {
+                    CommitOutcome::Committed { .. } => unreachable!("matched above"),
+                    CommitOutcome::Flush(e) => self.on_txn_error(consumer, "flushing", e),
+                    CommitOutcome::Undelivered { count, code, first } => {
+                        self.on_undelivered(consumer, count, code, first)
+                    }
+                    CommitOutcome::Offsets(e) => {
+                        self.on_txn_error(consumer, "send_offsets_to_transaction", e)
+                    }
+                    CommitOutcome::Commit(e) if !self.d.exactly_once() => {
+                        Err(StreamError::Restart(format!("committing offsets: {e}")))
+                    }
+                    CommitOutcome::Commit(e) if kafka::is_fencing(&e) => {
+                        self.on_txn_error(consumer, "commit_transaction", e)
+                    }
+                    // Whatever librdkafka calls it, the outcome of an EndTxn
+                    // that failed is not known here: it may have committed.
+                    CommitOutcome::Commit(e) => {
+                        self.abort_unknown(consumer, &format!("commit_transaction: {e}"))
+                    }
+                };
+            }
+        };
+
+        // 5. Committed: now, and only now, the frozen changes go to
+        //    RocksDB, with the changelog positions in the same write batch.
         for task in self.tasks.values_mut() {
             let p = task.partition();
             let changelogs = self.d.changelogs.iter().filter_map(|(store, topic)| {
-                delivered
+                changelog_offsets
                     .get(&(topic.clone(), p))
                     .map(|last| (store.clone(), last + 1))
             });
             // A table's position is its topic's next offset.
             let tables = self.d.manifest.tables.iter().filter_map(|(store, topic)| {
-                self.next_offsets
+                flight
+                    .offsets
                     .get(&(topic.clone(), p))
                     .map(|next| (store.clone(), *next))
             });
             let positions: Vec<(String, i64)> = changelogs.chain(tables).collect();
             task.apply_committed(positions).map_err(StreamError::Task)?;
         }
-        self.next_offsets.clear();
         let m = &self.d.metrics;
-        let p = std::mem::take(&mut self.pending);
+        let p = flight.pending;
         Metrics::add(&m.records, p.records);
         Metrics::add(&m.outputs, p.outputs);
         Metrics::add(&m.dead_lettered, p.dead_lettered);
@@ -1525,8 +1768,50 @@ impl Core {
         Metrics::add(&m.bytes_out, p.output_bytes);
         Metrics::add(&m.state_bytes, p.state_bytes);
         Metrics::add(&m.commits, 1);
-        m.commit_latency(started.elapsed());
+        m.commit_latency(flight.started.elapsed());
+
+        if go_on && self.deferred {
+            // What was processed during the commit: its transaction.
+            self.deferred = false;
+            self.begin()?;
+            for o in std::mem::take(&mut self.held) {
+                if let Err(e) = kafka::send_output(&self.producer, &o) {
+                    return self.on_txn_error(consumer, "producing an output", e);
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Records of the transaction were not delivered.
+    fn on_undelivered(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        count: u64,
+        code: Option<RDKafkaErrorCode>,
+        first: FailedDelivery,
+    ) -> Result<(), StreamError> {
+        if let Some(code) = code.filter(|c| kafka::is_authorization(*c)) {
+            let _ = self.abort(None);
+            return Err(refused(&self.d, self.worker, code, Some(&first.topic)));
+        }
+        let first = first.message;
+        if let Some(code) = code.filter(|c| is_unsendable(*c)) {
+            // Retrying cannot help: the same record would be refused
+            // again, forever.
+            let _ = self.abort(None);
+            return Err(StreamError::Unsendable {
+                message: format!("{first}: {code}"),
+            });
+        }
+        tracing::warn!("{count} records failed delivery (first: {first}); aborting");
+        if code.is_some_and(is_timeout) {
+            // A produce request whose outcome is unknown may still land:
+            // only a new producer epoch keeps it out of later
+            // transactions.
+            return self.abort_unknown(consumer, "a delivery timed out");
+        }
+        self.abort(Some(consumer))
     }
 
     /// Acts on a failed Kafka call inside the transaction.
@@ -1664,6 +1949,29 @@ impl Core {
     /// Aborts the open transaction: pending state dropped, guests replaced,
     /// and (given the consumer) the input rewound to the committed offsets.
     fn abort(&mut self, consumer: Option<&BaseConsumer<WorkerContext>>) -> Result<(), StreamError> {
+        if let Some(flight) = self.in_flight.take() {
+            // Never under a commit in flight: it ends first. Committed, it
+            // stays (step 5 runs); failed, it is handled as any failed
+            // commit, which aborts what came after it too. Without a
+            // consumer the session ends: a failed one is aborted below, and
+            // a committed one's stores catch up from their changelogs when
+            // the tasks open again.
+            let outcome = flight.wait()?;
+            match consumer {
+                Some(consumer) => {
+                    let aborts = self.aborts;
+                    self.finish_commit(consumer, flight, outcome, false)?;
+                    if self.aborts != aborts {
+                        return Ok(());
+                    }
+                }
+                None => {
+                    if !matches!(outcome, CommitOutcome::Committed { .. }) {
+                        self.in_txn = true;
+                    }
+                }
+            }
+        }
         if self.d.exactly_once() && self.in_txn {
             // librdkafka's abort waits until every outstanding record's
             // delivery report is served, and on this thread nobody would
@@ -1722,6 +2030,8 @@ impl Core {
             task.abort();
         }
         self.in_txn = false;
+        self.deferred = false;
+        self.held.clear();
         self.txn_group = None;
         self.next_offsets.clear();
         self.pending = self.pending.carried();
