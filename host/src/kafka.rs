@@ -271,15 +271,16 @@ pub(crate) fn watermarks<C: ConsumerContext>(
         .map_err(|e| KafkaError::client(format!("reading the bounds of {topic}/{partition}"), e))
 }
 
-/// Where `topic`'s `partition` ended at the consumer's last fetch from it
-/// (its high watermark, which librdkafka keeps per partition), without
+/// `topic`'s `partition`'s (low, high) watermarks as the consumer's last
+/// fetch from it saw them (librdkafka keeps them per partition), without
 /// asking the broker; `None` before the first fetch. For a read_committed
-/// consumer it can be past the last stable offset (an open transaction).
-pub(crate) fn fetched_end<C: ConsumerContext>(
+/// consumer the high one can be past the last stable offset (an open
+/// transaction).
+pub(crate) fn fetched_watermarks<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
     partition: i32,
-) -> Option<i64> {
+) -> Option<(i64, i64)> {
     let topic = std::ffi::CString::new(topic).ok()?;
     let (mut low, mut high) = (-1_i64, -1_i64);
     // SAFETY: the client handle lives as long as `consumer`, which this
@@ -295,8 +296,10 @@ pub(crate) fn fetched_end<C: ConsumerContext>(
             &mut high,
         )
     };
-    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
-        .then_some(high)
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        && low >= 0
+        && high >= 0)
+        .then_some((low, high))
 }
 
 /// The next offset an assigned reader will return from `topic`'s

@@ -394,6 +394,10 @@ struct Core {
     /// Records polled and not processed yet, of tasks with more than one
     /// source topic (see [`Queued`]).
     queued: BTreeMap<i32, Queued>,
+    /// The committed offset each source partition was last read from (at
+    /// its restore or a rewind): its position until the consumer returns
+    /// something from it (librdkafka's position is unknown until then).
+    read_from: HashMap<(String, i32), i64>,
 }
 
 /// A task's polled records while it has more than one source topic (inputs
@@ -411,6 +415,8 @@ struct Queued {
     /// When the waiting task last asked the broker for the last stable
     /// offsets, and which of its topics were read up to them then.
     stable_check: Option<(Instant, Vec<bool>)>,
+    /// It waited [`MAX_SOURCE_WAIT`] and goes on without the empty topics.
+    gave_up: bool,
 }
 
 impl Queued {
@@ -437,15 +443,19 @@ impl Queued {
                 allowed = empty;
                 self.waiting_since = None;
                 self.stable_check = None;
+                self.gave_up = false;
             } else {
                 let since = *self.waiting_since.get_or_insert_with(Instant::now);
                 if since.elapsed() < MAX_SOURCE_WAIT {
                     break;
                 }
-                tracing::debug!(
-                    "waited {} ms for a topic's records: going on without them",
-                    since.elapsed().as_millis()
-                );
+                if !self.gave_up {
+                    tracing::info!(
+                        "waited {} ms for a topic's unread records: going on without them",
+                        since.elapsed().as_millis()
+                    );
+                    self.gave_up = true;
+                }
             }
             let next = (0..self.queues.len())
                 .filter_map(|i| self.queues[i].front().map(|r| (r.timestamp, i)))
@@ -860,6 +870,7 @@ impl Session {
             restore_failing_since: BTreeMap::new(),
             restore_consumer: None,
             queued: BTreeMap::new(),
+            read_from: HashMap::new(),
         }));
         let sources = d.manifest.sources();
         let consumer: BaseConsumer<WorkerContext> =
@@ -1198,8 +1209,12 @@ impl Core {
         // of its topic (the records after it come through the consumer).
         let mut table_ends = BTreeMap::new();
         for elem in committed.elements() {
+            let at = (elem.topic().to_owned(), elem.partition());
             if let Offset::Offset(o) = elem.offset() {
-                table_ends.insert((elem.topic().to_owned(), elem.partition()), o);
+                table_ends.insert(at.clone(), o);
+                self.read_from.insert(at, o);
+            } else {
+                self.read_from.remove(&at);
             }
         }
         // The stream time each task had at its last commit.
@@ -1387,6 +1402,7 @@ impl Core {
                 queues: (0..order.len()).map(|_| VecDeque::new()).collect(),
                 waiting_since: None,
                 stable_check: None,
+                gave_up: false,
             });
             q.queues[rank].push_back(r);
         }
@@ -1406,9 +1422,16 @@ impl Core {
         let order: Vec<String> = self.source_order().into_iter().map(str::to_owned).collect();
         let mut positions: Option<TopicPartitionList> = None;
         let mut ready = BTreeMap::new();
+        let read_from = &self.read_from;
         for (&partition, q) in self.queued.iter_mut() {
             let taken = q.take(|empty, q| {
-                may_go_without(consumer, &order, partition, empty, q, &mut positions)
+                let at = Position {
+                    consumer,
+                    partition,
+                    positions: &mut positions,
+                    read_from,
+                };
+                may_go_without(at, &order, empty, q)
             });
             if !taken.is_empty() {
                 ready.insert(partition, taken);
@@ -2054,9 +2077,16 @@ impl Core {
             .map_err(|e| StreamError::Restart(format!("reading committed offsets: {e}")))?;
         let mut rewind = TopicPartitionList::new();
         for e in committed.elements() {
+            let at = (e.topic().to_owned(), e.partition());
             let offset = match e.offset() {
-                Offset::Offset(o) => Offset::Offset(o),
-                _ => Offset::Beginning,
+                Offset::Offset(o) => {
+                    self.read_from.insert(at, o);
+                    Offset::Offset(o)
+                }
+                _ => {
+                    self.read_from.remove(&at);
+                    Offset::Beginning
+                }
             };
             let _ = rewind.add_partition_offset(e.topic(), e.partition(), offset);
         }
@@ -2091,33 +2121,55 @@ impl Core {
     }
 }
 
+/// Where a worker is in its partition `partition` of each topic.
+struct Position<'a> {
+    consumer: &'a BaseConsumer<WorkerContext>,
+    partition: i32,
+    /// librdkafka's positions of the whole assignment, read once per round.
+    positions: &'a mut Option<TopicPartitionList>,
+    read_from: &'a HashMap<(String, i32), i64>,
+}
+
+impl Position<'_> {
+    /// The next offset the consumer returns from `topic`: librdkafka's
+    /// position (past the transaction markers it skipped), or, before it
+    /// returned anything since the partition's restore or last rewind, the
+    /// committed offset it was read from then.
+    fn next(&mut self, topic: &str) -> Option<i64> {
+        let consumer = self.consumer;
+        let tpl = self
+            .positions
+            .get_or_insert_with(|| consumer.position().unwrap_or_default());
+        tpl.find_partition(topic, self.partition)
+            .and_then(|e| e.offset().to_raw())
+            .filter(|o| *o >= 0)
+            .or_else(|| {
+                self.read_from
+                    .get(&(topic.to_owned(), self.partition))
+                    .copied()
+            })
+    }
+
+    /// Whether `topic` is read up to the end of `watermarks` (an empty
+    /// partition with no committed offset is).
+    fn read_to(&mut self, topic: &str, watermarks: Option<(i64, i64)>) -> bool {
+        match (watermarks, self.next(topic)) {
+            (Some((_, end)), Some(at)) => at >= end,
+            (Some((low, end)), None) => low >= end,
+            (None, _) => false,
+        }
+    }
+}
+
 /// Whether a task may take its next record while its topics `empty` (ranks
 /// in `order`) have nothing queued: each of them is read to its end, as
 /// librdkafka's last fetch saw it, or (asked of the broker once the task
 /// waited [`STABLE_CHECK_EVERY`]) to its last stable offset.
-fn may_go_without(
-    consumer: &BaseConsumer<WorkerContext>,
-    order: &[String],
-    partition: i32,
-    empty: &[usize],
-    q: &mut Queued,
-    positions: &mut Option<TopicPartitionList>,
-) -> bool {
-    let tpl = positions.get_or_insert_with(|| consumer.position().unwrap_or_default());
-    let position = |topic: &str| {
-        tpl.find_partition(topic, partition)
-            .and_then(|e| e.offset().to_raw())
-            .filter(|o| *o >= 0)
-    };
-    let read_to = |end: Option<i64>, topic: &str| match (end, position(topic)) {
-        (Some(end), Some(at)) => at >= end,
-        _ => false,
-    };
+fn may_go_without(mut at: Position<'_>, order: &[String], empty: &[usize], q: &mut Queued) -> bool {
+    let (consumer, partition) = (at.consumer, at.partition);
     if empty.iter().all(|&i| {
-        read_to(
-            kafka::fetched_end(consumer, &order[i], partition),
-            &order[i],
-        )
+        let fetched = kafka::fetched_watermarks(consumer, &order[i], partition);
+        at.read_to(&order[i], fetched)
     }) {
         return true;
     }
@@ -2134,11 +2186,12 @@ fn may_go_without(
     if stale {
         let read: Vec<bool> = order
             .iter()
-            .map(|topic| {
-                let end = kafka::watermarks(consumer, topic, partition)
-                    .ok()
-                    .map(|(_, hi)| hi);
-                read_to(end, topic)
+            .enumerate()
+            .map(|(i, topic)| {
+                empty.contains(&i) && {
+                    let stable = kafka::watermarks(consumer, topic, partition).ok();
+                    at.read_to(topic, stable)
+                }
             })
             .collect();
         q.stable_check = Some((Instant::now(), read));
@@ -2248,6 +2301,7 @@ mod tests {
                 queues: vec![VecDeque::new(), VecDeque::new()],
                 waiting_since: None,
                 stable_check: None,
+                gave_up: false,
             };
             for r in records {
                 let rank = usize::from(r.topic == "payments");
