@@ -834,9 +834,8 @@ def report(raw: dict, args: argparse.Namespace, chart: Path | None) -> str:
         "the contender's consumer group committed after its first commit, over the time from that commit to the "
         "last (CPU over the same span); every run waits for every expected output too. Fraud: each run starts "
         "the contender on the accounts table alone until its group has committed all of it, stops it, produces the "
-        "same payments into the run's own topic and restarts it on them (Onceflow merges a task's topics by "
-        "timestamp only within a polled batch: payments preloaded with the table overtook accounts not yet "
-        "fetched and missed alerts; see bench/README.md). Fraud latency: payment "
+        "same payments into the run's own topic and restarts it on them, so that records/s measures the join, "
+        "not the table's load (see bench/README.md). Fraud latency: payment "
         "(producer timestamp) to visible alert, at half of Onceflow fraud's maximum. Pageviews has no latency "
         "run: a count comes out when stream time passes its window's end + grace, stamped with event time hours "
         "old.",

@@ -10,7 +10,7 @@
 //!     begin the transaction if none is open            Core::process
 //!     per partition, in order: task.process_batch      state -> call/txn layers; outputs -> produce (held
 //!                                                          while a commit is in flight)
-//!     commit when commit-interval-ms has passed        Core::start_commit (steps 3-4 on a thread: run_commit)
+//!     commit when commit-interval-ms has passed        Core::start_commit (steps 2-4 on a thread: run_commit)
 //!         or 20 batches are pending
 //! }
 //! ```
@@ -32,9 +32,12 @@
 //! Nothing that must not run under a commit (an abort, a restore, the
 //! session's end) does: each waits for the commit in flight first.
 //!
-//! A transaction never spans a rebalance: the rebalance callbacks abort it
-//! (never commit it), and every task kept catches up with its changelog and
-//! committed offset before processing again (`Core::resync_after_rebalance`).
+//! A transaction never spans a rebalance: the rebalance callbacks abort the
+//! open one (never commit it; a commit already in flight is waited for, and
+//! its offsets carry the generation of its first record, so the coordinator
+//! refuses it if the generation moved on), and every task kept catches up
+//! with its changelog and committed offset before processing again
+//! (`Core::resync_after_rebalance`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
