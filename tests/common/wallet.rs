@@ -79,40 +79,15 @@ impl Wallet {
             (&w.audit, partitions),
             (&w.dlq, 1),
         ]);
-        let wallet_manifest = build_guest("examples/wallet/onceflow.toml");
-        let component = wallet_manifest
-            .parent()
-            .unwrap()
-            .join("target/onceflow/wallet.wasm");
-        let manifest = format!(
-            r#"name = "{name}"
-tenant = "{tenant}"
-inputs = ["{payments}"]
-stores = ["balances"]
-
-[build]
-language = "rust"
-component = "{component}"
-
-[outputs]
-balances = "{balances}"
-audit = "{audit}"
-
-[processing]
-guarantee = "{guarantee}"
-commit-interval-ms = 100
-
-[errors]
-policy = "dead-letter"
-dead-letter-topic = "{dlq}"
-"#,
-            name = w.name,
-            payments = w.payments,
-            component = component.display(),
-            balances = w.balances,
-            audit = w.audit,
-            dlq = w.dlq,
-        );
+        let manifest = manifest_text(&ManifestTopics {
+            name: &w.name,
+            tenant,
+            inputs: &[&w.payments],
+            balances: &w.balances,
+            audit: &w.audit,
+            dlq: &w.dlq,
+            guarantee,
+        });
         let path = w.dir.path().join("onceflow.toml");
         std::fs::write(&path, manifest).expect("write manifest");
         Wallet {
@@ -336,4 +311,61 @@ pub fn assert_exact(
         report.key_totals, produced.totals,
         "{context}: final balances equal the sums"
     );
+}
+
+/// Where a wallet deployment reads and writes.
+pub struct ManifestTopics<'a> {
+    pub name: &'a str,
+    pub tenant: &'a str,
+    pub inputs: &'a [&'a str],
+    pub balances: &'a str,
+    pub audit: &'a str,
+    pub dlq: &'a str,
+    pub guarantee: &'a str,
+}
+
+/// The Rust wallet example's manifest (built first) on the given topics,
+/// committing every 100 ms, bad records dead-lettered.
+pub fn manifest_text(t: &ManifestTopics<'_>) -> String {
+    let example = build_guest("examples/wallet/onceflow.toml");
+    let component = example
+        .parent()
+        .expect("the example's directory")
+        .join("target/onceflow/wallet.wasm");
+    let inputs = t
+        .inputs
+        .iter()
+        .map(|i| format!("\"{i}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"name = "{name}"
+tenant = "{tenant}"
+inputs = [{inputs}]
+stores = ["balances"]
+
+[build]
+language = "rust"
+component = "{component}"
+
+[outputs]
+balances = "{balances}"
+audit = "{audit}"
+
+[processing]
+guarantee = "{guarantee}"
+commit-interval-ms = 100
+
+[errors]
+policy = "dead-letter"
+dead-letter-topic = "{dlq}"
+"#,
+        name = t.name,
+        tenant = t.tenant,
+        component = component.display(),
+        balances = t.balances,
+        audit = t.audit,
+        guarantee = t.guarantee,
+        dlq = t.dlq,
+    )
 }

@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-use crate::common::build_guest;
 use crate::common::cluster::{Cluster, plain_producer, serial};
 use crate::common::dump_log;
 use crate::common::host_process::{Host, assignments};
 use crate::common::kstreams::{read_committed, unique};
+use crate::common::wallet::{ManifestTopics, manifest_text};
 
 /// Partitions of each input (and so of the changelog and the outputs).
 const PARTITIONS: i32 = 3;
@@ -66,36 +66,15 @@ fn wallet_manifest(
     audit: &str,
     dlq: &str,
 ) -> PathBuf {
-    let example = build_guest("examples/wallet/onceflow.toml");
-    let component = example
-        .parent()
-        .expect("the example's directory")
-        .join("target/onceflow/wallet.wasm");
-    let [a, b] = inputs;
-    let text = format!(
-        r#"name = "{name}"
-tenant = "test"
-inputs = ["{a}", "{b}"]
-stores = ["balances"]
-
-[build]
-language = "rust"
-component = "{component}"
-
-[outputs]
-balances = "{balances}"
-audit = "{audit}"
-
-[processing]
-guarantee = "exactly_once_v2"
-commit-interval-ms = 100
-
-[errors]
-policy = "dead-letter"
-dead-letter-topic = "{dlq}"
-"#,
-        component = component.display(),
-    );
+    let text = manifest_text(&ManifestTopics {
+        name,
+        tenant: "test",
+        inputs: &inputs,
+        balances,
+        audit,
+        dlq,
+        guarantee: "exactly_once_v2",
+    });
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, text).expect("write the manifest");
     path
