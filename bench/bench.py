@@ -263,6 +263,17 @@ class Harness:
             raise ValueError(c.system)
         (self.work / name).mkdir(exist_ok=True)
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=self.env)
+        perf_dir = os.environ.get("ONCEFLOW_BENCH_PERF")
+        if perf_dir and c.system in ("onceflow", "raw"):
+            # A profile of the process (bench/README.md, "Profiles"): `perf
+            # record` attaches once its threads run (it does not follow
+            # threads started later) and ends when the process exits.
+            Path(perf_dir).mkdir(parents=True, exist_ok=True)
+            subprocess.Popen(
+                ["sh", "-c", f'sleep 1 && exec perf record --quiet -F 999 ${{ONCEFLOW_BENCH_PERF_CALL_GRAPH:--g}} -o "$0" -p {proc.pid}', f"{perf_dir}/{name}.data"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         proc.log_path = log_path  # type: ignore[attr-defined]
         proc.group = group  # type: ignore[attr-defined]
         return proc
@@ -853,17 +864,26 @@ def report(raw: dict, args: argparse.Namespace, chart: Path | None) -> str:
     target("Onceflow / Kafka Streams, pageviews (windowed count), EOS", ratio("of-pageviews-eos", "ks-pageviews-eos"), ".2f", "(none)", lambda v: True)
     target("Onceflow / Kafka Streams, fraud (stream-table join), EOS", ratio("of-fraud-eos", "ks-fraud-eos"), ".2f", "(none)", lambda v: True)
     eos_alo = ratio("of-wallet-eos", "of-wallet-alo")
-    target("exactly_once_v2 cost vs at_least_once (Onceflow wallet, 100 ms)", None if eos_alo is None else 1 - eos_alo, ".1%", "<= 15%", lambda v: v <= 0.15)
-    for r in raw["results"]:
-        if r["system"] == "onceflow" and r["guarantee"] == "exactly_once_v2" and r["latency"]:
-            p99 = r["latency"]["latency_p99_ms"]
-            target(
-                f"p99 at half load, {r['label']} {r['commit_ms']} ms (ms)",
-                p99,
-                "d",
-                f"<= {r['commit_ms'] + 50}",
-                lambda v, limit=r["commit_ms"] + 50: v <= limit,
-            )
+    target("exactly_once_v2 cost vs at_least_once (Onceflow wallet, 100 ms)", None if eos_alo is None else 1 - eos_alo, ".1%", "<= 10%", lambda v: v <= 0.10)
+    # Guest languages: issue 12's goals, from the figures before it (JS 3.5k,
+    # Python 10.5k records/s).
+    for key, name, goal in (("of-wallet-js-eos", "JS", 14_000), ("of-wallet-python-eos", "Python", 21_000)):
+        target(f"Onceflow {name} wallet, EOS (records/s)", tput(key), ",.0f", f">= {goal:,}", lambda v, g=goal: v >= g)
+    # Latency: an absolute p99 on a 2-core machine with the broker beside it
+    # measures the machine; the raw loop at the same offered load on the same
+    # broker is the floor.
+    for key, raw_key in (("of-wallet-eos", "raw-wallet-eos"), ("of-enrich-eos", "raw-enrich-eos")):
+        r, floor = rs.get(key), rs.get(raw_key)
+        if not (r and r["latency"] and floor and floor["latency"]):
+            continue
+        p99, raw_p99 = r["latency"]["latency_p99_ms"], floor["latency"]["latency_p99_ms"]
+        target(
+            f"p99 at half load, {r['label']} minus the raw loop's ({raw_p99} ms) (ms)",
+            p99 - raw_p99,
+            "d",
+            "<= 50",
+            lambda v: v <= 50,
+        )
 
     sweep = [r for r in raw["results"] if r["key"] == "of-wallet-eos" or r["key"].startswith("of-wallet-eos-")]
     if sweep:

@@ -36,6 +36,12 @@ pub const MAX_OUTPUT_BYTES: u64 = crate::types::MAX_RECORD_BYTES;
 /// policy applies), even if the guest ignores the refusals.
 pub const MAX_CALL_BYTES: u64 = 64 << 20;
 
+/// Most records one `process` call gets: a batch is handed over in calls of
+/// this many. The records after a failing one go to the guest again in a
+/// call of their own (lowered into its memory again); past a few dozen
+/// records per call, the per-call cost no longer shows.
+pub const MAX_CALL_RECORDS: usize = 64;
+
 /// Longest reason a dead letter carries, in bytes (the rest is cut).
 const MAX_REASON_BYTES: usize = 4096;
 
@@ -210,6 +216,9 @@ struct TaskEffects {
     over_budget: bool,
     /// Whether a write of the call was refused for `limits.state-mb`.
     state_full: bool,
+    /// `call_outputs.len()` and `call_bytes` when the current record of
+    /// the call began (`begin-record`).
+    record_mark: (usize, u64),
 }
 
 impl TaskEffects {
@@ -328,6 +337,11 @@ impl TaskEffects {
 }
 
 impl Effects for TaskEffects {
+    fn record_begun(&mut self) {
+        self.state.mark_record();
+        self.record_mark = (self.call_outputs.len(), self.call_bytes);
+    }
+
     fn get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError> {
         self.key_value(store)?;
         self.state.get(store, key)
@@ -519,6 +533,7 @@ impl Task {
                 call_bytes: 0,
                 over_budget: false,
                 state_full: false,
+                record_mark: (0, 0),
             }),
         }
     }
@@ -751,52 +766,59 @@ impl Task {
         if records.is_empty() {
             return Ok(());
         }
+        if records.len() > MAX_CALL_RECORDS {
+            for (records, times) in records
+                .chunks(MAX_CALL_RECORDS)
+                .zip(times.chunks(MAX_CALL_RECORDS))
+            {
+                self.run(records, times, out)?;
+            }
+            return Ok(());
+        }
         out.calls += 1;
         let failure = match self.call(records, times)? {
-            Ok(()) => {
-                let late = self
-                    .guest
-                    .as_mut()
-                    .map(Guest::take_late)
-                    .unwrap_or_default();
-                let fx = self.fx();
-                fx.state.end_call();
-                out.outputs.append(&mut fx.call_outputs);
-                for (index, message) in late {
-                    let Some(record) = records.get(index as usize) else {
-                        continue;
-                    };
-                    match self.config.late_records {
-                        LateRecords::Drop => {
-                            tracing::debug!(
-                                topic = %record.topic,
-                                partition = record.partition,
-                                offset = record.offset,
-                                "dropped a late record: {message}"
-                            );
-                            out.late_dropped += 1;
-                        }
-                        LateRecords::ErrorPolicy => {
-                            self.poison(record, format!("late record: {message}"), out)?
-                        }
-                    }
-                }
-                return Ok(());
-            }
+            Ok(()) => return self.keep_call(records, records.len(), out),
             Err(failure) => failure,
         };
-        let fx = self.fx();
-        fx.state.discard_call();
-        fx.call_outputs.clear();
-        // The records are run again (in parts): on a fresh instance, since
-        // this one's memory saw them once already.
-        self.guest = None;
         if let CallFailure::Host(message) = failure {
+            self.drop_call();
             return Err(TaskError::Host(message));
         }
         if records.len() == 1 {
+            self.drop_call();
             return self.poison(&records[0], failure.to_string(), out);
         }
+        if let Some(i) = self.failed_alone(&failure, records.len()) {
+            // The records before the failing one finished in this call: their
+            // effects stay, the failing record's are taken back, and no record
+            // is run twice. The next ones meet a fresh instance, as they would
+            // after that record in any other batch.
+            let fx = self.fx();
+            fx.state.undo_record();
+            let (outputs, bytes) = fx.record_mark;
+            fx.call_outputs.truncate(outputs);
+            fx.call_bytes = bytes;
+            self.keep_call(records, i, out)?;
+            self.guest = None;
+            tracing::debug!(
+                partition = self.partition,
+                records = records.len(),
+                index = i,
+                "record failed ({failure}); the records before it stand"
+            );
+            match failure {
+                // The processor's own verdict on the record, given the state
+                // it would see alone.
+                CallFailure::Rejected { .. } => {
+                    self.poison(&records[i], failure.to_string(), out)?
+                }
+                // A trap may be the whole call's (its deadline): the record
+                // gets a call of its own.
+                _ => self.run(&records[i..=i], &times[i..=i], out)?,
+            }
+            return self.run(&records[i + 1..], &times[i + 1..], out);
+        }
+        self.drop_call();
         let named = match &failure {
             CallFailure::Rejected { index, .. } | CallFailure::Trapped { index, .. } => {
                 index.map(|i| i as usize).filter(|&i| i < records.len())
@@ -823,6 +845,73 @@ impl Task {
         }
     }
 
+    /// Keeps the effects of the call's first `upto` records (all of its
+    /// effects when `upto` is the call's length, else those before the
+    /// failing record's, which the caller took back), and handles the late
+    /// records among them.
+    fn keep_call(
+        &mut self,
+        records: &[InputRecord],
+        upto: usize,
+        out: &mut BatchOutcome,
+    ) -> Result<(), TaskError> {
+        let late = self
+            .guest
+            .as_mut()
+            .map(Guest::take_late)
+            .unwrap_or_default();
+        let fx = self.fx();
+        fx.state.end_call();
+        out.outputs.append(&mut fx.call_outputs);
+        for (index, message) in late {
+            let Some(record) = records[..upto].get(index as usize) else {
+                continue;
+            };
+            match self.config.late_records {
+                LateRecords::Drop => {
+                    tracing::debug!(
+                        topic = %record.topic,
+                        partition = record.partition,
+                        offset = record.offset,
+                        "dropped a late record: {message}"
+                    );
+                    out.late_dropped += 1;
+                }
+                LateRecords::ErrorPolicy => {
+                    self.poison(record, format!("late record: {message}"), out)?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets a failed call's effects and its instance: the records are
+    /// run again (in parts) on a fresh instance, since this one's memory
+    /// saw them once already.
+    fn drop_call(&mut self) {
+        let fx = self.fx();
+        fx.state.discard_call();
+        fx.call_outputs.clear();
+        self.guest = None;
+    }
+
+    /// The index of the record a failed call failed on, when the effects of
+    /// the records before it can stand: the processor (or the trap) named
+    /// the record it had begun last (`begin-record`), so every effect before
+    /// that record's beginning belongs to records that finished, and no
+    /// write of the call was refused (a refused write may have changed what
+    /// the records after it did).
+    fn failed_alone(&self, failure: &CallFailure, len: usize) -> Option<usize> {
+        let index = match failure {
+            CallFailure::Rejected { index, .. } | CallFailure::Trapped { index, .. } => (*index)?,
+            CallFailure::Host(_) => return None,
+        };
+        let fx = self.fx_ref();
+        let cursor = self.guest.as_ref()?.cursor()?;
+        (index == cursor && (index as usize) < len && !fx.over_budget && !fx.state_full)
+            .then_some(index as usize)
+    }
+
     /// The live instance, made if there is none (or it trapped).
     fn live_guest(&mut self) -> Result<&mut Guest, TaskError> {
         if self.guest.as_ref().is_none_or(Guest::is_poisoned) {
@@ -838,6 +927,7 @@ impl Task {
         fx.call_bytes = 0;
         fx.over_budget = false;
         fx.state_full = false;
+        fx.record_mark = (0, 0);
     }
 
     /// One `process` call on a live instance.

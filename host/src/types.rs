@@ -214,6 +214,9 @@ pub enum LogLevel {
 /// of its partition and its output buffer. The sandbox calls these from the
 /// guest's imports; `task` implements them over `state`.
 pub trait Effects: std::any::Any + Send {
+    /// The guest began the next record of the call (`begin-record`): the
+    /// effects so far belong to the records before it.
+    fn record_begun(&mut self) {}
     /// Reads a key.
     fn get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError>;
     /// Writes a key.

@@ -459,6 +459,49 @@ fn records_run_again_after_a_failed_call_meet_a_fresh_instance() {
     assert_eq!(counts, ["1", "2", "1"], "{outputs:?}");
 }
 
+/// A failing record costs the guest one call more, not a second run of the
+/// records before it: their effects stand, the failing record's are taken
+/// back, and the records after it go on in a call of their own on a fresh
+/// instance (as they would after that record in any batch). A trap gives the
+/// record a call alone first (the trap may have been the whole call's).
+#[test]
+fn records_before_a_failing_one_are_not_run_again() {
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    let values = [
+        "global", "global", "fail", "global", "global", "panic", "global",
+    ];
+    let records: Vec<_> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| record("hostile-in", i as i64, &format!("k{i}"), v))
+        .collect();
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let mut outputs = Vec::new();
+    let summary = runner
+        .run(&records, &RunOptions { batch_size: 7 }, |o| {
+            outputs.push(o.clone());
+            Ok(())
+        })
+        .expect("the run completes");
+    let counts: Vec<String> = outputs
+        .iter()
+        .filter(|o| error_of(o).is_none())
+        .map(|o| String::from_utf8_lossy(o.value.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    // Each count restarts after a failing record: a fresh instance.
+    assert_eq!(counts, ["1", "2", "1", "2", "1"], "{outputs:?}");
+    let dead: Vec<&[u8]> = outputs
+        .iter()
+        .filter(|o| error_of(o).is_some())
+        .filter_map(|o| o.key.as_deref())
+        .collect();
+    assert_eq!(dead, [&b"k2"[..], b"k5"], "{outputs:?}");
+    // [0..=2] fails on 2 (rejected: dead-lettered as it stands), [3..=6]
+    // traps on 5, [5] alone traps again, [6]. Before: 7 calls, records 0, 1,
+    // 3 and 4 each run twice.
+    assert_eq!(summary.calls, 4);
+}
+
 #[test]
 fn state_past_limits_state_mb_is_refused_and_deletes_make_room() {
     let (mut manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);

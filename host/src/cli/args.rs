@@ -206,6 +206,10 @@ pub enum Command {
         /// Batch sizes to measure, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
         batch_sizes: Vec<usize>,
+        /// Make every Nth payment malformed (not JSON), as the benchmark's
+        /// 1% (N = 100): measures the path that isolates a failing record.
+        #[arg(long, value_name = "N")]
+        malformed_every: Option<usize>,
         /// Output format.
         #[arg(long, value_enum, default_value = "text")]
         output: OutputFormat,

@@ -211,19 +211,26 @@ pub fn cmd_bench_guest(
     manifest_path: &Path,
     records: usize,
     batch_sizes: &[usize],
+    malformed_every: Option<usize>,
     output: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
     let manifest = load_manifest(manifest_path)?;
-    if records == 0 || batch_sizes.contains(&0) {
+    if records == 0 || batch_sizes.contains(&0) || malformed_every == Some(0) {
         bail!(usage(
-            "--records and every --batch-sizes value must be at least 1"
+            "--records, --malformed-every and every --batch-sizes value must be at least 1"
         ));
     }
     let bytes = read_component(&manifest.component_path(), Some(&manifest))?;
-    let input = guestbench::synthetic_payments(&manifest, records);
+    let mut input = guestbench::synthetic_payments(&manifest, records);
+    if let Some(every) = malformed_every {
+        for record in input.iter_mut().skip(every - 1).step_by(every) {
+            record.value = Some(b"{\"payment_id\": not json".to_vec());
+        }
+    }
     eprintln!(
-        "{}: {records} synthetic payments per run, batch sizes {batch_sizes:?}, fuel on and off",
-        manifest.name
+        "{}: {records} synthetic payments per run{}, batch sizes {batch_sizes:?}, fuel on and off",
+        manifest.name,
+        malformed_every.map_or(String::new(), |n| format!(", every {n}th malformed"))
     );
     let rows = guestbench::run(&manifest, &bytes, &input, batch_sizes, |row| {
         eprintln!(

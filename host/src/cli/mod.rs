@@ -118,8 +118,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             manifest,
             records,
             batch_sizes,
+            malformed_every,
             output,
-        } => local::cmd_bench_guest(&manifest, records, &batch_sizes, output),
+        } => local::cmd_bench_guest(&manifest, records, &batch_sizes, malformed_every, output),
     }
 }
 

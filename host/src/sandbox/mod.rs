@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{
     Component, ComponentType, Func, InstancePre, Linker, Lower, ResourceTable,
 };
-use wasmtime::{CallHook, Config, Engine, Store, Trap};
+use wasmtime::{Config, Engine, Store, Trap};
 
 pub use self::host::HostFailure;
 use self::host::{HostState, MemoryLimiter, RecordCoords, WitProcessError};
@@ -413,20 +413,8 @@ impl Processor {
         let fuel = self.inner.sandbox.inner.config.fuel;
         if fuel && p.fuel_per_record > 0 {
             store.data_mut().fuel.per_record = Some(p.fuel_per_record);
-            // `begin-record` refills the fuel to one record's budget when it
-            // returns (host functions cannot reach the store; the hook can).
-            store.call_hook(|mut ctx, hook| {
-                if matches!(hook, CallHook::ReturningFromHost) && ctx.data().fuel.refill_due {
-                    let left = ctx.get_fuel()?;
-                    let meter = &mut ctx.data_mut().fuel;
-                    meter.refill_due = false;
-                    meter.burned += meter.mark.saturating_sub(left);
-                    let refill = meter.per_record.unwrap_or(u64::MAX);
-                    meter.mark = refill;
-                    ctx.set_fuel(refill)?;
-                }
-                Ok(())
-            });
+            // `begin-record` refills the fuel to one record's budget
+            // (host::begin_record).
         }
         // Instantiation and init get the budget of a 1000-record batch:
         // language runtimes do real work here.
@@ -591,6 +579,11 @@ impl Guest {
     /// metering off).
     pub fn take_fuel_used(&mut self) -> u64 {
         std::mem::take(&mut self.fuel_used)
+    }
+
+    /// The record the last call began last (`begin-record`), if it said.
+    pub fn cursor(&self) -> Option<u32> {
+        self.store.data().cursor
     }
 
     /// Whether the instance trapped and must be replaced.

@@ -145,6 +145,10 @@ pub(crate) fn bounds_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
 
 type Layer = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
+/// A write of the current record in a call layer: the store's index, the
+/// key, and the layer's entry before it (`None`: the layer had no entry).
+type Undo = (usize, Vec<u8>, Option<Option<Vec<u8>>>);
+
 /// One store's layers over the committed store, oldest first: the
 /// transaction being committed (frozen; empty unless a commit is in flight),
 /// the open transaction's, and the call's.
@@ -291,6 +295,15 @@ pub struct TaskState {
     committing_delta: i64,
     /// Whether a transaction's changes are frozen for its commit.
     frozen: bool,
+    /// The call layer's writes since the current record began (store,
+    /// key, the call layer's entry before), so that the record's writes
+    /// can be taken back alone ([`TaskState::undo_record`]). Kept only
+    /// after [`TaskState::mark_record`], until the call ends.
+    record_undo: Vec<Undo>,
+    /// Whether the call marks its records.
+    marking: bool,
+    /// `call_delta` when the current record began.
+    record_delta_mark: i64,
 }
 
 impl TaskState {
@@ -313,6 +326,9 @@ impl TaskState {
             call_delta: 0,
             committing_delta: 0,
             frozen: false,
+            record_undo: Vec::new(),
+            marking: false,
+            record_delta_mark: 0,
         }
     }
 
@@ -372,11 +388,30 @@ impl TaskState {
             .ok_or_else(|| StoreAccessError::UnknownStore(name.to_owned()))
     }
 
-    fn store_mut(&mut self, name: &str) -> Result<&mut LayeredStore, StoreAccessError> {
+    fn store_index(&self, name: &str) -> Result<usize, StoreAccessError> {
         self.stores
-            .iter_mut()
-            .find(|s| s.name == name)
+            .iter()
+            .position(|s| s.name == name)
             .ok_or_else(|| StoreAccessError::UnknownStore(name.to_owned()))
+    }
+
+    /// Writes `value` (`None`: a tombstone) in the call layer, noting what
+    /// it replaced while the call marks its records.
+    fn write_call(
+        &mut self,
+        store: &str,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+    ) -> Result<(), AccessError> {
+        let index = self.store_index(store)?;
+        let call = &mut self.stores[index].call;
+        if self.marking {
+            let before = call.insert(key.clone(), value);
+            self.record_undo.push((index, key, before));
+        } else {
+            call.insert(key, value);
+        }
+        Ok(())
     }
 
     /// Reads a key as the processor sees it (its own writes included).
@@ -390,8 +425,7 @@ impl TaskState {
             return Err(StoreAccessError::TooLarge(MAX_ENTRY_BYTES).into());
         }
         self.account(store, &key, Some(&value))?;
-        self.store_mut(store)?.call.insert(key, Some(value));
-        Ok(())
+        self.write_call(store, key, Some(value))
     }
 
     /// Deletes a key in the call layer.
@@ -400,8 +434,7 @@ impl TaskState {
             return Err(StoreAccessError::TooLarge(MAX_ENTRY_BYTES).into());
         }
         self.account(store, &key, None)?;
-        self.store_mut(store)?.call.insert(key, None);
-        Ok(())
+        self.write_call(store, key, None)
     }
 
     /// Entries whose key starts with `prefix`, strictly after `after`.
@@ -445,6 +478,27 @@ impl TaskState {
         Ok(s.scan(self.committed.as_ref(), start, end, |_| true, limit)?)
     }
 
+    /// A record of the call begins: its writes can be taken back alone
+    /// ([`TaskState::undo_record`]), those of the records before it stay.
+    pub fn mark_record(&mut self) {
+        self.marking = true;
+        self.record_undo.clear();
+        self.record_delta_mark = self.call_delta;
+    }
+
+    /// Takes back the writes of the record begun last
+    /// ([`TaskState::mark_record`]); the call's earlier writes stay.
+    pub fn undo_record(&mut self) {
+        for (index, key, before) in self.record_undo.drain(..).rev() {
+            let call = &mut self.stores[index].call;
+            match before {
+                Some(value) => call.insert(key, value),
+                None => call.remove(&key),
+            };
+        }
+        self.call_delta = self.record_delta_mark;
+    }
+
     /// The call succeeded: its writes join the transaction.
     pub fn end_call(&mut self) {
         for s in &mut self.stores {
@@ -452,6 +506,7 @@ impl TaskState {
             s.txn.extend(call);
         }
         self.txn_delta += std::mem::take(&mut self.call_delta);
+        self.end_marking();
     }
 
     /// The call failed: forget its writes.
@@ -460,6 +515,13 @@ impl TaskState {
             s.call.clear();
         }
         self.call_delta = 0;
+        self.end_marking();
+    }
+
+    fn end_marking(&mut self) {
+        self.marking = false;
+        self.record_undo.clear();
+        self.record_delta_mark = 0;
     }
 
     /// Whether any store has changes waiting for a commit.
@@ -670,6 +732,29 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn undo_record_takes_back_the_last_records_writes_only() {
+        let mut t = task_with(&[("a", "committed"), ("b", "committed")]);
+        // Record 0 of the call.
+        t.mark_record();
+        t.put("s", b"a".to_vec(), b"r0".to_vec()).unwrap();
+        t.put("s", b"new".to_vec(), b"r0".to_vec()).unwrap();
+        let after_r0 = t.visible_bytes();
+        // Record 1 overwrites, deletes and adds; then fails.
+        t.mark_record();
+        t.put("s", b"a".to_vec(), b"r1-longer".to_vec()).unwrap();
+        t.delete("s", b"b".to_vec()).unwrap();
+        t.put("s", b"c".to_vec(), b"r1".to_vec()).unwrap();
+        t.put("s", b"c".to_vec(), b"r1-again".to_vec()).unwrap();
+        t.undo_record();
+        assert_eq!(t.visible_bytes(), after_r0);
+        t.end_call();
+        let all = t.scan_prefix("s", b"", None, 100).unwrap();
+        assert_eq!(keys(&all), ["a=r0", "b=committed", "new=r0"]);
+        let pending = t.pending_changes();
+        assert_eq!(pending[0].changes.len(), 2, "{pending:?}");
     }
 
     #[test]
