@@ -900,7 +900,10 @@ impl Task {
     /// the record it had begun last (`begin-record`), so every effect before
     /// that record's beginning belongs to records that finished, and no
     /// write of the call was refused (a refused write may have changed what
-    /// the records after it did).
+    /// the records after it did). Not the call's first record: there is
+    /// nothing before it to keep, and what a guest did before beginning it
+    /// (outside any record) would stand and then be done again by the next
+    /// call.
     fn failed_alone(&self, failure: &CallFailure, len: usize) -> Option<usize> {
         let index = match failure {
             CallFailure::Rejected { index, .. } | CallFailure::Trapped { index, .. } => (*index)?,
@@ -908,8 +911,12 @@ impl Task {
         };
         let fx = self.fx_ref();
         let cursor = self.guest.as_ref()?.cursor()?;
-        (index == cursor && (index as usize) < len && !fx.over_budget && !fx.state_full)
-            .then_some(index as usize)
+        let keep = index == cursor
+            && index > 0
+            && (index as usize) < len
+            && !fx.over_budget
+            && !fx.state_full;
+        keep.then_some(index as usize)
     }
 
     /// The live instance, made if there is none (or it trapped).
