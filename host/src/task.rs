@@ -885,9 +885,9 @@ impl Task {
         Ok(())
     }
 
-    /// Forgets a failed call's effects and its instance: the records are
-    /// run again (in parts) on a fresh instance, since this one's memory
-    /// saw them once already.
+    /// Forgets a failed call's effects and its instance: any of its records
+    /// run again meet a fresh instance, since this one's memory saw them
+    /// once already.
     fn drop_call(&mut self) {
         let fx = self.fx();
         fx.state.discard_call();

@@ -156,21 +156,23 @@ impl HostState {
         self.effects.emit(&alias, key, value, headers, timestamp)
     }
 
-    fn begin_record(&mut self, index: u32) {
+    /// Moves the cursor to record `index`; whether it moved.
+    fn begin_record(&mut self, index: u32) -> bool {
         // An index past the batch is a guest bug; ignore it rather than
         // trap, so the cursor keeps pointing at the last valid record.
         // Indices must also move forward: each record of the batch refills
         // the fuel once, so a guest calling `begin-record` in a loop cannot
         // refuel itself (it ran 200 M iterations on a 5 M budget before).
         if self.cursor.is_some_and(|c| index <= c) {
-            return;
+            return false;
         }
-        if let Some(c) = self.batch.get(index as usize) {
-            self.cursor = Some(index);
-            self.determinism.set_record(c.seed, c.timestamp_ms);
-            self.fuel.refill_due = self.fuel.per_record.is_some();
-            self.effects.record_begun();
-        }
+        let Some(c) = self.batch.get(index as usize) else {
+            return false;
+        };
+        self.cursor = Some(index);
+        self.determinism.set_record(c.seed, c.timestamp_ms);
+        self.effects.record_begun();
+        true
     }
 }
 
@@ -179,8 +181,6 @@ impl HostState {
 pub(crate) struct FuelMeter {
     /// Fuel per record (`None`: unmetered, no refills).
     pub per_record: Option<u64>,
-    /// Set by `begin-record` when the record gets a refill.
-    pub refill_due: bool,
     /// The fuel level at the last (re)fill.
     pub mark: u64,
     /// Fuel burned before the refills of this call.
@@ -224,15 +224,15 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> Result<()> {
 /// `begin-record`: moves the cursor to record `index` and gives it one
 /// record's fuel, counting what the previous record burned.
 fn begin_record(mut store: StoreContextMut<'_, HostState>, index: u32) -> Result<()> {
-    HostState::begin_record(store.data_mut(), index);
-    if !store.data().fuel.refill_due {
+    if !HostState::begin_record(store.data_mut(), index) {
         return Ok(());
     }
+    let Some(refill) = store.data().fuel.per_record else {
+        return Ok(());
+    };
     let left = store.get_fuel()?;
     let meter = &mut store.data_mut().fuel;
-    meter.refill_due = false;
     meter.burned += meter.mark.saturating_sub(left);
-    let refill = meter.per_record.unwrap_or(u64::MAX);
     meter.mark = refill;
     store.set_fuel(refill)
 }
@@ -379,6 +379,8 @@ macro_rules! common_imports {
 common_imports!();
 
 impl context::Host for HostState {
+    // Not called: `add_to_linker` links `begin_record` (with the store, for
+    // the fuel) over the generated import, for both versions.
     fn begin_record(&mut self, index: u32) -> Result<()> {
         HostState::begin_record(self, index);
         Ok(())

@@ -688,7 +688,6 @@ impl Guest {
             let meter = &mut self.store.data_mut().fuel;
             meter.mark = budget;
             meter.burned = 0;
-            meter.refill_due = false;
         }
         Ok(budget)
     }
