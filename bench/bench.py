@@ -77,6 +77,9 @@ class Contender:
     # JS/Python wallets: a smaller input, and latency at half of their own
     # maximum (they cannot sustain half of the Rust wallet's).
     lang: bool = False
+    # Extra environment of the contender's process (the recovery benchmark's
+    # Kafka Streams settings, KSTREAMS_PROPS).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_key(self) -> str:
@@ -262,7 +265,7 @@ class Harness:
         else:
             raise ValueError(c.system)
         (self.work / name).mkdir(exist_ok=True)
-        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=self.env)
+        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env={**self.env, **c.env})
         perf_dir = os.environ.get("ONCEFLOW_BENCH_PERF")
         if perf_dir and c.system in ("onceflow", "raw"):
             # A profile of the process (bench/README.md, "Profiles"): `perf

@@ -167,6 +167,23 @@ pub enum Kind {
     /// Payments for `examples/fraud` (see [`fraud`]), keyed by account, on
     /// accounts in and out of the table; 1 in `INVALID_EVERY` malformed.
     Fraud,
+    /// Wallet payments for the recovery benchmark: payment `i` opens
+    /// account `i` (see [`fill_account`]), so `n` of them leave `n` accounts
+    /// of about [`FILL_ACCOUNT_BYTES`] of state each; never malformed.
+    Fill,
+}
+
+/// The key bytes of a [`Kind::Fill`] account: with its balance, about
+/// 100 bytes of state per account (10 M accounts: about 1 GB).
+pub const FILL_ACCOUNT_BYTES: usize = 96;
+
+/// Account `i` of [`Kind::Fill`]: its number and pseudo-random hex (no
+/// store compresses it away), [`FILL_ACCOUNT_BYTES`] long.
+pub fn fill_account(i: u64) -> String {
+    let pad: String = (0..5u64)
+        .map(|k| format!("{:016x}", mix(i.wrapping_mul(8).wrapping_add(k))))
+        .collect();
+    format!("acct-{i:010}-{pad}")
 }
 
 /// Accounts the payments spread over.
@@ -211,6 +228,21 @@ impl Kind {
                 panic!("{self:?} records are generated as a sequence, not one by one")
             }
             Kind::Fraud => fraud::payment(i),
+            Kind::Fill => {
+                let account = fill_account(i);
+                let id = format!("f{i}");
+                let value = format!(
+                    r#"{{"payment_id":"{id}","account":"{account}","amount":{}}}"#,
+                    1 + r % 1000
+                );
+                Generated {
+                    key: account,
+                    value,
+                    invalid: false,
+                    output: None,
+                    id,
+                }
+            }
             Kind::Payments => {
                 let account = format!("acct-{:04}", r % ACCOUNTS);
                 let amount = ((r >> 20) % 1000) as i64 - 300;
@@ -539,6 +571,17 @@ pub mod fraud {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fill_payments_open_one_account_each_of_the_stated_size() {
+        let a = Kind::Fill.generate(7);
+        let b = Kind::Fill.generate(8);
+        assert_eq!(a.key.len(), FILL_ACCOUNT_BYTES);
+        assert_eq!(b.key.len(), FILL_ACCOUNT_BYTES);
+        assert!(a.key.starts_with("acct-0000000007-"), "{}", a.key);
+        assert_ne!(a.key, b.key);
+        assert!(!a.invalid && a.value.contains(&a.key) && a.value.contains(r#""payment_id":"f7""#));
+    }
 
     #[test]
     fn murmur2_partitions_as_the_java_client() {

@@ -50,7 +50,15 @@ pub(crate) fn consumer_config(
                 .max(100)
                 .to_string(),
         )
-        .set("max.poll.interval.ms", "300000");
+        .set("max.poll.interval.ms", "300000")
+        // After a restart or a rebalance the committed offsets are unstable
+        // (KIP-447) until the previous owner's transaction is resolved, and
+        // librdkafka retries the OffsetFetch with an exponential backoff,
+        // 100 ms doubling to 1 s by default: a task waited up to a second
+        // longer than the transaction took to resolve (the recovery
+        // benchmark, bench/README.md). Retries of at most 100 ms apart.
+        .set("retry.backoff.ms", "10")
+        .set("retry.backoff.max.ms", "100");
     c
 }
 

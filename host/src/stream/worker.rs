@@ -751,12 +751,35 @@ fn new_producer(d: &Deployment, n: u32) -> Result<Arc<BaseProducer<ProducerCtx>>
             })
             .map_err(|e| StreamError::kafka("creating the producer", e))?;
     if d.exactly_once() {
+        // librdkafka looks for the transaction coordinator through a broker
+        // that is up, and retries only on a 500 ms timer when none is yet
+        // (right after the client's creation): a metadata request first
+        // waits for the connection instead (about half a second off every
+        // restart; bench/README.md, "Recovery"). Any topic will do, and its
+        // answer is not this call's to report: `init_transactions` reports
+        // what matters.
+        let started = Instant::now();
+        if let Some(topic) = d.manifest.sources().first() {
+            let _ = producer
+                .client()
+                .fetch_metadata(Some(topic), Duration::from_secs(2));
+        }
+        let connected = started.elapsed();
         producer.init_transactions(TXN_CALL_TIMEOUT).map_err(
             |e| match kafka::authorization_failure(&e) {
                 Some(code) => refused(d, n, code, None),
                 None => StreamError::Restart(format!("init_transactions: {e}")),
             },
         )?;
+        // After a crash, init_ms is mostly librdkafka's fixed 500 ms wait
+        // before it asks again while the coordinator aborts the crashed
+        // incarnation's transaction.
+        tracing::debug!(
+            worker = n,
+            connect_ms = connected.as_millis() as u64,
+            init_ms = (started.elapsed() - connected).as_millis() as u64,
+            "transactional producer ready"
+        );
     }
     Ok(Arc::new(producer))
 }
@@ -850,6 +873,13 @@ impl Session {
     fn start(d: &Arc<Deployment>, n: u32) -> Result<Self, StreamError> {
         let app = d.manifest.application_id();
         let client_id = client_id(d, n);
+        // The restorer first: its clients connect while the producer fences
+        // and the consumer joins, not after the first assignment.
+        let restore_consumer = if d.changelogs.is_empty() {
+            None
+        } else {
+            Some(changelog::restorer(d)?)
+        };
         let producer = new_producer(d, n)?;
         let core = Arc::new(Mutex::new(Core {
             d: d.clone(),
@@ -871,7 +901,7 @@ impl Session {
             txn_group: None,
             aborts: 0,
             restore_failing_since: BTreeMap::new(),
-            restore_consumer: None,
+            restore_consumer,
             queued: BTreeMap::new(),
             read_from: HashMap::new(),
         }));

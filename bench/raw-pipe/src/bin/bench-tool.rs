@@ -6,11 +6,13 @@
 //!   is visible, and reports throughput, end-to-end latency, and the
 //!   contender's CPU time and peak RSS from /proc;
 //! - `verify-enrich`, `verify-pageviews`, `verify-fraud`: check a run's
-//!   outputs against what the generator and the workload's model say.
+//!   outputs against what the generator and the workload's model say;
+//! - `first-new` and `count`: the recovery benchmark's measures (the first
+//!   output committed after a kill; every output counted once).
 //!
 //! Every command prints one JSON object on stdout.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
@@ -93,6 +95,28 @@ enum Command {
     DeleteTopics {
         #[arg(required = true)]
         topics: Vec<String>,
+    },
+    /// The recovery benchmark's clock. Connects and prints
+    /// `{"armed":true}`; then reads one line from stdin, the time the
+    /// contender was killed (ms since the epoch, sent once it is dead),
+    /// takes the end of each partition of `topics`, prints `{"ready":true}`
+    /// (the harness restarts the contender then), and waits for the first
+    /// record written after those ends to be visible (read_committed: a
+    /// transaction of the restarted contender).
+    FirstNew {
+        #[arg(long, value_delimiter = ',', required = true)]
+        topics: Vec<String>,
+        #[arg(long, default_value_t = 900)]
+        timeout_secs: u64,
+    },
+    /// Count the records of `topic` (read_committed, up to the end of
+    /// every partition) and their distinct keys; run once the contender
+    /// stopped.
+    Count {
+        #[arg(long)]
+        topic: String,
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
     },
     /// Check the enrich outputs for input records [first, first+count).
     VerifyEnrich {
@@ -198,6 +222,22 @@ fn main() -> anyhow::Result<()> {
             pid,
             latency_from_ms,
             input_topic.as_deref().zip(group.as_deref()),
+        )?,
+        Command::FirstNew {
+            topics,
+            timeout_secs,
+        } => first_new(
+            &cli.bootstrap_servers,
+            &topics,
+            Duration::from_secs(timeout_secs),
+        )?,
+        Command::Count {
+            topic,
+            timeout_secs,
+        } => count(
+            &cli.bootstrap_servers,
+            &topic,
+            Duration::from_secs(timeout_secs),
         )?,
         Command::CreateTopics { topics } => create_topics(&cli.bootstrap_servers, &topics)?,
         Command::DeleteTopics { topics } => delete_topics(&cli.bootstrap_servers, &topics)?,
@@ -364,6 +404,19 @@ impl Input {
     ) -> anyhow::Result<Input> {
         let range = first..first + count;
         Ok(match kind {
+            Kind::Fill => Input {
+                // One audit record per payment; none is malformed.
+                records: Box::new(range.map(|i| {
+                    let g = Kind::Fill.generate(i);
+                    Rec {
+                        key: g.key,
+                        value: Some(g.value),
+                        partition: None,
+                        timestamp: None,
+                    }
+                })),
+                expected: json!({"count": count, "invalid": 0, "expected_outputs": count}),
+            },
             Kind::Payments | Kind::Orders => {
                 let (mut invalid, mut expected_outputs) = (0u64, 0u64);
                 for i in range.clone() {
@@ -826,6 +879,143 @@ fn await_outputs(
     Ok(out)
 }
 
+/// Every partition of `topics`.
+fn partitions(consumer: &BaseConsumer, topics: &[String]) -> anyhow::Result<Vec<(String, i32)>> {
+    let mut all = Vec::new();
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .with_context(|| format!("metadata of {topic}"))?;
+        let Some(t) = metadata.topics().first() else {
+            bail!("topic {topic} not found");
+        };
+        if t.partitions().is_empty() {
+            bail!("topic {topic} has no partitions (does it exist?)");
+        }
+        all.extend(t.partitions().iter().map(|p| (topic.clone(), p.id())));
+    }
+    Ok(all)
+}
+
+fn first_new(
+    bootstrap: &str,
+    topics: &[String],
+    timeout: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    use std::io::{BufRead as _, Write as _};
+    let consumer = reader(bootstrap)?;
+    // The high watermark, not the last stable offset (what a read_committed
+    // client's ListOffsets answers): every record below it was written
+    // before the kill, even one whose commit marker the coordinator writes
+    // later (an EndTxn sent just before the kill); every record at or above
+    // it, by the restarted process.
+    let sampler: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "onceflow-bench-reader")
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .context("creating the watermark reader")?;
+    let all = partitions(&consumer, topics)?;
+    // Connected (the metadata above), so that sampling after the kill is
+    // one request per partition, not a client's start.
+    for (topic, p) in &all {
+        sampler
+            .fetch_watermarks(topic, *p, Duration::from_secs(10))
+            .with_context(|| format!("watermarks of {topic}/{p}"))?;
+    }
+    println!("{}", json!({"armed": true}));
+    std::io::stdout().flush().context("stdout")?;
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("reading the kill time from stdin")?;
+    let killed_at_ms: i64 = line
+        .trim()
+        .parse()
+        .with_context(|| format!("expected the kill time in ms on stdin, got {line:?}"))?;
+    let mut tpl = TopicPartitionList::new();
+    for (topic, p) in &all {
+        let (_, high) = sampler
+            .fetch_watermarks(topic, *p, Duration::from_secs(10))
+            .with_context(|| format!("watermarks of {topic}/{p}"))?;
+        tpl.add_partition_offset(topic, *p, Offset::Offset(high))?;
+    }
+    consumer.assign(&tpl).context("assigning partitions")?;
+    let sampled_ms = now_ms();
+    println!("{}", json!({"ready": true, "sampled_ms": sampled_ms}));
+    std::io::stdout().flush().context("stdout")?;
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        match consumer.poll(Duration::from_millis(20)) {
+            Some(Ok(m)) => {
+                let now = now_ms();
+                return Ok(json!({
+                    "first_visible_ms": now,
+                    "recovery_ms": now - killed_at_ms,
+                    "sampled_after_kill_ms": sampled_ms - killed_at_ms,
+                    "topic": m.topic(),
+                    "partition": m.partition(),
+                    "offset": m.offset(),
+                }));
+            }
+            Some(Err(e)) => eprintln!("bench-tool: reader error: {e}"),
+            None => {}
+        }
+    }
+    bail!(
+        "no new record in {topics:?} within {}s of the kill",
+        timeout.as_secs()
+    )
+}
+
+fn count(bootstrap: &str, topic: &str, timeout: Duration) -> anyhow::Result<serde_json::Value> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "onceflow-bench-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .context("creating the reader")?;
+    let topics = [topic.to_string()];
+    let mut open: HashSet<i32> = partitions(&consumer, &topics)?
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    assign_from_start(&consumer, &topics)?;
+    let mut keys: HashSet<Vec<u8>> = HashSet::new();
+    let (mut records, mut keyless) = (0u64, 0u64);
+    let started = Instant::now();
+    while !open.is_empty() {
+        if started.elapsed() > timeout {
+            bail!(
+                "timed out after {}s with {records} records of {topic} counted; partitions not read to their end: {open:?}",
+                timeout.as_secs()
+            );
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                records += 1;
+                match m.key() {
+                    Some(k) => {
+                        keys.insert(k.to_vec());
+                    }
+                    None => keyless += 1,
+                }
+                // A record after a partition's end (written since): read on.
+                open.insert(m.partition());
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                open.remove(&p);
+            }
+            Some(Err(e)) => eprintln!("bench-tool: reader error: {e}"),
+            None => {}
+        }
+    }
+    Ok(json!({"records": records, "distinct_keys": keys.len(), "keyless": keyless}))
+}
+
 fn verify_enrich(
     bootstrap: &str,
     first: u64,
@@ -1128,7 +1318,7 @@ fn read_all(bootstrap: &str, topic: &str, timeout: Duration) -> anyhow::Result<V
     }
     consumer.assign(&tpl).context("assigning partitions")?;
     let deadline = Instant::now() + timeout;
-    let mut ended = std::collections::HashSet::new();
+    let mut ended = HashSet::new();
     while ended.len() < remaining {
         if Instant::now() > deadline {
             bail!("timed out reading {topic}");

@@ -28,6 +28,10 @@ import org.apache.kafka.streams.state.Stores;
  *
  * <p>Usage: {@code KStreamsWallet <bootstrap> <application-id> <payments> <balances> <audit> <dlq>
  * <exactly_once_v2|at_least_once> <commit-interval-ms> <state-dir>}. Runs until SIGTERM.
+ *
+ * <p>The environment variable {@code KSTREAMS_PROPS} adds Streams settings, {@code key=value}
+ * pairs separated by commas (the recovery benchmark sets {@code group.instance.id} and {@code
+ * enable.transactional.statestores} through it).
  */
 public final class KStreamsWallet {
   static final String STORE = "balances";
@@ -76,6 +80,17 @@ public final class KStreamsWallet {
     props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
     // The broker is single-node.
     props.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, "1");
+    String extra = System.getenv("KSTREAMS_PROPS");
+    if (extra != null && !extra.isBlank()) {
+      for (String pair : extra.split(",")) {
+        int eq = pair.indexOf('=');
+        if (eq <= 0) {
+          System.err.println("kstreams-wallet: KSTREAMS_PROPS: expected key=value, got: " + pair);
+          System.exit(2);
+        }
+        props.put(pair.substring(0, eq).trim(), pair.substring(eq + 1).trim());
+      }
+    }
 
     KafkaStreams streams = new KafkaStreams(topology, props);
     CountDownLatch stopped = new CountDownLatch(1);
