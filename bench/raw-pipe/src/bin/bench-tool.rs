@@ -632,19 +632,8 @@ fn proc_usage(pid: u32) -> Option<(f64, u64)> {
 
 fn assign_from_start(consumer: &BaseConsumer, topics: &[String]) -> anyhow::Result<()> {
     let mut tpl = TopicPartitionList::new();
-    for topic in topics {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .with_context(|| format!("metadata of {topic}"))?;
-        let Some(t) = metadata.topics().first() else {
-            bail!("topic {topic} not found");
-        };
-        if t.partitions().is_empty() {
-            bail!("topic {topic} has no partitions (does it exist?)");
-        }
-        for p in t.partitions() {
-            tpl.add_partition_offset(topic, p.id(), Offset::Beginning)?;
-        }
+    for (topic, p) in partitions(consumer, topics)? {
+        tpl.add_partition_offset(&topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl).context("assigning partitions")?;
     Ok(())
@@ -969,15 +958,22 @@ fn first_new(
     )
 }
 
-fn count(bootstrap: &str, topic: &str, timeout: Duration) -> anyhow::Result<serde_json::Value> {
-    let consumer: BaseConsumer = ClientConfig::new()
+/// A read_committed reader that reports each partition's end.
+fn eof_reader(bootstrap: &str) -> anyhow::Result<BaseConsumer> {
+    ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "onceflow-bench-reader")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .create()
-        .context("creating the reader")?;
+        .context("creating the reader")
+}
+
+/// Counts `topic`'s committed records and distinct keys (without keeping
+/// the records, unlike [`read_all`]: the recovery benchmark's 10 M).
+fn count(bootstrap: &str, topic: &str, timeout: Duration) -> anyhow::Result<serde_json::Value> {
+    let consumer = eof_reader(bootstrap)?;
     let topics = [topic.to_string()];
     let mut open: HashSet<i32> = partitions(&consumer, &topics)?
         .into_iter()
@@ -1289,14 +1285,7 @@ struct Read {
 /// Every committed record of `topic`. Reads each partition to its end
 /// (partition EOF, as `onceflow verify` does).
 fn read_all(bootstrap: &str, topic: &str, timeout: Duration) -> anyhow::Result<Vec<Read>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "onceflow-bench-reader")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .create()
-        .context("creating the reader")?;
+    let consumer = eof_reader(bootstrap)?;
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .with_context(|| format!("metadata of {topic}"))?;
