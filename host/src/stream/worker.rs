@@ -754,12 +754,12 @@ fn new_producer(d: &Deployment, n: u32) -> Result<Arc<BaseProducer<ProducerCtx>>
         // librdkafka looks for the transaction coordinator through a broker
         // that is up, and retries only on a 500 ms timer when none is yet
         // (right after the client's creation): a metadata request first
-        // waits for a connection. Not always enough: in 2 of 7 restarts
-        // measured the fencing still took ~1,020 ms instead of ~565 (the
-        // answer may come through the bootstrap connection before the
-        // broker's own is up; bench/README.md, "Recovery"). Any topic will
-        // do, and its answer is not this call's to report:
-        // `init_transactions` reports what matters.
+        // waits for a connection. Not shown to be enough: with it 5 of 16
+        // restarts still fenced in ~1 s, 10 in ~0.5 s (the answer may come
+        // through the bootstrap connection before the broker's own is up;
+        // bench/README.md, "Recovery"). Any topic will do, and its answer is
+        // not this call's to report: `init_transactions` reports what
+        // matters.
         let started = Instant::now();
         if let Some(topic) = d.manifest.sources().first() {
             let _ = producer
