@@ -751,35 +751,20 @@ fn new_producer(d: &Deployment, n: u32) -> Result<Arc<BaseProducer<ProducerCtx>>
             })
             .map_err(|e| StreamError::kafka("creating the producer", e))?;
     if d.exactly_once() {
-        // librdkafka looks for the transaction coordinator through a broker
-        // that is up, and retries only on a 500 ms timer when none is yet
-        // (right after the client's creation): a metadata request first
-        // waits for a connection. Not shown to be enough: with it 5 of 16
-        // restarts still fenced in ~1 s, 10 in ~0.5 s (the answer may come
-        // through the bootstrap connection before the broker's own is up;
-        // bench/README.md, "Recovery"). Any topic will do, and its answer is
-        // not this call's to report: `init_transactions` reports what
-        // matters.
         let started = Instant::now();
-        if let Some(topic) = d.manifest.sources().first() {
-            let _ = producer
-                .client()
-                .fetch_metadata(Some(topic), Duration::from_secs(2));
-        }
-        let connected = started.elapsed();
         producer.init_transactions(TXN_CALL_TIMEOUT).map_err(
             |e| match kafka::authorization_failure(&e) {
                 Some(code) => refused(d, n, code, None),
                 None => StreamError::Restart(format!("init_transactions: {e}")),
             },
         )?;
-        // After a crash, init_ms is mostly librdkafka's fixed 500 ms wait
-        // before it asks again while the coordinator aborts the crashed
-        // incarnation's transaction.
+        // After a crash this is 0.5-1 s, mostly librdkafka's fixed 500 ms
+        // timers: finding the coordinator before a broker is up, and asking
+        // again while the coordinator aborts the crashed incarnation's open
+        // transaction (bench/README.md, "Recovery").
         tracing::debug!(
             worker = n,
-            connect_ms = connected.as_millis() as u64,
-            init_ms = (started.elapsed() - connected).as_millis() as u64,
+            init_ms = started.elapsed().as_millis() as u64,
             "transactional producer ready"
         );
     }
