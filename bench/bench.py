@@ -154,7 +154,9 @@ class Harness:
 
     # ---- contenders --------------------------------------------------------
 
-    def manifest_for(self, c: Contender, input_topic: str, out: dict[str, str], name: str, accounts: str | None) -> Path:
+    def manifest_for(
+        self, c: Contender, input_topic: str, out: dict[str, str], name: str, accounts: str | None, standbys: int = 0
+    ) -> Path:
         """The example's manifest with this run's topics, guarantee and
         commit interval (and an absolute component path)."""
         assert c.manifest is not None and c.component is not None
@@ -171,6 +173,8 @@ class Harness:
         text = setting("component", json.dumps(str(c.component)), text)
         text = setting("guarantee", json.dumps(c.guarantee), text)
         text = setting("commit-interval-ms", str(c.commit_ms), text)
+        if standbys:
+            text = re.sub(r"(?m)^(commit-interval-ms\s*=.*)$", rf"\1\nstandby-replicas = {standbys}", text)
         text = setting("dead-letter-topic", json.dumps(out["dlq"]), text)
         if c.workload == "wallet":
             text = setting("balances", json.dumps(out["out0"]), text)
@@ -192,14 +196,26 @@ class Harness:
         return path
 
     def start(
-        self, c: Contender, input_topic: str, out: dict[str, str], run: str, accounts: str | None = None, log_suffix: str = ""
+        self,
+        c: Contender,
+        input_topic: str,
+        out: dict[str, str],
+        run: str,
+        accounts: str | None = None,
+        log_suffix: str = "",
+        instance: str = "i0",
+        extra: list[str] | None = None,
+        standbys: int = 0,
     ) -> subprocess.Popen:
+        """Starts a contender. Onceflow only: `instance` (its state
+        directory and instance id; several share a deployment), `extra`
+        arguments of `onceflow run`, `standbys` (processing.standby-replicas)."""
         name = f"bench-{c.key}-{run}-{self.run_id}"
         log_path = self.logs / f"{name}{log_suffix}.log"
         log_file = open(log_path, "w")
         group = name  # Kafka Streams: the application id
         if c.system == "onceflow":
-            manifest = self.manifest_for(c, input_topic, out, name, accounts)
+            manifest = self.manifest_for(c, input_topic, out, name, accounts, standbys)
             tenant = re.search(r'(?m)^tenant\s*=\s*"([^"]*)"', manifest.read_text())
             if not tenant:
                 raise RuntimeError(f"{c.manifest}: no `tenant =` line")
@@ -211,13 +227,14 @@ class Harness:
                 "--bootstrap-servers",
                 self.bootstrap,
                 "--state-dir",
-                str(manifest.parent / "state"),
+                str(manifest.parent / ("state" if instance == "i0" else f"state-{instance}")),
                 "--instance-id",
-                "i0",
+                instance,
                 "--report-interval-ms",
                 "2000",
                 "--log",
                 "info",
+                *(extra or []),
             ]
         elif c.system == "kstreams":
             java = ["java", "-Xms256m", "-Xmx1g", "-cp", self.kstreams_cp]

@@ -201,6 +201,284 @@ def measure(h: Harness, c: Contender, size: str, accounts: int) -> dict:
     return result
 
 
+# Failover: the killed host's session (the time any consumer group takes to
+# notice a dead member), so that the figure is not mostly the default 10 s.
+FAILOVER_SESSION_MS = 2_000
+
+
+def log_figures(log_path: Path, pattern: str) -> list[int]:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [int(n) for n in re.findall(pattern, text)]
+
+
+def measure_failover(h: Harness, c: Contender, size: str, accounts: int, standbys: int) -> dict:
+    """Two Onceflow hosts share the deployment (`standby-replicas =
+    standbys`); one is SIGKILLed and not restarted. The time: from the kill
+    to every partition of the balances topic having new output again (the
+    survivor's own partitions go on at once; the dead host's, once the group
+    gave them to the survivor and it restored them)."""
+    run = f"fo{standbys}-{size.lower()}"
+    prefix = f"rec-{run}-{h.run_id}"
+    input_topic = f"{prefix}-payments"
+    out = h.topics(prefix, "wallet")
+    h.tool("create-topics", f"{input_topic}:{h.profile.partitions}")
+    h.create(out)
+    t0 = time.time()
+    filled = h.tool("produce", "--topic", input_topic, "--kind", "fill", "--count", str(accounts), timeout=3600)
+    log(f"  {accounts:,} fill payments produced in {time.time() - t0:.0f}s")
+    extra = ["--session-timeout-ms", str(FAILOVER_SESSION_MS)]
+    hosts = [
+        h.start(c, input_topic, out, run, log_suffix=f"-{i}", instance=i, extra=extra, standbys=standbys)
+        for i in ("i0", "i1")
+    ]
+    victim, survivor = hosts
+    live = None
+    watcher = None
+    try:
+        t0 = time.time()
+        fill = h.tool(
+            "await", "--topics", out["out1"], "--expect", str(filled["expected_outputs"]),
+            "--timeout-secs", str(max(900, accounts // 5_000)), "--pid", str(survivor.pid),
+            timeout=max(900, accounts // 5_000) + 60,
+        )
+        fill_seconds = time.time() - t0
+        log(f"  filled: {accounts:,} accounts in {fill_seconds:.0f}s ({fill['throughput']:,.0f} records/s) on two hosts")
+        live = subprocess.Popen(
+            [str(h.bench_tool), "produce", "--topic", input_topic, "--kind", "fill",
+             "--first", str(LIVE_FIRST), "--count", str(LIVE_RATE * LIVE_MAX_SECONDS), "--rate", str(LIVE_RATE)],
+            env=h.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        watcher = subprocess.Popen(
+            [str(h.bench_tool), "first-new", "--every-partition", "--topics", out["out0"]],
+            env=h.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert watcher.stdin is not None and watcher.stdout is not None
+        if not json.loads(watcher.stdout.readline() or "{}").get("armed"):
+            raise RuntimeError(f"first-new did not start: {watcher.stderr.read() if watcher.stderr else ''}")
+        time.sleep(BEFORE_KILL_SECONDS)
+        for p in hosts:
+            if p.poll() is not None:
+                raise RuntimeError(f"a host exited before the kill (log: {p.log_path})")  # type: ignore[attr-defined]
+        standby_before = max(log_figures(Path(survivor.log_path), r"standby_records=(\d+)") or [0])  # type: ignore[attr-defined]
+        # The survivor's log from here on: its takeover.
+        survivor_log_at = Path(survivor.log_path).stat().st_size  # type: ignore[attr-defined]
+        killed_at_ms = int(time.time() * 1000)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        watcher.stdin.write(f"{killed_at_ms}\n")
+        watcher.stdin.flush()
+        if not json.loads(watcher.stdout.readline() or "{}").get("ready"):
+            raise RuntimeError(f"first-new failed: {watcher.stderr.read() if watcher.stderr else ''}")
+        first, err = watcher.communicate(timeout=960)
+        if watcher.returncode != 0:
+            raise RuntimeError(f"first-new failed: {err.strip()[:2000]}")
+        recovery = json.loads(first)
+        log(f"  failover: {recovery['recovery_ms']:,} ms from the kill to output again on every partition")
+        time.sleep(AFTER_RECOVERY_SECONDS)
+        if live.poll() is not None:
+            raise RuntimeError(f"the live producer stopped early: {live.stderr.read() if live.stderr else ''}")
+        live.kill()
+        live.wait()
+        total = h.tool("count", "--topic", input_topic, timeout=1800)["records"]
+        h.tool(
+            "await", "--topics", out["out1"], "--expect", str(total),
+            "--timeout-secs", "900", "--pid", str(survivor.pid), timeout=960,
+        )
+    finally:
+        if live is not None and live.poll() is None:
+            live.kill()
+        if watcher is not None and watcher.poll() is None:
+            watcher.kill()
+        for p in hosts:
+            h.stop(p)
+    counted = h.tool("count", "--topic", out["out1"], timeout=1800)
+    exact = counted["records"] == total and counted["distinct_keys"] == total
+    log(f"  audit: {counted['records']:,} records, {counted['distinct_keys']:,} payment ids, {total:,} payments: {'exact' if exact else 'NOT EXACT'}")
+    survivor_log = Path(survivor.log_path)  # type: ignore[attr-defined]
+    takeover_log = h.work / f"{survivor_log.stem}-takeover.log"
+    with open(survivor_log, "rb") as f:
+        f.seek(survivor_log_at)
+        takeover_log.write_bytes(f.read())
+    result = {
+        "contender": f"of-wallet-eos-failover-{standbys}",
+        "label": f"Onceflow wallet, 2 hosts, standby-replicas = {standbys}",
+        "size": size,
+        "accounts": accounts,
+        "standbys": standbys,
+        "session_timeout_ms": FAILOVER_SESSION_MS,
+        "fill_seconds": fill_seconds,
+        "fill_throughput": fill["throughput"],
+        "recovery_ms": recovery["recovery_ms"],
+        "per_partition_ms": recovery.get("per_partition_ms"),
+        "sampled_after_kill_ms": recovery["sampled_after_kill_ms"],
+        "standby_records_before_kill": standby_before,
+        # The survivor's restores after the kill: the takeover.
+        "restored_records": sum(log_figures(takeover_log, r"restored (\d+) changelog records")),
+        "fenced_ms": log_figures(takeover_log, r"fenced a departed instance's worker .*? ms=(\d+)"),
+        "payments": total,
+        "audit_records": counted["records"],
+        "audit_distinct": counted["distinct_keys"],
+        "exact": exact,
+        "log": str(survivor_log),
+    }
+    h.tool("delete-topics", input_topic, *out.values())
+    return result
+
+
+# Rebalances: how long after a host joins (or leaves) the committed output
+# of each partition is watched for its longest gap.
+JOIN_WINDOW_SECONDS = 30
+LEAVE_WINDOW_SECONDS = 60
+
+
+def pauses(h: Harness, topic: str, seconds: int, event) -> dict:
+    """Arms `bench-tool pauses` on `topic`, calls `event()` (which returns
+    the event's time in ms), and returns the pauses it measured."""
+    watcher = subprocess.Popen(
+        [str(h.bench_tool), "pauses", "--topics", topic, "--seconds", str(seconds)],
+        env=h.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert watcher.stdin is not None and watcher.stdout is not None
+        if not json.loads(watcher.stdout.readline() or "{}").get("armed"):
+            raise RuntimeError(f"pauses did not start: {watcher.stderr.read() if watcher.stderr else ''}")
+        time.sleep(3)  # the baseline
+        at_ms = event()
+        out, err = watcher.communicate(f"{at_ms}\n", timeout=seconds + 60)
+        if watcher.returncode != 0:
+            raise RuntimeError(f"pauses failed: {err.strip()[:2000]}")
+        return json.loads(out)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+
+
+def measure_rebalance(h: Harness, c: Contender, protocol: str) -> dict:
+    """Two hosts run the wallet (100,000 accounts of state) under live load;
+    a third joins, then leaves (SIGTERM: a clean stop). Per event, the
+    longest gap in each partition's committed output after it."""
+    run = f"rb-{protocol}"
+    prefix = f"rec-{run}-{h.run_id}"
+    input_topic = f"{prefix}-payments"
+    out = h.topics(prefix, "wallet")
+    h.tool("create-topics", f"{input_topic}:{h.profile.partitions}")
+    h.create(out)
+    filled = h.tool("produce", "--topic", input_topic, "--kind", "fill", "--count", "100000", timeout=600)
+    extra = ["--group-protocol", protocol]
+    hosts = [h.start(c, input_topic, out, run, log_suffix=f"-{i}", instance=i, extra=extra) for i in ("i0", "i1")]
+    live = None
+    result: dict = {"contender": f"of-wallet-eos-rebalance-{protocol}", "protocol": protocol}
+    try:
+        h.tool(
+            "await", "--topics", out["out1"], "--expect", str(filled["expected_outputs"]),
+            "--timeout-secs", "600", "--pid", str(hosts[0].pid), timeout=660,
+        )
+        live = subprocess.Popen(
+            [str(h.bench_tool), "produce", "--topic", input_topic, "--kind", "fill",
+             "--first", str(LIVE_FIRST), "--count", str(LIVE_RATE * LIVE_MAX_SECONDS), "--rate", str(LIVE_RATE)],
+            env=h.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        time.sleep(BEFORE_KILL_SECONDS)
+
+        def join() -> int:
+            at = int(time.time() * 1000)
+            hosts.append(h.start(c, input_topic, out, run, log_suffix="-i2", instance="i2", extra=extra))
+            return at
+
+        result["join"] = pauses(h, out["out0"], JOIN_WINDOW_SECONDS, join)
+        log(f"  {protocol}: a host joins: longest pause {result['join']['max_pause_ms']:,} ms (baseline {result['join']['baseline_max_gap_ms']} ms)")
+
+        def leave() -> int:
+            at = int(time.time() * 1000)
+            hosts[2].send_signal(signal.SIGTERM)
+            return at
+
+        result["leave"] = pauses(h, out["out0"], LEAVE_WINDOW_SECONDS, leave)
+        log(f"  {protocol}: a host leaves: longest pause {result['leave']['max_pause_ms']:,} ms (baseline {result['leave']['baseline_max_gap_ms']} ms)")
+        live.kill()
+        live.wait()
+        total = h.tool("count", "--topic", input_topic, timeout=600)["records"]
+        h.tool("await", "--topics", out["out1"], "--expect", str(total), "--timeout-secs", "600",
+               "--pid", str(hosts[0].pid), timeout=660)
+    finally:
+        if live is not None and live.poll() is None:
+            live.kill()
+        for p in hosts:
+            h.stop(p)
+    counted = h.tool("count", "--topic", out["out1"], timeout=600)
+    result["exact"] = counted["records"] == total and counted["distinct_keys"] == total
+    result["payments"] = total
+    result["audit_records"] = counted["records"]
+    log(f"  audit: {counted['records']:,} records, {total:,} payments: {'exact' if result['exact'] else 'NOT EXACT'}")
+    h.tool("delete-topics", input_topic, *out.values())
+    return result
+
+
+def rebalance_report(results: list[dict]) -> list[str]:
+    lines = [
+        "",
+        "## Rebalances",
+        "",
+        f"Two hosts run the wallet (100,000 accounts) under {LIVE_RATE:,} payments/s; a third starts (join), then "
+        "is stopped with SIGTERM (leave). Per event, the longest time any partition of the balances topic went "
+        f"without new committed output, within {JOIN_WINDOW_SECONDS} s (join) or {LEAVE_WINDOW_SECONDS} s (leave) "
+        "of it; the baseline is the longest gap in the 3 s before (commits every 100 ms).",
+        "",
+        "| group protocol | join: longest pause ms | join: median partition ms | leave: longest pause ms | leave: median partition ms | baseline ms | audit exact |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def median(r: dict) -> int:
+        values = sorted(p["pause_ms"] for p in r["per_partition"])
+        return values[len(values) // 2] if values else 0
+
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['protocol']} | FAILED: {r['error']} | | | | | |")
+            continue
+        lines.append(
+            f"| {r['protocol']} | **{r['join']['max_pause_ms']:,}** | {median(r['join']):,} | "
+            f"**{r['leave']['max_pause_ms']:,}** | {median(r['leave']):,} | "
+            f"{max(r['join']['baseline_max_gap_ms'], r['leave']['baseline_max_gap_ms'])} | "
+            f"{'yes' if r['exact'] else 'NO'} ({r['audit_records']:,} records, {r['payments']:,} payments) |"
+        )
+    return lines
+
+
+def failover_report(results: list[dict]) -> list[str]:
+    lines = [
+        "",
+        "## Failover to another host",
+        "",
+        f"Two `onceflow run` hosts (instances i0, i1) share the deployment, `--session-timeout-ms {FAILOVER_SESSION_MS}`; "
+        f"after {BEFORE_KILL_SECONDS} s of live load one is SIGKILLed and not restarted. Time: from the kill to every "
+        "partition of the balances topic having new committed output (the dead host's partitions move to the survivor "
+        "once its session expires).",
+        "",
+        "| standby-replicas | state | accounts | failover ms | standby records before the kill | changelog records restored by the survivor | fence ms | audit exact |",
+        "|---:|---|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r.get('standbys')} | {r['size']} | {r['accounts']:,} | FAILED: {r['error']} | | | | |")
+            continue
+        lines.append(
+            f"| {r['standbys']} | {r['size']} | {r['accounts']:,} | **{r['recovery_ms']:,}** | {fmt(r['standby_records_before_kill'])} | "
+            f"{fmt(r.get('restored_records'))} | {', '.join(map(str, r['fenced_ms'])) or '–'} | "
+            f"{'yes' if r['exact'] else 'NO'} ({r['audit_records']:,} records, {r['payments']:,} payments) |"
+        )
+    with_standby = [r for r in results if "error" not in r and r["standbys"] >= 1 and r["size"] == "1GB"]
+    if with_standby:
+        ok = all(r["recovery_ms"] <= 3000 for r in with_standby)
+        figures = ", ".join(f"{r['recovery_ms']:,} ms" for r in with_standby)
+        lines += ["", "| target (issue 12, item 4) | figure | holds |", "|---|---|---|",
+                  f"| ≤ 3 s with a standby at 1 GB | {figures} | {'yes' if ok else '**no**'} |"]
+    return lines
+
+
 def report(results: list[dict], context: str) -> str:
     lines = [
         f"# Recovery benchmark, {time.strftime('%Y-%m-%d')}",
@@ -214,6 +492,9 @@ def report(results: list[dict], context: str) -> str:
         "| contender | state | accounts | fill records/s | recovery ms | restart issued (ms after kill) | changelog records restored | audit exact |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
+    failovers = [r for r in results if "standbys" in r]
+    rebalances = [r for r in results if "protocol" in r]
+    results = [r for r in results if "standbys" not in r and "protocol" not in r]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['label']} | {r['size']} | {r['accounts']:,} | – | FAILED: {r['error']} | | | |")
@@ -233,6 +514,10 @@ def report(results: list[dict], context: str) -> str:
     if of_big and of_small:
         ratio = of_big["recovery_ms"] / max(of_small["recovery_ms"], 1)
         lines.append(f"| 1 GB within 20% of 100 MB | {ratio:.2f}x ({of_small['recovery_ms']:,} ms at 100 MB) | {'yes' if ratio <= 1.2 else '**no**'} |")
+    if failovers:
+        lines += failover_report(failovers)
+    if rebalances:
+        lines += rebalance_report(rebalances)
     return "\n".join(lines) + "\n"
 
 
@@ -244,6 +529,14 @@ def main() -> int:
     parser.add_argument("--kstreams-classpath", required=True)
     parser.add_argument("--sizes", default="100MB,1GB", help=f"comma-separated, of {', '.join(SIZES)}")
     parser.add_argument("--only", help="comma-separated contender keys")
+    parser.add_argument(
+        "--failover",
+        help="comma-separated standby-replicas counts (e.g. 0,1): also measure failover to a second host with each",
+    )
+    parser.add_argument(
+        "--rebalance",
+        help="comma-separated group protocols (classic,consumer): also measure the pauses when a host joins and leaves",
+    )
     parser.add_argument("--results", default=str(REPO / "bench/results"))
     parser.add_argument("--context", default="")
     args = parser.parse_args()
@@ -266,6 +559,23 @@ def main() -> int:
             except Exception as e:  # a failed contender must not sink the rest
                 log(f"  FAILED: {e}")
                 results.append({"contender": c.key, "label": c.label, "size": size, "accounts": SIZES[size], "error": str(e)[:500]})
+    onceflow = next((c for c in contenders() if c.key == "of-wallet-eos"), None)
+    for size in sizes if args.failover else []:
+        for standbys in [int(n) for n in args.failover.split(",")]:
+            log(f"failover, standby-replicas = {standbys}, {size} ({SIZES[size]:,} accounts)")
+            try:
+                results.append(measure_failover(h, onceflow, size, SIZES[size], standbys))
+            except Exception as e:
+                log(f"  FAILED: {e}")
+                results.append({"contender": f"of-wallet-eos-failover-{standbys}", "label": "failover", "size": size,
+                                "accounts": SIZES[size], "standbys": standbys, "error": str(e)[:500]})
+    for protocol in args.rebalance.split(",") if args.rebalance else []:
+        log(f"rebalances, group.protocol={protocol}")
+        try:
+            results.append(measure_rebalance(h, onceflow, protocol))
+        except Exception as e:
+            log(f"  FAILED: {e}")
+            results.append({"contender": f"of-wallet-eos-rebalance-{protocol}", "protocol": protocol, "error": str(e)[:500]})
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{time.strftime('%Y-%m-%d')}-recovery"

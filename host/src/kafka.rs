@@ -877,6 +877,88 @@ pub(crate) fn is_stale_generation(e: &ClientError) -> bool {
     )
 }
 
+/// A member of a consumer group (classic protocol) and the partitions it
+/// was assigned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GroupMember {
+    /// Its `client.id`.
+    pub client_id: String,
+    /// Its assignment, `(topic, partition)`.
+    pub partitions: Vec<(String, i32)>,
+}
+
+/// The members of `group` and their assignments, as the group coordinator
+/// describes them (DescribeGroups); `None` while the group is not stable
+/// (a rebalance is under way: the assignments are not final).
+pub(crate) fn group_members<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    group: &str,
+) -> Result<Option<Vec<GroupMember>>, KafkaError> {
+    let list = consumer
+        .fetch_group_list(Some(group), ADMIN_TIMEOUT)
+        .map_err(|e| KafkaError::client(format!("describing consumer group {group}"), e))?;
+    let Some(info) = list.groups().iter().find(|g| g.name() == group) else {
+        return Ok(None);
+    };
+    if info.state() != "Stable" {
+        return Ok(None);
+    }
+    let mut members = Vec::new();
+    for m in info.members() {
+        let partitions = match m.assignment() {
+            Some(bytes) if !bytes.is_empty() => parse_assignment(bytes).unwrap_or_else(|| {
+                tracing::debug!(
+                    group,
+                    member = m.id(),
+                    "an assignment this host cannot read"
+                );
+                Vec::new()
+            }),
+            _ => Vec::new(),
+        };
+        members.push(GroupMember {
+            client_id: m.client_id().to_owned(),
+            partitions,
+        });
+    }
+    Ok(Some(members))
+}
+
+/// Reads a consumer protocol assignment (any version; none has tagged
+/// fields): version (i16), then topics (i32 count) of name (i16 length,
+/// bytes) and partitions (i32 count, i32 each), then user data.
+fn parse_assignment(bytes: &[u8]) -> Option<Vec<(String, i32)>> {
+    struct Reader<'a>(&'a [u8]);
+    impl Reader<'_> {
+        fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+            let (head, rest) = self.0.split_first_chunk::<N>()?;
+            self.0 = rest;
+            Some(*head)
+        }
+        fn i16(&mut self) -> Option<i16> {
+            self.take().map(i16::from_be_bytes)
+        }
+        fn i32(&mut self) -> Option<i32> {
+            self.take().map(i32::from_be_bytes)
+        }
+    }
+    let mut r = Reader(bytes);
+    let _version = r.i16()?;
+    let topics = r.i32()?;
+    let mut out = Vec::new();
+    for _ in 0..topics.max(0) {
+        let len = usize::try_from(r.i16()?).ok()?;
+        let name = r.0.get(..len)?;
+        let name = std::str::from_utf8(name).ok()?.to_owned();
+        r.0 = &r.0[len..];
+        let count = r.i32()?;
+        for _ in 0..count.max(0) {
+            out.push((name.clone(), r.i32()?));
+        }
+    }
+    Some(out)
+}
+
 /// Next offsets per (topic, partition), as a partition list.
 pub(crate) fn offsets_list(next: &BTreeMap<(String, i32), i64>) -> rdkafka::TopicPartitionList {
     let mut tpl = rdkafka::TopicPartitionList::new();
@@ -890,6 +972,35 @@ pub(crate) fn offsets_list(next: &BTreeMap<(String, i32), i64>) -> rdkafka::Topi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bytes Kafka's `ConsumerProtocol.serializeAssignment` writes
+    /// (version 3: topic "in" partitions 0 and 2, topic "t" partition 1,
+    /// empty user data); a truncated copy is refused, not misread.
+    #[test]
+    fn reads_a_consumer_protocol_assignment() {
+        let mut b = Vec::new();
+        b.extend(3i16.to_be_bytes());
+        b.extend(2i32.to_be_bytes());
+        b.extend(2i16.to_be_bytes());
+        b.extend(b"in");
+        b.extend(2i32.to_be_bytes());
+        b.extend(0i32.to_be_bytes());
+        b.extend(2i32.to_be_bytes());
+        b.extend(1i16.to_be_bytes());
+        b.extend(b"t");
+        b.extend(1i32.to_be_bytes());
+        b.extend(1i32.to_be_bytes());
+        b.extend((-1i32).to_be_bytes());
+        assert_eq!(
+            parse_assignment(&b),
+            Some(vec![
+                ("in".to_owned(), 0),
+                ("in".to_owned(), 2),
+                ("t".to_owned(), 1)
+            ])
+        );
+        assert_eq!(parse_assignment(&b[..b.len() - 9]), None);
+    }
 
     /// A commit refused for a stale generation (a rebalance began) used to
     /// count as fencing: the worker dropped producer and consumer and

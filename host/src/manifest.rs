@@ -177,6 +177,10 @@ pub struct ProcessingSection {
     /// Most records handed to one `process` call.
     #[serde(default = "default_max_batch")]
     pub max_batch_records: u32,
+    /// Warm copies of each task's stores kept on other host instances
+    /// (Kafka Streams' `num.standby.replicas`), by tailing its changelogs.
+    #[serde(default)]
+    pub standby_replicas: u32,
 }
 
 impl Default for ProcessingSection {
@@ -186,9 +190,13 @@ impl Default for ProcessingSection {
             commit_interval_ms: default_commit_interval_ms(),
             worker_threads: default_worker_threads(),
             max_batch_records: default_max_batch(),
+            standby_replicas: 0,
         }
     }
 }
+
+/// Most standby copies of a task's stores a manifest may ask for.
+pub const MAX_STANDBY_REPLICAS: u32 = 8;
 
 fn default_commit_interval_ms() -> u64 {
     100
@@ -505,6 +513,16 @@ impl Manifest {
             p.max_batch_records.into(),
             100_000,
         )?;
+        if p.standby_replicas > MAX_STANDBY_REPLICAS {
+            return Err(invalid(
+                "processing.standby-replicas",
+                format!(
+                    "{} is out of range 0..={MAX_STANDBY_REPLICAS} (each standby is a full copy \
+                     of every store, on another host)",
+                    p.standby_replicas
+                ),
+            ));
+        }
         let errors = match (raw.errors.policy, raw.errors.dead_letter_topic) {
             (PolicyName::DeadLetter, None) => {
                 return Err(invalid(
@@ -752,6 +770,21 @@ dead-letter-topic = "payments.dlq"
             m.component_path(),
             PathBuf::from("/x/target/onceflow/wallet.wasm")
         );
+    }
+
+    #[test]
+    fn standby_replicas_default_to_none_and_are_bounded() {
+        assert_eq!(parse(WALLET).unwrap().processing.standby_replicas, 0);
+        let with = |n: u32| {
+            WALLET.replace(
+                "[errors]",
+                &format!("[processing]\nstandby-replicas = {n}\n\n[errors]"),
+            )
+        };
+        assert_eq!(parse(&with(2)).unwrap().processing.standby_replicas, 2);
+        let err = parse(&with(9)).unwrap_err().to_string();
+        assert!(err.contains("processing.standby-replicas"), "{err}");
+        assert!(err.contains("0..=8"), "{err}");
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct Metrics {
     pub restored: AtomicU64,
     /// Store partitions restored.
     pub restores: AtomicU64,
+    /// Changelog records written into standby stores (warm copies of
+    /// other instances' tasks).
+    pub standby_records: AtomicU64,
     /// Store partitions being restored right now.
     pub restoring: AtomicU64,
     /// Fuel the guests burned (0 with metering off).
@@ -86,6 +89,7 @@ impl Default for Metrics {
             skipped: AtomicU64::default(),
             restored: AtomicU64::default(),
             restores: AtomicU64::default(),
+            standby_records: AtomicU64::default(),
             restoring: AtomicU64::default(),
             fuel: AtomicU64::default(),
             bytes_in: AtomicU64::default(),
@@ -147,6 +151,8 @@ pub struct Snapshot {
     pub restored: u64,
     /// See [`Metrics::restores`].
     pub restores: u64,
+    /// See [`Metrics::standby_records`].
+    pub standby_records: u64,
 }
 
 /// Commit latency percentiles over a window.
@@ -285,6 +291,7 @@ impl Metrics {
             skipped: g(&self.skipped),
             restored: g(&self.restored),
             restores: g(&self.restores),
+            standby_records: g(&self.standby_records),
         }
     }
 }
@@ -316,7 +323,7 @@ impl Exposition {
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         type Get = fn(&Metrics) -> u64;
-        let counters: [(&str, &str, Get); 17] = [
+        let counters: [(&str, &str, Get); 18] = [
             (
                 "onceflow_records",
                 "Input records processed (committed)",
@@ -367,6 +374,11 @@ impl Collector for Exposition {
                 "onceflow_restored_records",
                 "Changelog records replayed into stores",
                 |m| m.restored.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_standby_records",
+                "Changelog records written into standby stores (warm copies of other hosts' tasks)",
+                |m| m.standby_records.load(Ordering::Relaxed),
             ),
             ("onceflow_fuel", "Fuel burned by the guests", |m| {
                 m.fuel.load(Ordering::Relaxed)

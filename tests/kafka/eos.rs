@@ -428,3 +428,127 @@ fn h_broker_restarts() {
     wallet_through_broker_failure(three, "broker3", || three.stop_broker(2, "KILL"));
     three.down();
 }
+
+/// Standby replicas (issue 12, item 4): two hosts with `standby-replicas =
+/// 1` each keep a warm copy of the other's partitions, following their
+/// changelogs. SIGKILL one and do not restart it: the survivor takes its
+/// partitions over from those copies, so it restores only the changelog's
+/// tail (with no standby it restores every record: the failover benchmark,
+/// `scripts/bench recovery --failover 0,1`), and fences the dead host's
+/// open transaction instead of waiting for the broker to time it out. The
+/// output stays exact.
+#[test]
+fn i_standby_takes_over_a_dead_host() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "standby", "exactly_once_v2", 6);
+    let text = std::fs::read_to_string(&w.manifest).unwrap();
+    assert!(text.contains("commit-interval-ms = 100\n"));
+    std::fs::write(
+        &w.manifest,
+        text.replace(
+            "commit-interval-ms = 100\n",
+            "commit-interval-ms = 100\nstandby-replicas = 1\n",
+        ),
+    )
+    .unwrap();
+    // A short session: the survivor gets the partitions 2 s after the kill.
+    let session = ["--session-timeout-ms", "2000"];
+    let mut produced = w.produce(0, 40_000, 20_000, None);
+    let a = w.start("a", &session);
+    let b = w.start("b", &session);
+    w.wait_done(Duration::from_secs(300));
+    // Both hold partitions, and each follows the other's changelogs.
+    let owned = |log: &str| -> std::collections::BTreeSet<i32> {
+        let mut owned = std::collections::BTreeSet::new();
+        for line in log.lines() {
+            if line.contains("task closed")
+                && let Some(p) = field(line, "partition")
+            {
+                owned.remove(&p);
+            }
+            if let Some((_, rest)) = line.split_once("partitions assigned worker=0 assigned={") {
+                let list = rest.split('}').next().unwrap_or_default();
+                owned.extend(
+                    list.split(", ")
+                        .filter_map(|p| p.trim().parse::<i32>().ok()),
+                );
+            }
+        }
+        owned
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let a_owned = loop {
+        let (a_log, b_log) = (a.log_text(), b.log_text());
+        let followed = |log: &str| log.matches("standby started").count();
+        if followed(&a_log) > 0 && followed(&b_log) > 0 && last_standby_records(&b_log) > 0 {
+            break owned(&a_log);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no standbys after 60 s:\n--- a\n{a_log}\n--- b\n{b_log}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(!a_owned.is_empty(), "a owns partitions:\n{}", a.log_text());
+    // The standby catches up (it writes every 200 ms; figures every 1 s).
+    std::thread::sleep(Duration::from_secs(3));
+    produced.absorb(w.produce(40_000, 4_000, 20_000, None));
+    std::thread::sleep(Duration::from_millis(700));
+    let b_before = b.log_text().len();
+    a.kill();
+    produced.absorb(w.produce(44_000, 4_000, 20_000, None));
+    w.wait_done(Duration::from_secs(120));
+    let b_log = b.log_text();
+    let takeover = &b_log[b_before..];
+    // The worker takes the standby's stores, or (when the standby thread saw
+    // the new assignment first) opens them where the standby left them.
+    for p in &a_owned {
+        assert!(
+            takeover.contains(&format!(
+                "taking over the partition's standby stores partition={p}"
+            )) || takeover.contains(&format!(
+                "standby ended: this instance runs the partition now partition={p}"
+            )),
+            "b took over partition {p} from its standby:\n{takeover}"
+        );
+    }
+    assert!(
+        takeover.contains("fenced a departed instance's worker"),
+        "b fenced a's worker:\n{takeover}"
+    );
+    let followed = last_standby_records(&b_log);
+    let replayed = restored_records(takeover);
+    figure("standby_changelog_records_followed", followed);
+    figure("standby_takeover_changelog_records_replayed", replayed);
+    // Without the standby, b would replay every changelog record of a's
+    // partitions (about one per account written there: thousands).
+    assert!(
+        replayed * 5 < followed,
+        "the takeover replays only the tail ({replayed} records) of what the standby \
+         followed ({followed}):\n{takeover}"
+    );
+    assert!(b.stop().success());
+    assert_exact(&w.verify(false), &produced, "standby failover");
+}
+
+/// `key=N` in a log line.
+fn field(line: &str, key: &str) -> Option<i32> {
+    let i = line.find(&format!(" {key}="))?;
+    line[i + key.len() + 2..]
+        .split(|c: char| !c.is_ascii_digit() && c != '-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The last `standby_records=N` a host's figures reported.
+fn last_standby_records(log: &str) -> u64 {
+    log.lines()
+        .rev()
+        .find_map(|l| {
+            let i = l.find("standby_records=")?;
+            l[i + 16..].split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or(0)
+}

@@ -255,6 +255,13 @@ pub struct KafkaArgs {
     /// Transaction timeout (ms).
     #[arg(long, default_value_t = 10_000)]
     pub transaction_timeout_ms: u64,
+    /// The consumer group protocol: `classic` (the default: static
+    /// membership, cooperative-sticky or range assignment) or `consumer`
+    /// (KIP-848: the brokers assign and time sessions out, with their
+    /// `group.consumer.*` settings; --session-timeout-ms does not apply,
+    /// standby replicas are not placed). See docs/operations.md.
+    #[arg(long, default_value = "classic", value_parser = ["classic", "consumer"])]
+    pub group_protocol: String,
     /// Extra librdkafka property for every client, `key=value`
     /// (repeatable).
     #[arg(short = 'X', long = "kafka-config")]
@@ -311,6 +318,11 @@ impl KafkaArgs {
             instance_id,
             session_timeout: Duration::from_millis(self.session_timeout_ms),
             transaction_timeout: Duration::from_millis(self.transaction_timeout_ms),
+            group_protocol: if self.group_protocol == "consumer" {
+                onceflow::stream::GroupProtocol::Consumer
+            } else {
+                onceflow::stream::GroupProtocol::Classic
+            },
             report_interval: Duration::from_millis(self.report_interval_ms.max(100)),
             state_cleanup_delay: Duration::from_millis(self.state_cleanup_delay_ms),
             usage_topic: None,
@@ -492,6 +504,7 @@ mod tests {
             instance_id: None,
             session_timeout_ms: 10_000,
             transaction_timeout_ms: 10_000,
+            group_protocol: "classic".into(),
             kafka_config: Vec::new(),
             report_interval_ms: 5_000,
             state_cleanup_delay_ms: 600_000,

@@ -3,7 +3,7 @@
 
 use rdkafka::ClientConfig;
 
-use super::{RunOptions, changelog_topic};
+use super::{GroupProtocol, RunOptions, changelog_topic};
 use crate::kafka::{self, Connection, KafkaError, TopicSpec};
 use crate::manifest::Manifest;
 
@@ -32,24 +32,6 @@ pub(crate) fn consumer_config(
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
-        .set(
-            "partition.assignment.strategy",
-            if co_partitioned {
-                "range"
-            } else {
-                "cooperative-sticky"
-            },
-        )
-        .set(
-            "session.timeout.ms",
-            options.session_timeout.as_millis().to_string(),
-        )
-        .set(
-            "heartbeat.interval.ms",
-            (options.session_timeout.as_millis() / 4)
-                .max(100)
-                .to_string(),
-        )
         .set("max.poll.interval.ms", "300000")
         // After a restart or a rebalance the committed offsets are unstable
         // (KIP-447) until the previous owner's transaction is resolved, and
@@ -59,6 +41,40 @@ pub(crate) fn consumer_config(
         // benchmark, bench/README.md). Retries of at most 100 ms apart.
         .set("retry.backoff.ms", "10")
         .set("retry.backoff.max.ms", "100");
+    match options.group_protocol {
+        GroupProtocol::Classic => {
+            c.set(
+                "partition.assignment.strategy",
+                if co_partitioned {
+                    "range"
+                } else {
+                    "cooperative-sticky"
+                },
+            )
+            .set(
+                "session.timeout.ms",
+                options.session_timeout.as_millis().to_string(),
+            )
+            // A member learns of a rebalance at its next heartbeat: at a
+            // tenth of the session (a quarter before), the survivors of a
+            // dead host rejoin up to 1 s after its session expired, not
+            // 2.5 s (10 s sessions; the failover benchmark,
+            // bench/README.md).
+            .set(
+                "heartbeat.interval.ms",
+                (options.session_timeout.as_millis() / 10)
+                    .max(100)
+                    .to_string(),
+            );
+        }
+        GroupProtocol::Consumer => {
+            // The brokers' range assignor co-partitions as the classic one.
+            c.set("group.protocol", "consumer").set(
+                "group.remote.assignor",
+                if co_partitioned { "range" } else { "uniform" },
+            );
+        }
+    }
     c
 }
 

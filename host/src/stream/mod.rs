@@ -14,6 +14,7 @@ pub mod changelog;
 mod clients;
 pub mod cpu;
 pub mod names;
+mod standby;
 pub mod verify;
 mod worker;
 
@@ -101,6 +102,8 @@ pub struct RunOptions {
     /// Transaction timeout (also bounds how long a crashed instance's open
     /// transaction blocks readers).
     pub transaction_timeout: Duration,
+    /// The consumer group protocol the workers use.
+    pub group_protocol: GroupProtocol,
     /// How often to log the figures.
     pub report_interval: Duration,
     /// How long the local stores of a partition this instance no longer
@@ -113,6 +116,20 @@ pub struct RunOptions {
     /// The tenant's share of this host's CPU, charged by every guest call
     /// (`None`: no limit).
     pub cpu_budget: Option<std::sync::Arc<cpu::CpuBudget>>,
+}
+
+/// The consumer group protocol of a deployment's workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupProtocol {
+    /// The classic protocol: static membership (`group.instance.id`), the
+    /// members' own cooperative-sticky or range assignment, the client's
+    /// session timeout.
+    #[default]
+    Classic,
+    /// KIP-848's consumer protocol: the brokers assign (range when a task
+    /// reads several topics, else uniform) and set the session and
+    /// heartbeat times.
+    Consumer,
 }
 
 /// Kafka's default `delete.retention.ms` (one day), when a changelog's
@@ -135,6 +152,9 @@ pub(crate) struct Deployment {
     /// shortest `delete.retention.ms`) is not trusted: a tombstone may
     /// have been compacted away meanwhile. It is wiped and restored.
     pub trust_horizon: Duration,
+    /// The warm copies of other instances' tasks kept here
+    /// (`processing.standby-replicas`).
+    pub standbys: standby::Standbys,
 }
 
 impl Deployment {
@@ -205,6 +225,7 @@ pub fn run_with_metrics(
         shutdown: shutdown.clone(),
         open_tasks: Default::default(),
         trust_horizon,
+        standbys: Default::default(),
     });
 
     let mut handles = Vec::new();
@@ -216,6 +237,19 @@ pub fn run_with_metrics(
             .map_err(|e| StreamError::Restart(format!("cannot start worker thread: {e}")))?;
         handles.push(handle);
     }
+    let standby = if deployment.manifest.processing.standby_replicas > 0
+        || deployment.exactly_once()
+    {
+        let d = deployment.clone();
+        Some(
+            std::thread::Builder::new()
+                .name("onceflow-standby".to_owned())
+                .spawn(move || standby::run(&d))
+                .map_err(|e| StreamError::Restart(format!("cannot start standby thread: {e}")))?,
+        )
+    } else {
+        None
+    };
 
     let app = deployment.manifest.application_id();
     let mut last_report = Instant::now();
@@ -237,6 +271,13 @@ pub fn run_with_metrics(
         if last_report.elapsed() >= deployment.options.report_interval {
             last = report(&app, &metrics, last, last_report.elapsed());
             last_report = Instant::now();
+        }
+    }
+    if let Some(h) = standby {
+        // The workers stopped, so shutdown is set: the thread ends within a poll.
+        shutdown.store(true, Ordering::Relaxed);
+        if h.join().is_err() {
+            tracing::warn!("the standby thread panicked");
         }
     }
     for h in handles {
@@ -261,6 +302,7 @@ pub fn run_with_metrics(
         fenced = total.fenced,
         restarts = total.restarts,
         restored = total.restored,
+        standby_records = total.standby_records,
         "deployment stopped"
     );
     result.map(|()| metrics)
@@ -283,7 +325,8 @@ fn remove_unowned_stores(d: &Deployment, unowned_since: &mut BTreeMap<i32, Insta
     let open = d.open_tasks.lock().unwrap_or_else(|e| e.into_inner());
     unowned_since.retain(|p, _| on_disk.contains(p) && !open.contains(p));
     for p in on_disk {
-        if open.contains(&p) {
+        if open.contains(&p) || d.standbys.holds(p) {
+            unowned_since.remove(&p);
             continue;
         }
         let since = *unowned_since.entry(p).or_insert_with(Instant::now);
@@ -363,6 +406,7 @@ fn report(
         fenced = now.fenced,
         restarts = now.restarts,
         restored = now.restored,
+        standby_records = now.standby_records,
         "figures"
     );
     now

@@ -7,6 +7,8 @@
 //!   contender's CPU time and peak RSS from /proc;
 //! - `verify-enrich`, `verify-pageviews`, `verify-fraud`: check a run's
 //!   outputs against what the generator and the workload's model say;
+//! - `pauses`: the rebalance benchmark's measure (the longest gap in
+//!   committed output per partition after a host joins or leaves).
 //! - `first-new` and `count`: the recovery benchmark's measures (the first
 //!   output committed after a kill; every output counted once).
 //!
@@ -102,12 +104,31 @@ enum Command {
     /// takes the end of each partition of `topics`, prints `{"ready":true}`
     /// (the harness restarts the contender then), and waits for the first
     /// record written after those ends to be visible (read_committed: a
-    /// transaction of the restarted contender).
+    /// transaction of the restarted contender). With `--every-partition`,
+    /// until every partition of `topics` has a new record (the failover
+    /// benchmark: the survivor's own partitions go on at once, the dead
+    /// host's only once they moved), and the time is the last one's.
     FirstNew {
         #[arg(long, value_delimiter = ',', required = true)]
         topics: Vec<String>,
+        #[arg(long)]
+        every_partition: bool,
         #[arg(long, default_value_t = 900)]
         timeout_secs: u64,
+    },
+    /// The rebalance benchmark's measure. Connects at the end of every
+    /// partition of `topics` (read_committed) and prints `{"armed":true}`;
+    /// reads one line from stdin, the time of an event (ms since the epoch:
+    /// a host started or stopped); then for `seconds` records, per
+    /// partition, the longest time without a new record becoming visible,
+    /// counted from the event (the pause). The same for the time between
+    /// arming and the event (the baseline: commits every 100 ms make gaps
+    /// of their own).
+    Pauses {
+        #[arg(long, value_delimiter = ',', required = true)]
+        topics: Vec<String>,
+        #[arg(long)]
+        seconds: u64,
     },
     /// Count the records of `topic` (read_committed, up to the end of
     /// every partition) and their distinct keys; run once the contender
@@ -225,11 +246,18 @@ fn main() -> anyhow::Result<()> {
         )?,
         Command::FirstNew {
             topics,
+            every_partition,
             timeout_secs,
         } => first_new(
             &cli.bootstrap_servers,
             &topics,
+            every_partition,
             Duration::from_secs(timeout_secs),
+        )?,
+        Command::Pauses { topics, seconds } => pauses(
+            &cli.bootstrap_servers,
+            &topics,
+            Duration::from_secs(seconds),
         )?,
         Command::Count {
             topic,
@@ -889,6 +917,7 @@ fn partitions(consumer: &BaseConsumer, topics: &[String]) -> anyhow::Result<Vec<
 fn first_new(
     bootstrap: &str,
     topics: &[String],
+    every_partition: bool,
     timeout: Duration,
 ) -> anyhow::Result<serde_json::Value> {
     use std::io::{BufRead as _, Write as _};
@@ -935,8 +964,29 @@ fn first_new(
     println!("{}", json!({"ready": true, "sampled_ms": sampled_ms}));
     std::io::stdout().flush().context("stdout")?;
     let started = Instant::now();
+    // Per partition, when its first new record became visible.
+    let mut seen: std::collections::BTreeMap<(String, i32), i64> = Default::default();
     while started.elapsed() < timeout {
         match consumer.poll(Duration::from_millis(20)) {
+            Some(Ok(m)) if every_partition => {
+                let now = now_ms();
+                seen.entry((m.topic().to_owned(), m.partition()))
+                    .or_insert(now - killed_at_ms);
+                if seen.len() == all.len() {
+                    let (last, ms) = seen
+                        .iter()
+                        .max_by_key(|(_, ms)| **ms)
+                        .expect("every partition seen");
+                    return Ok(json!({
+                        "first_visible_ms": now,
+                        "recovery_ms": ms,
+                        "sampled_after_kill_ms": sampled_ms - killed_at_ms,
+                        "topic": last.0,
+                        "partition": last.1,
+                        "per_partition_ms": seen.values().collect::<Vec<_>>(),
+                    }));
+                }
+            }
             Some(Ok(m)) => {
                 let now = now_ms();
                 return Ok(json!({
@@ -953,9 +1003,98 @@ fn first_new(
         }
     }
     bail!(
-        "no new record in {topics:?} within {}s of the kill",
+        "no new record in {topics:?} ({} of {} partitions had one) within {}s of the kill",
+        seen.len(),
+        all.len(),
         timeout.as_secs()
     )
+}
+
+fn pauses(
+    bootstrap: &str,
+    topics: &[String],
+    window: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    use std::io::{BufRead as _, Write as _};
+    let consumer = reader(bootstrap)?;
+    let all = partitions(&consumer, topics)?;
+    let mut tpl = TopicPartitionList::new();
+    for (topic, p) in &all {
+        tpl.add_partition_offset(topic, *p, Offset::End)?;
+    }
+    consumer.assign(&tpl).context("assigning partitions")?;
+    let armed_ms = now_ms();
+    // The event time arrives on stdin while the reader goes on polling.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    println!("{}", json!({"armed": true}));
+    std::io::stdout().flush().context("stdout")?;
+    let mut last: BTreeMap<(String, i32), i64> =
+        all.iter().map(|tp| (tp.clone(), armed_ms)).collect();
+    let mut baseline: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut pause: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut event_ms: Option<i64> = None;
+    loop {
+        if event_ms.is_none()
+            && let Ok(line) = rx.try_recv()
+        {
+            let at: i64 = line
+                .trim()
+                .parse()
+                .with_context(|| format!("expected the event time in ms on stdin, got {line:?}"))?;
+            // Gaps so far are the baseline; from here on, gaps count from
+            // the event at the earliest.
+            for (tp, seen) in &mut last {
+                let gap = at - *seen;
+                let b = baseline.entry(tp.clone()).or_insert(0);
+                *b = (*b).max(gap);
+                *seen = at.max(*seen);
+            }
+            event_ms = Some(at);
+        }
+        let now = now_ms();
+        if let Some(at) = event_ms
+            && now - at >= window.as_millis() as i64
+        {
+            for (tp, seen) in &last {
+                let p = pause.entry(tp.clone()).or_insert(0);
+                *p = (*p).max(now - *seen);
+            }
+            break;
+        }
+        match consumer.poll(Duration::from_millis(10)) {
+            Some(Ok(m)) => {
+                let tp = (m.topic().to_owned(), m.partition());
+                let seen = last.entry(tp.clone()).or_insert(now);
+                let gap = now - *seen;
+                let into = if event_ms.is_some() {
+                    &mut pause
+                } else {
+                    &mut baseline
+                };
+                let g = into.entry(tp).or_insert(0);
+                *g = (*g).max(gap);
+                *seen = now;
+            }
+            Some(Err(e)) => eprintln!("bench-tool: reader error: {e}"),
+            None => {}
+        }
+    }
+    let max = |m: &BTreeMap<(String, i32), i64>| m.values().copied().max().unwrap_or(0);
+    let per_partition: Vec<serde_json::Value> = pause
+        .iter()
+        .map(|((t, p), ms)| json!({"topic": t, "partition": p, "pause_ms": ms}))
+        .collect();
+    Ok(json!({
+        "baseline_max_gap_ms": max(&baseline),
+        "max_pause_ms": max(&pause),
+        "per_partition": per_partition,
+        "window_ms": window.as_millis() as u64,
+    }))
 }
 
 /// A read_committed reader that reports each partition's end.
