@@ -100,7 +100,10 @@ impl Standbys {
                     continue;
                 }
                 match owners.get_mut(p) {
-                    Some((current, _)) if *current == m.client_id => {}
+                    // Seen again: the owner before is history (it is kept
+                    // for the moment between this thread seeing a new
+                    // assignment and the worker opening the partition).
+                    Some((current, before)) if *current == m.client_id => *before = None,
                     Some((current, before)) => {
                         *before = Some(std::mem::replace(current, m.client_id.clone()));
                     }

@@ -394,9 +394,6 @@ struct Core {
     /// abort is stale (the input was rewound) and must not be processed.
     aborts: u64,
     restore_consumer: Option<changelog::Restorer>,
-    /// Transactional ids of departed instances' workers this session
-    /// fenced (see [`Core::start_fencing`]).
-    fenced_departed: BTreeSet<String>,
     /// Records polled and not processed yet, of tasks with more than one
     /// source topic (see [`Queued`]).
     queued: BTreeMap<i32, Queued>,
@@ -896,7 +893,6 @@ impl Session {
             txn_group: None,
             aborts: 0,
             restore_failing_since: BTreeMap::new(),
-            fenced_departed: BTreeSet::new(),
             restore_consumer,
             queued: BTreeMap::new(),
             read_from: HashMap::new(),
@@ -1229,8 +1225,10 @@ impl Core {
     /// The previous owners are known from the standby thread's view of the
     /// group (read every second with standbys, every 5 s without: a
     /// partition that moved in the last seconds before its owner died may
-    /// still wait for the transaction timeout).
-    fn start_fencing(&mut self, consumer: &BaseConsumer<WorkerContext>, partitions: &[i32]) {
+    /// still wait for the transaction timeout). A worker fenced twice (its
+    /// partitions came in two assignments) is harmless: its epoch is bumped
+    /// again.
+    fn start_fencing(&self, consumer: &BaseConsumer<WorkerContext>, partitions: &[i32]) {
         if !self.d.exactly_once() {
             return;
         }
@@ -1239,7 +1237,6 @@ impl Core {
         let previous: BTreeSet<String> = partitions
             .iter()
             .filter_map(|p| self.d.standbys.previous_owner(&app, me, *p))
-            .filter(|c| !self.fenced_departed.contains(c))
             .collect();
         if previous.is_empty() {
             return;
@@ -1259,7 +1256,6 @@ impl Core {
         if departed.is_empty() {
             return;
         }
-        self.fenced_departed.extend(departed.iter().cloned());
         let options = self.d.options.clone();
         let worker = self.worker;
         let spawned = std::thread::Builder::new()
