@@ -495,6 +495,9 @@ def report(results: list[dict], context: str) -> str:
     failovers = [r for r in results if "standbys" in r]
     rebalances = [r for r in results if "protocol" in r]
     results = [r for r in results if "standbys" not in r and "protocol" not in r]
+    if not results:
+        # Only failovers or rebalances: no restart table.
+        lines = lines[:4]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['label']} | {r['size']} | {r['accounts']:,} | – | FAILED: {r['error']} | | | |")
@@ -507,7 +510,8 @@ def report(results: list[dict], context: str) -> str:
         )
     by = {(r["contender"], r["size"]): r for r in results if "error" not in r}
     of_big, of_small = by.get(("of-wallet-eos", "1GB")), by.get(("of-wallet-eos", "100MB"))
-    lines += ["", "| target (issue 12, item 3) | figure | holds |", "|---|---|---|"]
+    if results:
+        lines += ["", "| target (issue 12, item 3) | figure | holds |", "|---|---|---|"]
     if of_big:
         ok = of_big["recovery_ms"] <= 2000
         lines.append(f"| Onceflow ≤ 2 s at 1 GB | {of_big['recovery_ms']:,} ms | {'yes' if ok else '**no**'} |")
