@@ -97,9 +97,8 @@ def restored_records(log_path: Path) -> int | None:
     return sum(int(n) for n in found) if found else 0
 
 
-def measure(h: Harness, c: Contender, size: str, accounts: int) -> dict:
-    run = f"{size.lower()}"
-    prefix = f"rec-{c.key}-{run}-{h.run_id}"
+def prepare(h: Harness, prefix: str, accounts: int) -> tuple[str, dict[str, str], dict]:
+    """This run's topics, and the fill payments in the input topic."""
     input_topic = f"{prefix}-payments"
     out = h.topics(prefix, "wallet")
     h.tool("create-topics", f"{input_topic}:{h.profile.partitions}")
@@ -107,75 +106,117 @@ def measure(h: Harness, c: Contender, size: str, accounts: int) -> dict:
     t0 = time.time()
     filled = h.tool("produce", "--topic", input_topic, "--kind", "fill", "--count", str(accounts), timeout=3600)
     log(f"  {accounts:,} fill payments produced in {time.time() - t0:.0f}s")
+    return input_topic, out, filled
 
+
+def await_fill(h: Harness, out: dict[str, str], filled: dict, accounts: int, pid: int) -> tuple[float, dict]:
+    """Waits until every fill payment's audit record is visible."""
+    t0 = time.time()
+    wait = max(900, accounts // 5_000)
+    fill = h.tool(
+        "await", "--topics", out["out1"], "--expect", str(filled["expected_outputs"]),
+        "--timeout-secs", str(wait), "--pid", str(pid), timeout=wait + 60,
+    )
+    return time.time() - t0, fill
+
+
+def start_live(h: Harness, input_topic: str) -> subprocess.Popen:
+    """Live payments at LIVE_RATE, new accounts each, until killed."""
+    return subprocess.Popen(
+        [str(h.bench_tool), "produce", "--topic", input_topic, "--kind", "fill",
+         "--first", str(LIVE_FIRST), "--count", str(LIVE_RATE * LIVE_MAX_SECONDS), "--rate", str(LIVE_RATE)],
+        env=h.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+class FirstNew:
+    """`bench-tool first-new`: the clock, connected before the kill."""
+
+    def __init__(self, h: Harness, topic: str, every_partition: bool = False):
+        argv = [str(h.bench_tool), "first-new", "--topics", topic] + (["--every-partition"] if every_partition else [])
+        self.proc = subprocess.Popen(
+            argv, env=h.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.expect("armed", "first-new did not start")
+
+    def expect(self, key: str, what: str) -> None:
+        assert self.proc.stdout is not None
+        if not json.loads(self.proc.stdout.readline() or "{}").get(key):
+            raise RuntimeError(f"{what}: {self.proc.stderr.read() if self.proc.stderr else ''}")
+
+    def killed(self, at_ms: int) -> None:
+        """Tells it the kill time (once the process is dead); it takes the ends."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{at_ms}\n")
+        self.proc.stdin.flush()
+        self.expect("ready", "first-new failed")
+
+    def result(self) -> dict:
+        first, err = self.proc.communicate(timeout=960)
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"first-new failed: {err.strip()[:2000]}")
+        return json.loads(first)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+def end_live(h: Harness, live: subprocess.Popen, input_topic: str, out: dict[str, str], pid: int) -> int:
+    """Stops the live load and waits until every payment in the input topic
+    has its audit record; returns the payments. SIGKILL: what the producer
+    sent is in the topic (acks=all), what it had not sent yet is not a
+    payment; the input topic says which."""
+    if live.poll() is not None:
+        raise RuntimeError(f"the live producer stopped early: {live.stderr.read() if live.stderr else ''}")
+    live.kill()
+    live.wait()
+    total = h.tool("count", "--topic", input_topic, timeout=1800)["records"]
+    h.tool("await", "--topics", out["out1"], "--expect", str(total), "--timeout-secs", "900", "--pid", str(pid), timeout=960)
+    return total
+
+
+def audit(h: Harness, out: dict[str, str], total: int) -> dict:
+    """Counts the audit topic: every payment exactly once?"""
+    counted = h.tool("count", "--topic", out["out1"], timeout=1800)
+    exact = counted["records"] == total and counted["distinct_keys"] == total
+    log(f"  audit: {counted['records']:,} records, {counted['distinct_keys']:,} payment ids, {total:,} payments: {'exact' if exact else 'NOT EXACT'}")
+    return {"payments": total, "audit_records": counted["records"], "audit_distinct": counted["distinct_keys"], "exact": exact}
+
+
+def measure(h: Harness, c: Contender, size: str, accounts: int) -> dict:
+    run = f"{size.lower()}"
+    input_topic, out, filled = prepare(h, f"rec-{c.key}-{run}-{h.run_id}", accounts)
     proc = h.start(c, input_topic, out, run)
     restarted = None
     live = None
     watcher = None
     try:
-        t0 = time.time()
-        fill = h.tool(
-            "await", "--topics", out["out1"], "--expect", str(filled["expected_outputs"]),
-            "--timeout-secs", str(max(900, accounts // 5_000)), "--pid", str(proc.pid),
-            timeout=max(900, accounts // 5_000) + 60,
-        )
-        fill_seconds = time.time() - t0
+        fill_seconds, fill = await_fill(h, out, filled, accounts, proc.pid)
         log(f"  filled: {accounts:,} accounts in {fill_seconds:.0f}s ({fill['throughput']:,.0f} records/s), rss {fill['peak_rss_bytes']}")
-
-        live = subprocess.Popen(
-            [str(h.bench_tool), "produce", "--topic", input_topic, "--kind", "fill",
-             "--first", str(LIVE_FIRST), "--count", str(LIVE_RATE * LIVE_MAX_SECONDS), "--rate", str(LIVE_RATE)],
-            env=h.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        # The clock, connected before the kill (bench-tool first-new).
-        watcher = subprocess.Popen(
-            [str(h.bench_tool), "first-new", "--topics", out["out1"]],
-            env=h.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        assert watcher.stdin is not None and watcher.stdout is not None
-        if not json.loads(watcher.stdout.readline() or "{}").get("armed"):
-            raise RuntimeError(f"first-new did not start: {watcher.stderr.read() if watcher.stderr else ''}")
+        live = start_live(h, input_topic)
+        watcher = FirstNew(h, out["out1"])
         time.sleep(BEFORE_KILL_SECONDS)
         if proc.poll() is not None:
             raise RuntimeError(f"{c.key} exited before the kill (log: {proc.log_path})")  # type: ignore[attr-defined]
         killed_at_ms = int(time.time() * 1000)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        watcher.stdin.write(f"{killed_at_ms}\n")
-        watcher.stdin.flush()
-        if not json.loads(watcher.stdout.readline() or "{}").get("ready"):
-            raise RuntimeError(f"first-new failed: {watcher.stderr.read() if watcher.stderr else ''}")
+        watcher.killed(killed_at_ms)
         restarted = h.start(c, input_topic, out, run, log_suffix="-restarted")
         restarted_after_ms = int(time.time() * 1000) - killed_at_ms
-        first, err = watcher.communicate(timeout=960)
-        if watcher.returncode != 0:
-            raise RuntimeError(f"first-new failed: {err.strip()[:2000]}")
-        recovery = json.loads(first)
+        recovery = watcher.result()
         log(f"  recovery: {recovery['recovery_ms']:,} ms from the kill to the first new committed output")
-
         time.sleep(AFTER_RECOVERY_SECONDS)
-        if live.poll() is not None:
-            raise RuntimeError(f"the live producer stopped early: {live.stderr.read() if live.stderr else ''}")
-        # SIGKILL: what it sent is in the topic (acks=all), what it had
-        # not sent yet is not a payment; the input topic says which.
-        live.kill()
-        live.wait()
-        total = h.tool("count", "--topic", input_topic, timeout=1800)["records"]
-        h.tool(
-            "await", "--topics", out["out1"], "--expect", str(total),
-            "--timeout-secs", "900", "--pid", str(restarted.pid), timeout=960,
-        )
+        total = end_live(h, live, input_topic, out, restarted.pid)
     finally:
         if live is not None and live.poll() is None:
             live.kill()
-        if watcher is not None and watcher.poll() is None:
-            watcher.kill()
+        if watcher is not None:
+            watcher.close()
         for p in (proc, restarted):
             if p is not None:
                 h.stop(p)
-    counted = h.tool("count", "--topic", out["out1"], timeout=1800)
-    exact = counted["records"] == total and counted["distinct_keys"] == total
-    log(f"  audit: {counted['records']:,} records, {counted['distinct_keys']:,} payment ids, {total:,} payments: {'exact' if exact else 'NOT EXACT'}")
     result = {
         "contender": c.key,
         "label": c.label,
@@ -188,10 +229,7 @@ def measure(h: Harness, c: Contender, size: str, accounts: int) -> dict:
         # From the kill: the end offsets taken, the restart issued.
         "sampled_after_kill_ms": recovery["sampled_after_kill_ms"],
         "restarted_after_kill_ms": restarted_after_ms,
-        "payments": total,
-        "audit_records": counted["records"],
-        "audit_distinct": counted["distinct_keys"],
-        "exact": exact,
+        **audit(h, out, total),
         "log": str(restarted.log_path) if restarted is not None else None,  # type: ignore[attr-defined]
     }
     if c.system == "onceflow" and restarted is not None:
@@ -221,83 +259,43 @@ def measure_failover(h: Harness, c: Contender, size: str, accounts: int, standby
     survivor's own partitions go on at once; the dead host's, once the group
     gave them to the survivor and it restored them)."""
     run = f"fo{standbys}-{size.lower()}"
-    prefix = f"rec-{run}-{h.run_id}"
-    input_topic = f"{prefix}-payments"
-    out = h.topics(prefix, "wallet")
-    h.tool("create-topics", f"{input_topic}:{h.profile.partitions}")
-    h.create(out)
-    t0 = time.time()
-    filled = h.tool("produce", "--topic", input_topic, "--kind", "fill", "--count", str(accounts), timeout=3600)
-    log(f"  {accounts:,} fill payments produced in {time.time() - t0:.0f}s")
+    input_topic, out, filled = prepare(h, f"rec-{run}-{h.run_id}", accounts)
     extra = ["--session-timeout-ms", str(FAILOVER_SESSION_MS)]
     hosts = [
         h.start(c, input_topic, out, run, log_suffix=f"-{i}", instance=i, extra=extra, standbys=standbys)
         for i in ("i0", "i1")
     ]
     victim, survivor = hosts
+    survivor_log = Path(survivor.log_path)  # type: ignore[attr-defined]
     live = None
     watcher = None
     try:
-        t0 = time.time()
-        fill = h.tool(
-            "await", "--topics", out["out1"], "--expect", str(filled["expected_outputs"]),
-            "--timeout-secs", str(max(900, accounts // 5_000)), "--pid", str(survivor.pid),
-            timeout=max(900, accounts // 5_000) + 60,
-        )
-        fill_seconds = time.time() - t0
+        fill_seconds, fill = await_fill(h, out, filled, accounts, survivor.pid)
         log(f"  filled: {accounts:,} accounts in {fill_seconds:.0f}s ({fill['throughput']:,.0f} records/s) on two hosts")
-        live = subprocess.Popen(
-            [str(h.bench_tool), "produce", "--topic", input_topic, "--kind", "fill",
-             "--first", str(LIVE_FIRST), "--count", str(LIVE_RATE * LIVE_MAX_SECONDS), "--rate", str(LIVE_RATE)],
-            env=h.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        watcher = subprocess.Popen(
-            [str(h.bench_tool), "first-new", "--every-partition", "--topics", out["out0"]],
-            env=h.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        assert watcher.stdin is not None and watcher.stdout is not None
-        if not json.loads(watcher.stdout.readline() or "{}").get("armed"):
-            raise RuntimeError(f"first-new did not start: {watcher.stderr.read() if watcher.stderr else ''}")
+        live = start_live(h, input_topic)
+        watcher = FirstNew(h, out["out0"], every_partition=True)
         time.sleep(BEFORE_KILL_SECONDS)
         for p in hosts:
             if p.poll() is not None:
                 raise RuntimeError(f"a host exited before the kill (log: {p.log_path})")  # type: ignore[attr-defined]
-        standby_before = max(log_figures(Path(survivor.log_path), r"standby_records=(\d+)") or [0])  # type: ignore[attr-defined]
+        standby_before = max(log_figures(survivor_log, r"standby_records=(\d+)") or [0])
         # The survivor's log from here on: its takeover.
-        survivor_log_at = Path(survivor.log_path).stat().st_size  # type: ignore[attr-defined]
+        survivor_log_at = survivor_log.stat().st_size
         killed_at_ms = int(time.time() * 1000)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-        watcher.stdin.write(f"{killed_at_ms}\n")
-        watcher.stdin.flush()
-        if not json.loads(watcher.stdout.readline() or "{}").get("ready"):
-            raise RuntimeError(f"first-new failed: {watcher.stderr.read() if watcher.stderr else ''}")
-        first, err = watcher.communicate(timeout=960)
-        if watcher.returncode != 0:
-            raise RuntimeError(f"first-new failed: {err.strip()[:2000]}")
-        recovery = json.loads(first)
+        watcher.killed(killed_at_ms)
+        recovery = watcher.result()
         log(f"  failover: {recovery['recovery_ms']:,} ms from the kill to output again on every partition")
         time.sleep(AFTER_RECOVERY_SECONDS)
-        if live.poll() is not None:
-            raise RuntimeError(f"the live producer stopped early: {live.stderr.read() if live.stderr else ''}")
-        live.kill()
-        live.wait()
-        total = h.tool("count", "--topic", input_topic, timeout=1800)["records"]
-        h.tool(
-            "await", "--topics", out["out1"], "--expect", str(total),
-            "--timeout-secs", "900", "--pid", str(survivor.pid), timeout=960,
-        )
+        total = end_live(h, live, input_topic, out, survivor.pid)
     finally:
         if live is not None and live.poll() is None:
             live.kill()
-        if watcher is not None and watcher.poll() is None:
-            watcher.kill()
+        if watcher is not None:
+            watcher.close()
         for p in hosts:
             h.stop(p)
-    counted = h.tool("count", "--topic", out["out1"], timeout=1800)
-    exact = counted["records"] == total and counted["distinct_keys"] == total
-    log(f"  audit: {counted['records']:,} records, {counted['distinct_keys']:,} payment ids, {total:,} payments: {'exact' if exact else 'NOT EXACT'}")
-    survivor_log = Path(survivor.log_path)  # type: ignore[attr-defined]
     takeover_log = h.work / f"{survivor_log.stem}-takeover.log"
     with open(survivor_log, "rb") as f:
         f.seek(survivor_log_at)
@@ -318,10 +316,7 @@ def measure_failover(h: Harness, c: Contender, size: str, accounts: int, standby
         # The survivor's restores after the kill: the takeover.
         "restored_records": sum(log_figures(takeover_log, r"restored (\d+) changelog records")),
         "fenced_ms": log_figures(takeover_log, r"fenced a departed instance's worker .*? ms=(\d+)"),
-        "payments": total,
-        "audit_records": counted["records"],
-        "audit_distinct": counted["distinct_keys"],
-        "exact": exact,
+        **audit(h, out, total),
         "log": str(survivor_log),
     }
     h.tool("delete-topics", input_topic, *out.values())
@@ -361,26 +356,15 @@ def measure_rebalance(h: Harness, c: Contender, protocol: str) -> dict:
     a third joins, then leaves (SIGTERM: a clean stop). Per event, the
     longest gap in each partition's committed output after it."""
     run = f"rb-{protocol}"
-    prefix = f"rec-{run}-{h.run_id}"
-    input_topic = f"{prefix}-payments"
-    out = h.topics(prefix, "wallet")
-    h.tool("create-topics", f"{input_topic}:{h.profile.partitions}")
-    h.create(out)
-    filled = h.tool("produce", "--topic", input_topic, "--kind", "fill", "--count", "100000", timeout=600)
+    accounts = 100_000
+    input_topic, out, filled = prepare(h, f"rec-{run}-{h.run_id}", accounts)
     extra = ["--group-protocol", protocol]
     hosts = [h.start(c, input_topic, out, run, log_suffix=f"-{i}", instance=i, extra=extra) for i in ("i0", "i1")]
     live = None
     result: dict = {"contender": f"of-wallet-eos-rebalance-{protocol}", "protocol": protocol}
     try:
-        h.tool(
-            "await", "--topics", out["out1"], "--expect", str(filled["expected_outputs"]),
-            "--timeout-secs", "600", "--pid", str(hosts[0].pid), timeout=660,
-        )
-        live = subprocess.Popen(
-            [str(h.bench_tool), "produce", "--topic", input_topic, "--kind", "fill",
-             "--first", str(LIVE_FIRST), "--count", str(LIVE_RATE * LIVE_MAX_SECONDS), "--rate", str(LIVE_RATE)],
-            env=h.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
+        await_fill(h, out, filled, accounts, hosts[0].pid)
+        live = start_live(h, input_topic)
         time.sleep(BEFORE_KILL_SECONDS)
 
         def join() -> int:
@@ -398,21 +382,13 @@ def measure_rebalance(h: Harness, c: Contender, protocol: str) -> dict:
 
         result["leave"] = pauses(h, out["out0"], LEAVE_WINDOW_SECONDS, leave)
         log(f"  {protocol}: a host leaves: longest pause {result['leave']['max_pause_ms']:,} ms (baseline {result['leave']['baseline_max_gap_ms']} ms)")
-        live.kill()
-        live.wait()
-        total = h.tool("count", "--topic", input_topic, timeout=600)["records"]
-        h.tool("await", "--topics", out["out1"], "--expect", str(total), "--timeout-secs", "600",
-               "--pid", str(hosts[0].pid), timeout=660)
+        total = end_live(h, live, input_topic, out, hosts[0].pid)
     finally:
         if live is not None and live.poll() is None:
             live.kill()
         for p in hosts:
             h.stop(p)
-    counted = h.tool("count", "--topic", out["out1"], timeout=600)
-    result["exact"] = counted["records"] == total and counted["distinct_keys"] == total
-    result["payments"] = total
-    result["audit_records"] = counted["records"]
-    log(f"  audit: {counted['records']:,} records, {total:,} payments: {'exact' if result['exact'] else 'NOT EXACT'}")
+    result.update(audit(h, out, total))
     h.tool("delete-topics", input_topic, *out.values())
     return result
 

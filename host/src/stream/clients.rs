@@ -9,8 +9,8 @@ use crate::manifest::Manifest;
 
 /// A consumer that reads only committed data and commits nothing by itself.
 ///
-/// With `co_partitioned` (several topics per task: inputs and tables) the
-/// range assignor, which gives partition p of every topic (all have the
+/// Under the classic group protocol (the default), with `co_partitioned`
+/// (several topics per task: inputs and tables) the range assignor, which gives partition p of every topic (all have the
 /// same partition count) to one member, through every rebalance: a task
 /// never has its topics split between two workers. Otherwise
 /// cooperative-sticky, whose rebalances move only the partitions that move.
@@ -68,7 +68,9 @@ pub(crate) fn consumer_config(
             );
         }
         GroupProtocol::Consumer => {
-            // The brokers' range assignor co-partitions as the classic one.
+            // The brokers' range assignor is meant to co-partition as the
+            // classic one does (not covered by the co-partitioning test,
+            // which runs the classic protocol).
             c.set("group.protocol", "consumer").set(
                 "group.remote.assignor",
                 if co_partitioned { "range" } else { "uniform" },

@@ -237,19 +237,23 @@ pub fn run_with_metrics(
             .map_err(|e| StreamError::Restart(format!("cannot start worker thread: {e}")))?;
         handles.push(handle);
     }
-    let standby = if deployment.manifest.processing.standby_replicas > 0
-        || deployment.exactly_once()
-    {
-        let d = deployment.clone();
-        Some(
+    let standby =
+        if deployment.manifest.processing.standby_replicas > 0 || deployment.exactly_once() {
+            let d = deployment.clone();
+            // Optional: the workers are running, and go on without it.
             std::thread::Builder::new()
                 .name("onceflow-standby".to_owned())
                 .spawn(move || standby::run(&d))
-                .map_err(|e| StreamError::Restart(format!("cannot start standby thread: {e}")))?,
-        )
-    } else {
-        None
-    };
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        "cannot start the standby thread ({e}): no standby replicas, and a dead \
+                     host's transactions are not fenced at once"
+                    );
+                })
+                .ok()
+        } else {
+            None
+        };
 
     let app = deployment.manifest.application_id();
     let mut last_report = Instant::now();
