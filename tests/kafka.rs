@@ -14,7 +14,9 @@
 //! against Kafka Streams), then tables and joins (the fraud example, the
 //! same), then co-partitioning with two inputs through hosts joining and
 //! leaving (no task with two owners, from the assignments and from the
-//! changelog's producers in the broker's log segments).
+//! changelog's producers in the broker's log segments), then the PostgreSQL
+//! sink (scripts/postgres) through kills, a zombie and a database restart,
+//! against a naive sink.
 
 mod common;
 
@@ -36,3 +38,5 @@ mod g_windows;
 mod h_joins;
 #[path = "kafka/copartition.rs"]
 mod i_copartition;
+#[path = "kafka/sink.rs"]
+mod j_sink;

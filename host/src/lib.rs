@@ -29,6 +29,9 @@
 //! - [`metrics`]: counters, commit latencies, Prometheus.
 //!   [`offline`]: `onceflow test`. [`guestbench`]: `onceflow bench-guest`.
 //!   [`build`]: `onceflow build`, per language.
+//! - [`sink`]: `onceflow sink postgres`, topics into PostgreSQL exactly
+//!   once (the database's transaction holds the effect, a marker and the
+//!   position).
 //!
 //! The command line is the `onceflow` binary's (`src/main.rs`, `src/cli/`):
 //! nothing in the library depends on it.
@@ -69,6 +72,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod offline;
 pub mod sandbox;
+pub mod sink;
 pub mod state;
 pub mod stream;
 pub mod task;

@@ -11,6 +11,7 @@ pub mod fraud;
 pub mod host_process;
 pub mod kstreams;
 pub mod pageviews;
+pub mod pg;
 pub mod proxy;
 pub mod txn_probe;
 pub mod wallet;

@@ -101,6 +101,10 @@ pub enum Command {
     /// Run a fleet host: the admin API and /metrics, and every deployment
     /// of the registry (in Kafka), until SIGTERM/SIGINT.
     Host(HostArgs),
+    /// Write topics into a database exactly once, until SIGTERM/SIGINT
+    /// (docs/sink.md).
+    #[command(subcommand)]
+    Sink(SinkCommand),
     /// Upload a processor (its built component and manifest) to the fleet;
     /// deploying an existing name upgrades it in place.
     Deploy {
@@ -405,6 +409,51 @@ fn kept_instance_id(state_dir: &Path) -> anyhow::Result<String> {
             .ok_or_else(|| usage(format!("{} vanished while being read", file.display()))),
         Err(e) => Err(usage(format!("cannot create {}: {e}", file.display()))),
     }
+}
+
+/// `onceflow sink <target>`.
+#[derive(Debug, Subcommand)]
+pub enum SinkCommand {
+    /// Topics into PostgreSQL: each batch's rows, a marker per record and
+    /// the positions in one database transaction. Instances with the same
+    /// sink name share the partitions.
+    Postgres(SinkArgs),
+}
+
+/// `onceflow sink postgres` arguments.
+#[derive(Debug, clap::Args)]
+pub struct SinkArgs {
+    /// The sink's configuration (sink.toml).
+    pub config: PathBuf,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
+    pub bootstrap_servers: String,
+    /// Extra librdkafka property for every client, `key=value`
+    /// (repeatable).
+    #[arg(short = 'X', long = "kafka-config")]
+    pub kafka_config: Vec<String>,
+    /// This instance's name in the group and in the progress table
+    /// (default: the host name and process id).
+    #[arg(long)]
+    pub instance_id: Option<String>,
+    /// Consumer group session: how long a dead instance keeps its
+    /// partitions.
+    #[arg(long, default_value_t = 10_000)]
+    pub session_timeout_ms: u64,
+    /// How often progress is logged.
+    #[arg(long, default_value_t = 10_000)]
+    pub report_interval_ms: u64,
+    /// Tests only: sleep this long with a batch in hand before its database
+    /// transaction begins.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub fault_pause_before_begin_ms: u64,
+    /// Tests only: sleep this long before each database COMMIT.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub fault_pause_before_commit_ms: u64,
+    /// Tests only: sleep this long after each database COMMIT, before the
+    /// Kafka offset commit.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub fault_pause_after_commit_ms: u64,
 }
 
 /// `onceflow verify` arguments.

@@ -13,7 +13,9 @@ use onceflow::sandbox::{Sandbox, SandboxConfig};
 use onceflow::stream::verify::{VerifyOptions, verify};
 use onceflow::types::error_chain;
 
-use super::args::{HostArgs, RunArgs, VerifyArgs, kafka_config};
+use onceflow::sink::{SinkConfig, SinkOptions};
+
+use super::args::{HostArgs, RunArgs, SinkArgs, VerifyArgs, kafka_config};
 use super::{OutputFormat, check_derived_names, load_manifest, read_component, usage};
 
 /// A flag set by SIGTERM or SIGINT; a second signal exits at once.
@@ -85,6 +87,47 @@ pub fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     );
     match onceflow::stream::run(manifest, processor, options, shutdown) {
         Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {}", error_chain(&e));
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// `onceflow sink postgres`.
+pub fn cmd_sink_postgres(a: SinkArgs) -> anyhow::Result<ExitCode> {
+    let config = SinkConfig::load(&a.config).map_err(|e| usage(error_chain(&e)))?;
+    if a.session_timeout_ms < 1000 {
+        return Err(usage("--session-timeout-ms: at least 1000"));
+    }
+    let instance_id = a.instance_id.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "sink".to_owned());
+        format!("{host}-{}", std::process::id())
+    });
+    let options = SinkOptions {
+        kafka: Connection {
+            bootstrap_servers: a.bootstrap_servers,
+            extra_config: kafka_config(&a.kafka_config)?,
+        },
+        instance_id,
+        session_timeout: Duration::from_millis(a.session_timeout_ms),
+        report_interval: Duration::from_millis(a.report_interval_ms.max(100)),
+        pause_before_begin: Duration::from_millis(a.fault_pause_before_begin_ms),
+        pause_before_commit: Duration::from_millis(a.fault_pause_before_commit_ms),
+        pause_after_commit: Duration::from_millis(a.fault_pause_after_commit_ms),
+    };
+    let shutdown = on_signals()?;
+    onceflow::kafka::wait_for_brokers(
+        &options.kafka,
+        std::time::Instant::now() + Duration::from_secs(60),
+    )?;
+    match onceflow::sink::run_postgres(config, options, shutdown) {
+        Ok(report) => {
+            tracing::info!(?report, "sink finished");
+            Ok(ExitCode::SUCCESS)
+        }
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
             Ok(ExitCode::from(1))

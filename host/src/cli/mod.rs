@@ -85,6 +85,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         ),
         Command::Run(args) => kafka::cmd_run(args),
         Command::Host(args) => kafka::cmd_host(args),
+        Command::Sink(args::SinkCommand::Postgres(args)) => kafka::cmd_sink_postgres(args),
         Command::Deploy {
             manifest,
             component,

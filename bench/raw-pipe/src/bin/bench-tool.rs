@@ -11,6 +11,8 @@
 //!   committed output per partition after a host joins or leaves).
 //! - `first-new` and `count`: the recovery benchmark's measures (the first
 //!   output committed after a kill; every output counted once).
+//! - `pg-insert`: the sink benchmark's baseline, a plain at-least-once
+//!   batch insert into PostgreSQL (insert, then commit the offsets).
 //!
 //! Every command prints one JSON object on stdout.
 
@@ -136,6 +138,27 @@ enum Command {
     Count {
         #[arg(long)]
         topic: String,
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+    },
+    /// The sink benchmark's baseline: reads `topic` (read_committed, group
+    /// `group`) and inserts each batch of up to `batch` JSON values into
+    /// `table` (columns from the fields, as `onceflow sink postgres` does),
+    /// then commits the offsets: at least once. Stops after `count`
+    /// records. The password is PGPASSWORD's.
+    PgInsert {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        group: String,
+        #[arg(long)]
+        connection: String,
+        #[arg(long)]
+        table: String,
+        #[arg(long)]
+        count: u64,
+        #[arg(long, default_value_t = 5000)]
+        batch: usize,
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },
@@ -266,6 +289,26 @@ fn main() -> anyhow::Result<()> {
             &cli.bootstrap_servers,
             &topic,
             Duration::from_secs(timeout_secs),
+        )?,
+        Command::PgInsert {
+            topic,
+            group,
+            connection,
+            table,
+            count,
+            batch,
+            timeout_secs,
+        } => pg_insert(
+            &cli.bootstrap_servers,
+            &PgInsert {
+                topic,
+                group,
+                connection,
+                table,
+                count,
+                batch,
+                timeout: Duration::from_secs(timeout_secs),
+            },
         )?,
         Command::CreateTopics { topics } => create_topics(&cli.bootstrap_servers, &topics)?,
         Command::DeleteTopics { topics } => delete_topics(&cli.bootstrap_servers, &topics)?,
@@ -1478,4 +1521,75 @@ fn read_all(bootstrap: &str, topic: &str, timeout: Duration) -> anyhow::Result<V
         }
     }
     Ok(records)
+}
+
+struct PgInsert {
+    topic: String,
+    group: String,
+    connection: String,
+    table: String,
+    count: u64,
+    batch: usize,
+    timeout: Duration,
+}
+
+/// A plain at-least-once batch insert: per batch, one INSERT of the values
+/// (autocommit), then the offsets. Prints the records/s from the first
+/// insert to the last.
+fn pg_insert(bootstrap: &str, a: &PgInsert) -> anyhow::Result<serde_json::Value> {
+    let mut config: postgres::Config = a.connection.parse().context("--connection")?;
+    if let Ok(p) = std::env::var("PGPASSWORD") {
+        config.password(p);
+    }
+    let mut db = config
+        .connect(postgres::NoTls)
+        .context("connecting to PostgreSQL")?;
+    let insert = db.prepare(&format!(
+        "INSERT INTO {t} SELECT * FROM jsonb_populate_recordset(NULL::{t}, $1::jsonb)",
+        t = a.table
+    ))?;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", &a.group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    consumer.subscribe(&[&a.topic])?;
+    let deadline = Instant::now() + a.timeout;
+    let mut done = 0u64;
+    let mut first: Option<Instant> = None;
+    let mut batches = 0u64;
+    while done < a.count {
+        if Instant::now() > deadline {
+            bail!(
+                "{done} of {} records inserted after {:?}",
+                a.count,
+                a.timeout
+            );
+        }
+        let mut rows = Vec::with_capacity(a.batch);
+        let started = Instant::now();
+        while rows.len() < a.batch && started.elapsed() < Duration::from_millis(100) {
+            match consumer.poll(Duration::from_millis(20)) {
+                Some(Ok(m)) => {
+                    if let Some(v) = m.payload().and_then(|v| serde_json::from_slice(v).ok()) {
+                        rows.push(v);
+                    }
+                }
+                Some(Err(e)) => bail!("consumer: {e}"),
+                None => {}
+            }
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        done += rows.len() as u64;
+        db.execute(&insert, &[&serde_json::Value::Array(rows)])?;
+        first.get_or_insert_with(Instant::now);
+        consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Async)?;
+        batches += 1;
+    }
+    let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    Ok(json!({"records": done, "batches": batches, "seconds": secs}))
 }

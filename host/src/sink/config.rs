@@ -1,0 +1,581 @@
+//! `sink.toml`: which topics a sink reads, how each record becomes rows, and
+//! where the database is. Parsing is strict, as for `onceflow.toml`: an
+//! unknown key is an error that names it.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::SinkError;
+
+/// A sink's configuration, checked.
+#[derive(Debug, Clone)]
+pub struct SinkConfig {
+    /// The sink's name: its consumer group is `onceflow-sink-<name>`, and its
+    /// rows in the progress and marker tables carry it.
+    pub name: String,
+    /// Where the database is and how to log in.
+    pub postgres: PostgresConfig,
+    /// The topics and what each record becomes.
+    pub routes: Vec<Route>,
+    /// Where records that cannot be applied go (with the reason in headers).
+    pub dead_letter_topic: String,
+    /// At most this many records per database transaction.
+    pub max_batch_records: usize,
+    /// A batch is applied after at most this long, full or not.
+    pub max_batch_wait_ms: u64,
+    /// Markers older than this are deleted (see docs/sink.md, "Replays").
+    pub marker_retention_hours: u64,
+}
+
+/// The database connection, without a password in clear.
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    /// A libpq-style connection string (`host=... port=... user=...
+    /// dbname=...`) with no `password`.
+    pub connection: String,
+    /// A file holding the password (first line), if the server wants one;
+    /// else the `PGPASSWORD` environment variable, if set.
+    pub password_file: Option<PathBuf>,
+    /// The schema of the sink's own tables (`onceflow_sink_progress`,
+    /// `onceflow_sink_markers`, `onceflow_sink_dead_letters`).
+    pub schema: String,
+}
+
+/// One topic and what its records become.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The topic read (read_committed).
+    pub topic: String,
+    /// What a record does to the database.
+    pub apply: Apply,
+    /// What identifies a record's effect in the marker table.
+    pub identity: Identity,
+}
+
+/// What a record does to the database.
+#[derive(Debug, Clone)]
+pub enum Apply {
+    /// `INSERT ... ON CONFLICT (key) DO UPDATE`: the value's JSON fields named
+    /// like the table's columns; a null value (tombstone) deletes the row
+    /// whose single key column equals the record key.
+    Upsert {
+        /// The table (optionally `schema.table`).
+        table: String,
+        /// The columns written, from the JSON fields of the same name.
+        columns: Vec<String>,
+        /// The conflict target: the table's primary key or a unique index.
+        key: Vec<String>,
+    },
+    /// `INSERT`: one row per record; a unique violation sends the record to
+    /// the dead-letter topic.
+    Insert {
+        /// The table.
+        table: String,
+        /// The columns written.
+        columns: Vec<String>,
+    },
+    /// A parameterized statement run once per record.
+    Sql {
+        /// The statement, with `$1`, `$2`, ... .
+        statement: String,
+        /// What each parameter is: a JSON field of the value, or `$key`,
+        /// `$topic`, `$partition`, `$offset`, `$value`.
+        params: Vec<String>,
+    },
+}
+
+/// What identifies a record's effect in the marker table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// The record's position: `topic/partition/offset`.
+    Position,
+    /// A string or integer field of the JSON value (e.g. `payment_id`): the
+    /// same event sent twice upstream is applied once.
+    Field(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawConfig {
+    name: String,
+    postgres: RawPostgres,
+    #[serde(default)]
+    batch: RawBatch,
+    dead_letter_topic: String,
+    #[serde(default)]
+    markers: RawMarkers,
+    #[serde(default)]
+    routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawPostgres {
+    connection: String,
+    password_file: Option<PathBuf>,
+    #[serde(default = "default_schema")]
+    schema: String,
+}
+
+fn default_schema() -> String {
+    "public".to_owned()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawBatch {
+    #[serde(default = "default_max_records")]
+    max_records: usize,
+    #[serde(default = "default_max_wait_ms")]
+    max_wait_ms: u64,
+}
+
+impl Default for RawBatch {
+    fn default() -> Self {
+        Self {
+            max_records: default_max_records(),
+            max_wait_ms: default_max_wait_ms(),
+        }
+    }
+}
+
+fn default_max_records() -> usize {
+    5000
+}
+
+fn default_max_wait_ms() -> u64 {
+    100
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawMarkers {
+    #[serde(default = "default_retention_hours")]
+    retention_hours: u64,
+}
+
+impl Default for RawMarkers {
+    fn default() -> Self {
+        Self {
+            retention_hours: default_retention_hours(),
+        }
+    }
+}
+
+fn default_retention_hours() -> u64 {
+    7 * 24
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawRoute {
+    topic: String,
+    mode: String,
+    table: Option<String>,
+    columns: Option<Vec<String>>,
+    key: Option<Vec<String>>,
+    sql: Option<String>,
+    params: Option<Vec<String>>,
+    identity: Option<String>,
+}
+
+/// The special parameters of a `sql` route.
+pub const SPECIAL_PARAMS: [&str; 5] = ["$key", "$topic", "$partition", "$offset", "$value"];
+
+impl SinkConfig {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<Self, SinkError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SinkError::ReadConfig {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config = Self::parse(&text, path)?;
+        // A relative password file is relative to the sink.toml.
+        if let Some(f) = &mut config.postgres.password_file
+            && f.is_relative()
+        {
+            *f = path.parent().unwrap_or(Path::new(".")).join(&*f);
+        }
+        Ok(config)
+    }
+
+    /// Parses and checks the text of `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, SinkError> {
+        let invalid = |key: &str, message: String| SinkError::Config {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            message,
+        };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| SinkError::Config {
+            path: path.to_owned(),
+            key: String::new(),
+            message: e.to_string(),
+        })?;
+        if raw.name.is_empty()
+            || !raw
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(invalid(
+                "name",
+                format!("{:?}: use letters, digits, '.', '_' and '-'", raw.name),
+            ));
+        }
+        if has_password(&raw.postgres.connection) {
+            return Err(invalid(
+                "postgres.connection",
+                "holds a password in clear: remove it and give `password-file` (a file \
+                 readable by the sink only) or set PGPASSWORD in the sink's environment"
+                    .to_owned(),
+            ));
+        }
+        check_identifier(&raw.postgres.schema).map_err(|m| invalid("postgres.schema", m))?;
+        if raw.batch.max_records == 0 || raw.batch.max_records > 100_000 {
+            return Err(invalid(
+                "batch.max-records",
+                format!("{}: must be 1 to 100000", raw.batch.max_records),
+            ));
+        }
+        if raw.batch.max_wait_ms == 0 || raw.batch.max_wait_ms > 60_000 {
+            return Err(invalid(
+                "batch.max-wait-ms",
+                format!("{}: must be 1 to 60000", raw.batch.max_wait_ms),
+            ));
+        }
+        if raw.markers.retention_hours == 0 {
+            return Err(invalid(
+                "markers.retention-hours",
+                "0 would delete every marker at once: give at least 1 (default 168, a week)"
+                    .to_owned(),
+            ));
+        }
+        if raw.dead_letter_topic.is_empty() {
+            return Err(invalid("dead-letter-topic", "is empty".to_owned()));
+        }
+        if raw.routes.is_empty() {
+            return Err(invalid(
+                "routes",
+                "no [[routes]]: give at least one topic to sink".to_owned(),
+            ));
+        }
+        let mut routes = Vec::new();
+        for (i, r) in raw.routes.into_iter().enumerate() {
+            let at = |k: &str| format!("routes[{i}].{k}");
+            if r.topic.is_empty() {
+                return Err(invalid(&at("topic"), "is empty".to_owned()));
+            }
+            if routes.iter().any(|o: &Route| o.topic == r.topic) {
+                return Err(invalid(
+                    &at("topic"),
+                    format!("{:?} has two routes: one route per topic", r.topic),
+                ));
+            }
+            if r.topic == raw.dead_letter_topic {
+                return Err(invalid(
+                    &at("topic"),
+                    "is the dead-letter topic: a sink may not read what it writes".to_owned(),
+                ));
+            }
+            let columns = |r: &RawRoute| -> Result<Vec<String>, SinkError> {
+                let cols = r.columns.clone().ok_or_else(|| {
+                    invalid(
+                        &at("columns"),
+                        "missing: name the columns written".to_owned(),
+                    )
+                })?;
+                if cols.is_empty() {
+                    return Err(invalid(&at("columns"), "is empty".to_owned()));
+                }
+                for c in &cols {
+                    check_identifier(c).map_err(|m| invalid(&at("columns"), m))?;
+                }
+                Ok(cols)
+            };
+            let table = |r: &RawRoute| -> Result<String, SinkError> {
+                let t = r.table.clone().ok_or_else(|| {
+                    invalid(
+                        &at("table"),
+                        format!("missing: mode {:?} writes a table", r.mode),
+                    )
+                })?;
+                check_table(&t).map_err(|m| invalid(&at("table"), m))?;
+                Ok(t)
+            };
+            let unused = |r: &RawRoute, keys: &[(&str, bool)]| -> Result<(), SinkError> {
+                for (k, present) in keys {
+                    if *present {
+                        return Err(invalid(
+                            &at(k),
+                            format!("not used by mode {:?}: remove it", r.mode),
+                        ));
+                    }
+                }
+                Ok(())
+            };
+            let apply = match r.mode.as_str() {
+                "upsert" => {
+                    unused(
+                        &r,
+                        &[("sql", r.sql.is_some()), ("params", r.params.is_some())],
+                    )?;
+                    let columns = columns(&r)?;
+                    let key = r.key.clone().ok_or_else(|| {
+                        invalid(
+                            &at("key"),
+                            "missing: name the columns of the table's primary key (or a \
+                             unique index), the conflict target"
+                                .to_owned(),
+                        )
+                    })?;
+                    if key.is_empty() {
+                        return Err(invalid(&at("key"), "is empty".to_owned()));
+                    }
+                    for k in &key {
+                        if !columns.contains(k) {
+                            return Err(invalid(
+                                &at("key"),
+                                format!("{k:?} is not one of `columns`: add it there"),
+                            ));
+                        }
+                    }
+                    Apply::Upsert {
+                        table: table(&r)?,
+                        columns,
+                        key,
+                    }
+                }
+                "insert" => {
+                    unused(
+                        &r,
+                        &[
+                            ("sql", r.sql.is_some()),
+                            ("params", r.params.is_some()),
+                            ("key", r.key.is_some()),
+                        ],
+                    )?;
+                    Apply::Insert {
+                        table: table(&r)?,
+                        columns: columns(&r)?,
+                    }
+                }
+                "sql" => {
+                    unused(
+                        &r,
+                        &[
+                            ("table", r.table.is_some()),
+                            ("columns", r.columns.is_some()),
+                            ("key", r.key.is_some()),
+                        ],
+                    )?;
+                    let statement = r.sql.clone().ok_or_else(|| {
+                        invalid(
+                            &at("sql"),
+                            "missing: mode \"sql\" runs a statement".to_owned(),
+                        )
+                    })?;
+                    let params = r.params.clone().unwrap_or_default();
+                    for p in &params {
+                        if p.starts_with('$') && !SPECIAL_PARAMS.contains(&p.as_str()) {
+                            return Err(invalid(
+                                &at("params"),
+                                format!(
+                                    "{p:?}: a parameter is a JSON field of the value or one of {}",
+                                    SPECIAL_PARAMS.join(", ")
+                                ),
+                            ));
+                        }
+                    }
+                    Apply::Sql { statement, params }
+                }
+                other => {
+                    return Err(invalid(
+                        &at("mode"),
+                        format!("{other:?}: use \"upsert\", \"insert\" or \"sql\""),
+                    ));
+                }
+            };
+            let identity = match r.identity.as_deref() {
+                None | Some("position") => Identity::Position,
+                Some("") => return Err(invalid(&at("identity"), "is empty".to_owned())),
+                Some(field) => Identity::Field(field.to_owned()),
+            };
+            routes.push(Route {
+                topic: r.topic,
+                apply,
+                identity,
+            });
+        }
+        Ok(SinkConfig {
+            name: raw.name,
+            postgres: PostgresConfig {
+                connection: raw.postgres.connection,
+                password_file: raw.postgres.password_file,
+                schema: raw.postgres.schema,
+            },
+            routes,
+            dead_letter_topic: raw.dead_letter_topic,
+            max_batch_records: raw.batch.max_records,
+            max_batch_wait_ms: raw.batch.max_wait_ms,
+            marker_retention_hours: raw.markers.retention_hours,
+        })
+    }
+
+    /// The route of `topic`.
+    pub fn route(&self, topic: &str) -> Option<(usize, &Route)> {
+        self.routes
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.topic == topic)
+    }
+
+    /// The consumer group of the sink's instances.
+    pub fn group(&self) -> String {
+        format!("onceflow-sink-{}", self.name)
+    }
+}
+
+/// Whether a connection string (key=value or URL form) carries a password.
+fn has_password(connection: &str) -> bool {
+    let c = connection.trim();
+    if c.starts_with("postgres://") || c.starts_with("postgresql://") {
+        let rest = c.split_once("://").map_or("", |(_, r)| r);
+        let userinfo = rest.split(['@', '/']).next().filter(|_| rest.contains('@'));
+        return userinfo.is_some_and(|u| u.contains(':')) || c.contains("password=");
+    }
+    c.split_whitespace()
+        .any(|kv| kv.trim_start().to_ascii_lowercase().starts_with("password"))
+}
+
+/// A plain SQL identifier: quoted as is, so letters, digits and `_`.
+pub(crate) fn check_identifier(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?}: use letters, digits and '_' (at most 63, not starting with a digit)"
+        ))
+    }
+}
+
+/// `table` or `schema.table`.
+fn check_table(name: &str) -> Result<(), String> {
+    match name.split_once('.') {
+        Some((schema, table)) => check_identifier(schema).and(check_identifier(table)),
+        None => check_identifier(name),
+    }
+}
+
+/// An identifier (or `schema.table`) quoted for SQL.
+pub(crate) fn quote(name: &str) -> String {
+    name.split('.')
+        .map(|p| format!("\"{p}\""))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "wallet-pg"
+dead-letter-topic = "sink.dlq"
+[postgres]
+connection = "host=127.0.0.1 port=55432 user=onceflow dbname=onceflow"
+password-file = "pw"
+[[routes]]
+topic = "balances"
+mode = "upsert"
+table = "balances"
+columns = ["account", "balance"]
+key = ["account"]
+[[routes]]
+topic = "audit"
+mode = "insert"
+table = "audit"
+columns = ["payment_id", "account", "amount"]
+identity = "payment_id"
+"#;
+
+    fn parse(text: &str) -> Result<SinkConfig, SinkError> {
+        SinkConfig::parse(text, Path::new("sink.toml"))
+    }
+
+    #[test]
+    fn a_good_config_parses() {
+        let c = parse(GOOD).expect("parses");
+        assert_eq!(c.group(), "onceflow-sink-wallet-pg");
+        assert_eq!(c.routes.len(), 2);
+        assert_eq!(c.routes[1].identity, Identity::Field("payment_id".into()));
+        assert_eq!(c.routes[0].identity, Identity::Position);
+        assert_eq!(c.max_batch_records, 5000);
+    }
+
+    #[test]
+    fn a_password_in_clear_is_refused() {
+        for conn in [
+            "host=h user=u password=secret dbname=d",
+            "postgres://u:secret@h/d",
+            "postgresql://h/d?password=secret",
+        ] {
+            let text = GOOD.replace(
+                "host=127.0.0.1 port=55432 user=onceflow dbname=onceflow",
+                conn,
+            );
+            let e = parse(&text).expect_err(conn).to_string();
+            assert!(e.contains("password in clear"), "{conn}: {e}");
+        }
+        assert!(!has_password("postgres://u@h/d"));
+    }
+
+    #[test]
+    fn bad_routes_name_the_key() {
+        let cases = [
+            (
+                GOOD.replace("key = [\"account\"]", "key = [\"id\"]"),
+                "routes[0].key",
+            ),
+            (
+                GOOD.replace("mode = \"insert\"", "mode = \"merge\""),
+                "routes[1].mode",
+            ),
+            (
+                GOOD.replace("table = \"audit\"", "table = \"au dit\""),
+                "routes[1].table",
+            ),
+            (
+                GOOD.replace("topic = \"audit\"", "topic = \"balances\""),
+                "routes[1].topic",
+            ),
+            (
+                GOOD.replace("topic = \"audit\"", "topic = \"sink.dlq\""),
+                "routes[1].topic",
+            ),
+            (
+                GOOD.replace("name = \"wallet-pg\"", "name = \"wallet-pg\"\nbogus = 1"),
+                "bogus",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = parse(&text).expect_err(key).to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote("audit"), "\"audit\"");
+        assert_eq!(quote("s.audit"), "\"s\".\"audit\"");
+        assert!(check_identifier("1x").is_err());
+        assert!(check_identifier("a\"b").is_err());
+    }
+}

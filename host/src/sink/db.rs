@@ -1,0 +1,1111 @@
+//! The database side of the PostgreSQL sink: its own tables, the claim of a
+//! partition (the owner epoch), and the one transaction per batch that
+//! holds the effects, the markers, the dead letters and the positions.
+//! The only owner of the `postgres` client.
+//!
+//! The batch transaction, top to bottom ([`Db::commit_batch`]):
+//!
+//! 1. lock the progress rows of the batch's partitions (`FOR UPDATE`) and
+//!    check that each still carries this instance's owner epoch: a zombie
+//!    (an instance expelled from the group that has not noticed) finds a
+//!    higher epoch, written by the partition's new owner when it claimed
+//!    it, and commits nothing;
+//! 2. drop records below each partition's stored position: already applied
+//!    (a retry after an ambiguous COMMIT, or a replay after a crash between
+//!    this commit and the Kafka offset commit);
+//! 3. insert a marker per record (its identity and a SHA-256 of its value);
+//!    an identity already marked is a duplicate when the digests agree and
+//!    a dead letter with both digests when they do not;
+//! 4. apply the new records' effects, per route;
+//! 5. record the dead letters (forwarded to Kafka after the commit);
+//! 6. store each partition's next offset;
+//! 7. COMMIT.
+//!
+//! A data error in step 4 (a value that does not fit a column, a unique
+//! violation) rolls the transaction back and the batch is applied again
+//! record by record under savepoints, the failing records going to the
+//! dead letters.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use postgres::error::SqlState;
+use postgres::types::{ToSql, Type};
+use postgres::{Client, NoTls, Statement, Transaction};
+use serde_json::Value;
+
+use super::SinkError;
+use super::config::{Apply, SinkConfig, quote};
+
+/// One record of a batch, parsed.
+#[derive(Debug, Clone)]
+pub(crate) struct Item {
+    /// Index of its route in the configuration.
+    pub route: usize,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// The value as JSON (an object), or why it cannot be applied.
+    pub json: Result<Option<serde_json::Map<String, Value>>, String>,
+    /// The marker's identity (route-qualified).
+    pub identity: String,
+    /// SHA-256 of the value (32 zero bytes for a tombstone).
+    pub digest: Vec<u8>,
+}
+
+/// A record that cannot be applied, and why.
+#[derive(Debug, Clone)]
+pub(crate) struct DeadLetter {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub reason: String,
+    pub digest: Vec<u8>,
+    /// For a conflicting payload: the digest of what was applied.
+    pub applied_digest: Option<Vec<u8>>,
+}
+
+/// A dead letter recorded in the database, not yet in the Kafka topic.
+#[derive(Debug)]
+pub(crate) struct Unforwarded {
+    pub id: i64,
+    pub letter: DeadLetter,
+}
+
+/// What a committed batch did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Applied {
+    /// Records whose effect was applied.
+    pub applied: u64,
+    /// Records below the stored position (already applied by an earlier
+    /// transaction of this partition).
+    pub behind: u64,
+    /// Records whose identity was already marked with the same digest.
+    pub duplicates: u64,
+    /// Records recorded as dead letters.
+    pub dead: u64,
+    /// Whether the batch went record by record (a data error).
+    pub slow: bool,
+}
+
+/// How a batch transaction failed.
+#[derive(Debug)]
+pub(crate) enum BatchError {
+    /// These partitions have a newer owner: drop their records; the others
+    /// may be committed again.
+    Fenced(Vec<(String, i32)>),
+    /// A statement or the connection failed: when [`is_transient`] says so
+    /// (connection lost, restart, serialization failure), reconnect and
+    /// retry the same batch; else stop.
+    Database(postgres::Error),
+    /// Anything else: stop.
+    Fatal(SinkError),
+}
+
+/// A partition's claim: this instance's epoch, and where to read from.
+#[derive(Debug, Clone)]
+pub(crate) struct Claim {
+    pub topic: String,
+    pub partition: i32,
+    pub epoch: i64,
+    pub next_offset: Option<i64>,
+}
+
+/// A route's prepared statements.
+struct Prepared {
+    apply: Statement,
+    /// Upsert: `DELETE` of tombstoned keys (single-column keys only).
+    delete: Option<Statement>,
+}
+
+/// The connection and what it prepared.
+pub(crate) struct Db {
+    client: Client,
+    config: SinkConfig,
+    /// The password, read once.
+    password: Option<String>,
+    prepared: Vec<Prepared>,
+    s: Statements,
+}
+
+/// The sink's own statements, with the schema filled in.
+struct Statements {
+    progress: String,
+    markers: String,
+    dead_letters: String,
+}
+
+impl Db {
+    /// Connects, creates the sink's tables if missing, and prepares every
+    /// route's statement (a missing table or column is named here, before
+    /// any record is read).
+    pub(crate) fn connect(config: &SinkConfig) -> Result<Db, SinkError> {
+        let password = read_password(config)?;
+        let client = open(config, password.as_deref())?;
+        let schema = quote(&config.postgres.schema);
+        let mut db = Db {
+            client,
+            config: config.clone(),
+            password,
+            prepared: Vec::new(),
+            s: Statements {
+                progress: format!("{schema}.onceflow_sink_progress"),
+                markers: format!("{schema}.onceflow_sink_markers"),
+                dead_letters: format!("{schema}.onceflow_sink_dead_letters"),
+            },
+        };
+        db.create_tables()?;
+        db.prepare_routes()?;
+        Ok(db)
+    }
+
+    /// Opens a new connection after a transient failure, with the same
+    /// prepared statements.
+    pub(crate) fn reconnect(&mut self) -> Result<(), SinkError> {
+        self.client = open(&self.config, self.password.as_deref())?;
+        self.prepare_routes()
+    }
+
+    fn create_tables(&mut self) -> Result<(), SinkError> {
+        let Statements {
+            progress,
+            markers,
+            dead_letters,
+        } = &self.s;
+        let ddl = format!(
+            "SELECT pg_advisory_xact_lock(7245821);
+             CREATE TABLE IF NOT EXISTS {progress} (
+               sink text NOT NULL, topic text NOT NULL, kafka_partition int NOT NULL,
+               next_offset bigint, owner_epoch bigint NOT NULL, owner text NOT NULL,
+               updated_at timestamptz NOT NULL DEFAULT now(),
+               PRIMARY KEY (sink, topic, kafka_partition));
+             CREATE TABLE IF NOT EXISTS {markers} (
+               sink text NOT NULL, identity text NOT NULL, digest bytea NOT NULL,
+               topic text NOT NULL, kafka_partition int NOT NULL, kafka_offset bigint NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now(),
+               PRIMARY KEY (sink, identity));
+             CREATE INDEX IF NOT EXISTS onceflow_sink_markers_applied_at ON {markers} (sink, applied_at);
+             CREATE TABLE IF NOT EXISTS {dead_letters} (
+               id bigserial PRIMARY KEY, sink text NOT NULL, topic text NOT NULL,
+               kafka_partition int NOT NULL, kafka_offset bigint NOT NULL,
+               record_key bytea, record_value bytea, reason text NOT NULL,
+               digest bytea NOT NULL, applied_digest bytea,
+               forwarded boolean NOT NULL DEFAULT false,
+               created_at timestamptz NOT NULL DEFAULT now());
+             CREATE INDEX IF NOT EXISTS onceflow_sink_dead_letters_unforwarded
+               ON {dead_letters} (sink, id) WHERE NOT forwarded;"
+        );
+        let mut t = self
+            .client
+            .transaction()
+            .map_err(|e| db_error("starting a transaction", e))?;
+        t.batch_execute(&ddl).map_err(|e| {
+            db_error(
+                format!(
+                    "creating the sink's tables in schema {:?} (the user needs CREATE on it)",
+                    self.config.postgres.schema
+                ),
+                e,
+            )
+        })?;
+        t.commit()
+            .map_err(|e| db_error("creating the sink's tables", e))
+    }
+
+    fn prepare_routes(&mut self) -> Result<(), SinkError> {
+        let mut prepared = Vec::new();
+        for (i, route) in self.config.routes.iter().enumerate() {
+            let (apply, delete) = route_sql(&route.apply);
+            let what = |e: postgres::Error| SinkError::Route {
+                route: i,
+                topic: route.topic.clone(),
+                message: format!(
+                    "{}: create the table, or fix the route (docs/sink.md)",
+                    pg_message(&e)
+                ),
+            };
+            let apply = self.client.prepare(&apply).map_err(what)?;
+            if let Apply::Sql { params, .. } = &route.apply {
+                if apply.params().len() != params.len() {
+                    return Err(SinkError::Route {
+                        route: i,
+                        topic: route.topic.clone(),
+                        message: format!(
+                            "the statement has {} parameters and `params` names {}",
+                            apply.params().len(),
+                            params.len()
+                        ),
+                    });
+                }
+                for (n, ty) in apply.params().iter().enumerate() {
+                    if param_kind(ty).is_none() {
+                        return Err(SinkError::Route {
+                            route: i,
+                            topic: route.topic.clone(),
+                            message: format!(
+                                "parameter ${} has type {ty}, which the sink does not convert \
+                                 from JSON: cast it in the statement (`${}::text::{ty}`)",
+                                n + 1,
+                                n + 1
+                            ),
+                        });
+                    }
+                }
+            }
+            let delete = match delete {
+                Some(sql) => Some(self.client.prepare(&sql).map_err(what)?),
+                None => None,
+            };
+            prepared.push(Prepared { apply, delete });
+        }
+        self.prepared = prepared;
+        Ok(())
+    }
+
+    /// Claims `partitions` for `owner`: raises each one's owner epoch (a
+    /// previous owner's next transaction on it fails), and returns the
+    /// epoch and the stored position.
+    pub(crate) fn claim(
+        &mut self,
+        partitions: &[(String, i32)],
+        owner: &str,
+    ) -> Result<Vec<Claim>, BatchError> {
+        let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
+        let parts: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
+        let sql = format!(
+            "INSERT INTO {progress} AS p (sink, topic, kafka_partition, owner_epoch, owner)
+             SELECT $1, t, k, 1, $4 FROM unnest($2::text[], $3::int[]) AS u(t, k)
+             ON CONFLICT (sink, topic, kafka_partition) DO UPDATE
+               SET owner_epoch = p.owner_epoch + 1, owner = EXCLUDED.owner, updated_at = now()
+             RETURNING topic, kafka_partition, owner_epoch, next_offset",
+            progress = self.s.progress
+        );
+        let rows = self
+            .client
+            .query(&sql, &[&self.config.name, &topics, &parts, &owner])
+            .map_err(BatchError::Database)?;
+        Ok(rows
+            .iter()
+            .map(|r| Claim {
+                topic: r.get(0),
+                partition: r.get(1),
+                epoch: r.get(2),
+                next_offset: r.get(3),
+            })
+            .collect())
+    }
+
+    /// Applies `items` (in offset order per partition) in one transaction,
+    /// with the markers, the dead letters and the positions; `epochs` are
+    /// this instance's claims. `before_commit` runs just before COMMIT (the
+    /// tests' fault window).
+    pub(crate) fn commit_batch(
+        &mut self,
+        items: &[Item],
+        epochs: &HashMap<(String, i32), i64>,
+        before_commit: &dyn Fn(),
+    ) -> Result<Applied, BatchError> {
+        match self.try_batch(items, epochs, false, before_commit) {
+            Err(BatchError::Database(e)) if is_data_error(&e) => {
+                tracing::info!(
+                    "a record of the batch does not fit its table ({}): applying the batch \
+                     record by record",
+                    pg_message(&e)
+                );
+                self.try_batch(items, epochs, true, before_commit)
+            }
+            other => other,
+        }
+    }
+
+    fn try_batch(
+        &mut self,
+        items: &[Item],
+        epochs: &HashMap<(String, i32), i64>,
+        slow: bool,
+        before_commit: &dyn Fn(),
+    ) -> Result<Applied, BatchError> {
+        let config = &self.config;
+        let s = &self.s;
+        let prepared = &self.prepared;
+        let mut t = self.client.transaction().map_err(BatchError::Database)?;
+        let mut done = Applied {
+            slow,
+            ..Applied::default()
+        };
+
+        // 1. The owner epochs, under the rows' locks.
+        let mut parts: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for item in items {
+            let next = parts
+                .entry((item.topic.clone(), item.partition))
+                .or_insert(item.offset);
+            *next = (*next).max(item.offset + 1);
+        }
+        let topics: Vec<&str> = parts.keys().map(|(t, _)| t.as_str()).collect();
+        let nums: Vec<i32> = parts.keys().map(|(_, p)| *p).collect();
+        let rows = t
+            .query(
+                &format!(
+                    "SELECT topic, kafka_partition, owner_epoch, next_offset FROM {} \
+                     WHERE sink = $1 AND (topic, kafka_partition) IN \
+                       (SELECT * FROM unnest($2::text[], $3::int[])) \
+                     ORDER BY topic, kafka_partition FOR UPDATE",
+                    s.progress
+                ),
+                &[&config.name, &topics, &nums],
+            )
+            .map_err(BatchError::Database)?;
+        let mut stored: HashMap<(String, i32), Option<i64>> = HashMap::new();
+        let mut fenced = Vec::new();
+        for r in &rows {
+            let at: (String, i32) = (r.get(0), r.get(1));
+            let epoch: i64 = r.get(2);
+            if epochs.get(&at) != Some(&epoch) {
+                fenced.push(at.clone());
+            }
+            stored.insert(at, r.get(3));
+        }
+        for at in parts.keys() {
+            if !stored.contains_key(at) {
+                fenced.push(at.clone());
+            }
+        }
+        if !fenced.is_empty() {
+            let _ = t.rollback();
+            return Err(BatchError::Fenced(fenced));
+        }
+
+        // 2. Below the stored positions: already applied.
+        let fresh: Vec<&Item> = items
+            .iter()
+            .filter(|i| {
+                let behind = stored
+                    .get(&(i.topic.clone(), i.partition))
+                    .copied()
+                    .flatten()
+                    .is_some_and(|next| i.offset < next);
+                if behind {
+                    done.behind += 1;
+                }
+                !behind
+            })
+            .collect();
+
+        // 3. Markers: what cannot be applied, what was applied before.
+        let mut dead: Vec<DeadLetter> = Vec::new();
+        let mut seen: HashMap<&str, &[u8]> = HashMap::new();
+        let mut candidates: Vec<&Item> = Vec::new();
+        for item in fresh {
+            if let Err(reason) = &item.json {
+                dead.push(letter(item, reason.clone(), None));
+                continue;
+            }
+            if slow {
+                // One by one: each record's marker is checked against those
+                // of the records before it (a record that failed has none).
+                candidates.push(item);
+                continue;
+            }
+            match seen.get(item.identity.as_str()) {
+                Some(d) if *d == item.digest.as_slice() => done.duplicates += 1,
+                Some(d) => dead.push(letter(
+                    item,
+                    format!(
+                        "identity {:?} appears twice in the batch with different payloads",
+                        item.identity
+                    ),
+                    Some(d.to_vec()),
+                )),
+                None => {
+                    seen.insert(&item.identity, &item.digest);
+                    candidates.push(item);
+                }
+            }
+        }
+        let mut new: Vec<&Item> = Vec::new();
+        if !slow {
+            let marked = insert_markers(&mut t, s, &config.name, &candidates)
+                .map_err(BatchError::Database)?;
+            for item in candidates {
+                match marked.get(item.identity.as_str()) {
+                    None => new.push(item),
+                    Some(d) if *d == item.digest => done.duplicates += 1,
+                    Some(d) => dead.push(conflict(item, d)),
+                }
+            }
+            // 4. The effects.
+            for (r, prep) in prepared.iter().enumerate() {
+                let of_route: Vec<&Item> = new.iter().copied().filter(|i| i.route == r).collect();
+                if of_route.is_empty() {
+                    continue;
+                }
+                apply_route(&mut t, &config.routes[r].apply, prep, &of_route, &mut dead)
+                    .map_err(BatchError::Database)?;
+            }
+            // Records the route refused (a missing key column, a tombstone
+            // where none is allowed, a parameter that does not convert)
+            // were not applied: their markers go, so that a corrected event
+            // with the same identity is applied later.
+            let refused = refused_among(&dead, &new);
+            if !refused.is_empty() {
+                t.execute(
+                    &format!(
+                        "DELETE FROM {} WHERE sink = $1 AND identity = ANY($2)",
+                        s.markers
+                    ),
+                    &[&config.name, &refused],
+                )
+                .map_err(BatchError::Database)?;
+            }
+            done.applied = new.len() as u64 - refused.len() as u64;
+        } else {
+            for item in candidates {
+                let mut sp = t.savepoint("item").map_err(BatchError::Database)?;
+                let marked = insert_markers(&mut sp, s, &config.name, &[item])
+                    .map_err(BatchError::Database)?;
+                if let Some(d) = marked.get(item.identity.as_str()) {
+                    if *d == item.digest {
+                        done.duplicates += 1;
+                    } else {
+                        dead.push(conflict(item, d));
+                    }
+                    sp.commit().map_err(BatchError::Database)?;
+                    continue;
+                }
+                let route = item.route;
+                let mut own_dead = Vec::new();
+                match apply_route(
+                    &mut sp,
+                    &config.routes[route].apply,
+                    &prepared[route],
+                    &[item],
+                    &mut own_dead,
+                ) {
+                    Ok(()) if own_dead.is_empty() => {
+                        sp.commit().map_err(BatchError::Database)?;
+                        done.applied += 1;
+                    }
+                    Ok(()) => {
+                        // Rolled back: its marker too.
+                        drop(sp);
+                        dead.extend(own_dead);
+                    }
+                    Err(e) if is_data_error(&e) => {
+                        drop(sp);
+                        dead.push(letter(item, pg_message(&e), None));
+                    }
+                    Err(e) => return Err(BatchError::Database(e)),
+                }
+            }
+        }
+
+        // 5. Dead letters, forwarded to Kafka after the commit.
+        if !dead.is_empty() {
+            insert_dead_letters(&mut t, s, &config.name, &dead).map_err(BatchError::Database)?;
+            done.dead = dead.len() as u64;
+        }
+
+        // 6. The positions.
+        let nexts: Vec<i64> = parts.values().copied().collect();
+        t.execute(
+            &format!(
+                "UPDATE {} AS p SET next_offset = GREATEST(coalesce(p.next_offset, 0), u.n), \
+                 updated_at = now() \
+                 FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(t, k, n) \
+                 WHERE p.sink = $1 AND p.topic = u.t AND p.kafka_partition = u.k",
+                s.progress
+            ),
+            &[&config.name, &topics, &nums, &nexts],
+        )
+        .map_err(BatchError::Database)?;
+
+        // 7. Commit.
+        before_commit();
+        t.commit().map_err(BatchError::Database)?;
+        Ok(done)
+    }
+
+    /// Dead letters recorded but not yet forwarded to Kafka, oldest first,
+    /// locked (`SKIP LOCKED`) in the transaction `forward` runs in.
+    pub(crate) fn forward_dead_letters(
+        &mut self,
+        send: &mut dyn FnMut(&[Unforwarded]) -> Result<(), SinkError>,
+    ) -> Result<u64, BatchError> {
+        let mut t = self.client.transaction().map_err(BatchError::Database)?;
+        let rows = t
+            .query(
+                &format!(
+                    "SELECT id, topic, kafka_partition, kafka_offset, record_key, record_value, \
+                     reason, digest, applied_digest FROM {} WHERE sink = $1 AND NOT forwarded \
+                     ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED",
+                    self.s.dead_letters
+                ),
+                &[&self.config.name],
+            )
+            .map_err(BatchError::Database)?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let letters: Vec<Unforwarded> = rows
+            .iter()
+            .map(|r| Unforwarded {
+                id: r.get(0),
+                letter: DeadLetter {
+                    topic: r.get(1),
+                    partition: r.get(2),
+                    offset: r.get(3),
+                    key: r.get(4),
+                    value: r.get(5),
+                    reason: r.get(6),
+                    digest: r.get(7),
+                    applied_digest: r.get(8),
+                },
+            })
+            .collect();
+        send(&letters).map_err(BatchError::Fatal)?;
+        let ids: Vec<i64> = letters.iter().map(|l| l.id).collect();
+        t.execute(
+            &format!(
+                "UPDATE {} SET forwarded = true WHERE id = ANY($1)",
+                self.s.dead_letters
+            ),
+            &[&ids],
+        )
+        .map_err(BatchError::Database)?;
+        t.commit().map_err(BatchError::Database)?;
+        Ok(ids.len() as u64)
+    }
+
+    /// Deletes up to 10,000 markers older than the retention; returns how
+    /// many.
+    pub(crate) fn expire_markers(&mut self) -> Result<u64, postgres::Error> {
+        let hours = self.config.marker_retention_hours as f64;
+        self.client.execute(
+            &format!(
+                "DELETE FROM {m} WHERE ctid IN (SELECT ctid FROM {m} WHERE sink = $1 AND \
+                 applied_at < now() - make_interval(hours => $2::float8::int) LIMIT 10000)",
+                m = self.s.markers
+            ),
+            &[&self.config.name, &hours],
+        )
+    }
+}
+
+/// Opens a connection, named in `pg_stat_activity` as the sink.
+fn open(config: &SinkConfig, password: Option<&str>) -> Result<Client, SinkError> {
+    let mut c: postgres::Config =
+        config
+            .postgres
+            .connection
+            .parse()
+            .map_err(|e| SinkError::Database {
+                what: format!(
+                    "postgres.connection {:?} is not a connection string",
+                    config.postgres.connection
+                ),
+                source: Box::new(e),
+            })?;
+    if let Some(p) = password {
+        c.password(p);
+    }
+    if c.get_application_name().is_none() {
+        c.application_name(&format!("onceflow-sink-{}", config.name));
+    }
+    if c.get_options().is_none() {
+        // A transaction left open by an instance that stopped mid-batch
+        // (SIGSTOP, a VM pause) holds its partitions' progress rows: the
+        // server ends it after 10 s, so that the partitions' new owner can
+        // claim them.
+        c.options("-c idle_in_transaction_session_timeout=10000");
+    }
+    if c.get_connect_timeout().is_none() {
+        c.connect_timeout(Duration::from_secs(10));
+    }
+    c.connect(NoTls).map_err(|e| {
+        db_error(
+            format!(
+                "connecting to PostgreSQL ({}); check the server, the user and the password",
+                config.postgres.connection
+            ),
+            e,
+        )
+    })
+}
+
+fn read_password(config: &SinkConfig) -> Result<Option<String>, SinkError> {
+    if let Some(f) = &config.postgres.password_file {
+        let text = std::fs::read_to_string(f).map_err(|source| SinkError::PasswordFile {
+            path: f.clone(),
+            source,
+        })?;
+        return Ok(Some(text.lines().next().unwrap_or_default().to_owned()));
+    }
+    Ok(std::env::var("PGPASSWORD").ok())
+}
+
+fn db_error(what: impl Into<String>, e: postgres::Error) -> SinkError {
+    SinkError::Database {
+        what: what.into(),
+        source: Box::new(e),
+    }
+}
+
+/// The server's message (and its detail), or the client's.
+pub(crate) fn pg_message(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => match d.detail() {
+            Some(detail) => format!("{} ({})", d.message(), detail),
+            None => d.message().to_owned(),
+        },
+        None => e.to_string(),
+    }
+}
+
+/// A record's own fault: it does not fit its table (class 22, data
+/// exception; class 23, integrity constraint violation).
+fn is_data_error(e: &postgres::Error) -> bool {
+    e.code()
+        .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("23"))
+}
+
+/// Whether a failure is worth a reconnect and a retry: the connection, the
+/// server shutting down or restarting, a serialization failure or
+/// deadlock, a lack of resources.
+pub(crate) fn is_transient(e: &postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        // No SQLSTATE: an I/O or protocol failure of the connection.
+        None => e.as_db_error().is_none(),
+        Some(c) => {
+            let c = c.code();
+            c.starts_with("08")
+                || c.starts_with("53")
+                || c.starts_with("57P")
+                || c == SqlState::T_R_SERIALIZATION_FAILURE.code()
+                || c == SqlState::T_R_DEADLOCK_DETECTED.code()
+        }
+    }
+}
+
+fn letter(item: &Item, reason: String, applied: Option<Vec<u8>>) -> DeadLetter {
+    DeadLetter {
+        topic: item.topic.clone(),
+        partition: item.partition,
+        offset: item.offset,
+        key: item.key.clone(),
+        value: item.value.clone(),
+        reason,
+        digest: item.digest.clone(),
+        applied_digest: applied,
+    }
+}
+
+fn conflict(item: &Item, applied: &[u8]) -> DeadLetter {
+    letter(
+        item,
+        format!(
+            "identity {:?} was applied before with a different payload (digest {} then, {} now)",
+            item.identity,
+            hex::encode(applied),
+            hex::encode(&item.digest)
+        ),
+        Some(applied.to_vec()),
+    )
+}
+
+/// The identities of the records of `new` that ended as dead letters in
+/// `apply_route`.
+fn refused_among<'a>(dead: &[DeadLetter], new: &[&'a Item]) -> Vec<&'a str> {
+    let dead: HashSet<(&str, i32, i64)> = dead
+        .iter()
+        .map(|d| (d.topic.as_str(), d.partition, d.offset))
+        .collect();
+    new.iter()
+        .filter(|i| dead.contains(&(i.topic.as_str(), i.partition, i.offset)))
+        .map(|i| i.identity.as_str())
+        .collect()
+}
+
+/// Inserts the markers of `items`; returns the digests of those already
+/// marked (by an earlier transaction, of this instance or another).
+fn insert_markers(
+    t: &mut Transaction<'_>,
+    s: &Statements,
+    sink: &str,
+    items: &[&Item],
+) -> Result<HashMap<String, Vec<u8>>, postgres::Error> {
+    if items.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids: Vec<&str> = items.iter().map(|i| i.identity.as_str()).collect();
+    let digests: Vec<&[u8]> = items.iter().map(|i| i.digest.as_slice()).collect();
+    let topics: Vec<&str> = items.iter().map(|i| i.topic.as_str()).collect();
+    let parts: Vec<i32> = items.iter().map(|i| i.partition).collect();
+    let offsets: Vec<i64> = items.iter().map(|i| i.offset).collect();
+    let inserted = t.query(
+        &format!(
+            "INSERT INTO {} (sink, identity, digest, topic, kafka_partition, kafka_offset)
+             SELECT $1, i, d, t, k, o FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(i, d, t, k, o)
+             ON CONFLICT (sink, identity) DO NOTHING RETURNING identity",
+            s.markers
+        ),
+        &[&sink, &ids, &digests, &topics, &parts, &offsets],
+    )?;
+    let inserted: HashSet<String> = inserted.iter().map(|r| r.get(0)).collect();
+    let present: Vec<&str> = ids
+        .iter()
+        .copied()
+        .filter(|i| !inserted.contains(*i))
+        .collect();
+    if present.is_empty() {
+        return Ok(HashMap::new());
+    }
+    // A new statement: under READ COMMITTED it sees a marker that another
+    // transaction committed while the insert waited for it.
+    let rows = t.query(
+        &format!(
+            "SELECT identity, digest FROM {} WHERE sink = $1 AND identity = ANY($2)",
+            s.markers
+        ),
+        &[&sink, &present],
+    )?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+fn insert_dead_letters(
+    t: &mut Transaction<'_>,
+    s: &Statements,
+    sink: &str,
+    dead: &[DeadLetter],
+) -> Result<(), postgres::Error> {
+    let stmt = t.prepare(&format!(
+        "INSERT INTO {} (sink, topic, kafka_partition, kafka_offset, record_key, record_value, \
+         reason, digest, applied_digest) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        s.dead_letters
+    ))?;
+    for d in dead {
+        t.execute(
+            &stmt,
+            &[
+                &sink,
+                &d.topic,
+                &d.partition,
+                &d.offset,
+                &d.key,
+                &d.value,
+                &d.reason,
+                &d.digest,
+                &d.applied_digest,
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// A route's statements: the apply statement, and an upsert's delete.
+fn route_sql(apply: &Apply) -> (String, Option<String>) {
+    match apply {
+        Apply::Upsert {
+            table,
+            columns,
+            key,
+        } => {
+            let t = quote(table);
+            let cols = columns
+                .iter()
+                .map(|c| quote(c))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let keys = key.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
+            let set: Vec<String> = columns
+                .iter()
+                .filter(|c| !key.contains(c))
+                .map(|c| format!("{q} = EXCLUDED.{q}", q = quote(c)))
+                .collect();
+            let action = if set.is_empty() {
+                "DO NOTHING".to_owned()
+            } else {
+                format!("DO UPDATE SET {}", set.join(", "))
+            };
+            let upsert = format!(
+                "INSERT INTO {t} ({cols}) SELECT {cols} FROM jsonb_populate_recordset(NULL::{t}, $1::text::jsonb) \
+                 ON CONFLICT ({keys}) {action}"
+            );
+            let delete = (key.len() == 1).then(|| {
+                let k = quote(&key[0]);
+                format!(
+                    "DELETE FROM {t} AS x USING jsonb_populate_recordset(NULL::{t}, $1::text::jsonb) AS d \
+                     WHERE x.{k} = d.{k}"
+                )
+            });
+            (upsert, delete)
+        }
+        Apply::Insert { table, columns } => {
+            let t = quote(table);
+            let cols = columns
+                .iter()
+                .map(|c| quote(c))
+                .collect::<Vec<_>>()
+                .join(", ");
+            (
+                format!(
+                    "INSERT INTO {t} ({cols}) SELECT {cols} FROM jsonb_populate_recordset(NULL::{t}, $1::text::jsonb)"
+                ),
+                None,
+            )
+        }
+        Apply::Sql { statement, .. } => (statement.clone(), None),
+    }
+}
+
+/// Applies `items` of one route; records that cannot be (a missing key
+/// field, a tombstone where none is allowed, a parameter that does not
+/// convert) are pushed to `dead`.
+fn apply_route(
+    t: &mut Transaction<'_>,
+    apply: &Apply,
+    prep: &Prepared,
+    items: &[&Item],
+    dead: &mut Vec<DeadLetter>,
+) -> Result<(), postgres::Error> {
+    match apply {
+        Apply::Upsert { key, .. } => {
+            // The last record per key wins (the table ends as after applying
+            // them one by one); a tombstone deletes.
+            let mut last: BTreeMap<Vec<String>, (&Item, bool)> = BTreeMap::new();
+            for item in items {
+                match item.json.as_ref() {
+                    Ok(Some(obj)) => {
+                        let mut k = Vec::new();
+                        for col in key {
+                            match obj.get(col) {
+                                None | Some(Value::Null) => {
+                                    dead.push(letter(
+                                        item,
+                                        format!("the key column {col:?} is missing from the value"),
+                                        None,
+                                    ));
+                                    k.clear();
+                                    break;
+                                }
+                                Some(v) => k.push(v.to_string()),
+                            }
+                        }
+                        if k.len() == key.len() {
+                            last.insert(k, (item, false));
+                        }
+                    }
+                    Ok(None) => {
+                        if prep.delete.is_none() {
+                            dead.push(letter(
+                                item,
+                                "a tombstone (null value) deletes only with a one-column key"
+                                    .to_owned(),
+                                None,
+                            ));
+                            continue;
+                        }
+                        let Some(k) = item
+                            .key
+                            .as_ref()
+                            .map(|k| String::from_utf8_lossy(k).into_owned())
+                        else {
+                            dead.push(letter(item, "a tombstone without a key".to_owned(), None));
+                            continue;
+                        };
+                        last.insert(vec![Value::String(k).to_string()], (item, true));
+                    }
+                    Err(_) => {}
+                }
+            }
+            let mut upserts = JsonArray::default();
+            let mut deletes = Vec::new();
+            for (k, (item, tombstone)) in last {
+                if tombstone {
+                    let mut o = serde_json::Map::new();
+                    let raw: Value = serde_json::from_str(&k[0]).unwrap_or(Value::Null);
+                    o.insert(key[0].clone(), raw);
+                    deletes.push(Value::Object(o));
+                } else {
+                    upserts.push(item);
+                }
+            }
+            if !deletes.is_empty()
+                && let Some(d) = &prep.delete
+            {
+                t.execute(d, &[&Value::Array(deletes).to_string()])?;
+            }
+            if let Some(rows) = upserts.finish() {
+                t.execute(&prep.apply, &[&rows])?;
+            }
+        }
+        Apply::Insert { .. } => {
+            let mut rows = JsonArray::default();
+            for item in items {
+                match &item.json {
+                    Ok(Some(_)) => rows.push(item),
+                    Ok(None) => dead.push(letter(
+                        item,
+                        "a tombstone (null value) in an insert route".to_owned(),
+                        None,
+                    )),
+                    Err(_) => {}
+                }
+            }
+            if let Some(rows) = rows.finish() {
+                t.execute(&prep.apply, &[&rows])?;
+            }
+        }
+        Apply::Sql { params, .. } => {
+            for item in items {
+                match sql_params(item, params, prep.apply.params()) {
+                    Ok(values) => {
+                        let refs: Vec<&(dyn ToSql + Sync)> = values
+                            .iter()
+                            .map(|v| v.as_ref() as &(dyn ToSql + Sync))
+                            .collect();
+                        t.execute(&prep.apply, &refs)?;
+                    }
+                    Err(reason) => dead.push(letter(item, reason, None)),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A JSON array of records' values, as text: the values are JSON objects
+/// already (checked when the batch was read), so they are copied as they
+/// came, not serialised again.
+#[derive(Default)]
+struct JsonArray(String);
+
+impl JsonArray {
+    fn push(&mut self, item: &Item) {
+        let Some(v) = item.value.as_deref() else {
+            return;
+        };
+        self.0.push(if self.0.is_empty() { '[' } else { ',' });
+        // Valid UTF-8: it parsed as JSON.
+        self.0.push_str(&String::from_utf8_lossy(v));
+    }
+
+    fn finish(mut self) -> Option<String> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.0.push(']');
+        Some(self.0)
+    }
+}
+
+/// How a parameter type is fed from JSON.
+#[derive(Debug, Clone, Copy)]
+enum ParamKind {
+    Text,
+    Int2,
+    Int4,
+    Int8,
+    Float8,
+    Float4,
+    Bool,
+    Json,
+    Bytea,
+}
+
+fn param_kind(ty: &Type) -> Option<ParamKind> {
+    Some(match *ty {
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => ParamKind::Text,
+        Type::INT2 => ParamKind::Int2,
+        Type::INT4 => ParamKind::Int4,
+        Type::INT8 => ParamKind::Int8,
+        Type::FLOAT8 => ParamKind::Float8,
+        Type::FLOAT4 => ParamKind::Float4,
+        Type::BOOL => ParamKind::Bool,
+        Type::JSON | Type::JSONB => ParamKind::Json,
+        Type::BYTEA => ParamKind::Bytea,
+        _ => return None,
+    })
+}
+
+/// A `sql` route's parameters for one record, converted to the statement's
+/// parameter types.
+fn sql_params(
+    item: &Item,
+    names: &[String],
+    types: &[Type],
+) -> Result<Vec<Box<dyn ToSql + Sync>>, String> {
+    let obj = match &item.json {
+        Ok(o) => o.as_ref(),
+        Err(e) => return Err(e.clone()),
+    };
+    let mut out: Vec<Box<dyn ToSql + Sync>> = Vec::new();
+    for (n, (name, ty)) in names.iter().zip(types).enumerate() {
+        let v: Value = match name.as_str() {
+            "$key" => item.key.as_ref().map_or(Value::Null, |k| {
+                Value::String(String::from_utf8_lossy(k).into_owned())
+            }),
+            "$topic" => Value::String(item.topic.clone()),
+            "$partition" => Value::from(item.partition),
+            "$offset" => Value::from(item.offset),
+            "$value" => match obj {
+                Some(o) => Value::Object(o.clone()),
+                None => Value::Null,
+            },
+            field => obj
+                .and_then(|o| o.get(field))
+                .cloned()
+                .unwrap_or(Value::Null),
+        };
+        let kind = param_kind(ty).unwrap_or(ParamKind::Text);
+        let bad = || format!("parameter ${} ({name}): {v} is not a {ty}", n + 1);
+        let b: Box<dyn ToSql + Sync> = if v.is_null() && !matches!(kind, ParamKind::Json) {
+            match kind {
+                ParamKind::Text => Box::new(None::<String>),
+                ParamKind::Int2 => Box::new(None::<i16>),
+                ParamKind::Int4 => Box::new(None::<i32>),
+                ParamKind::Int8 => Box::new(None::<i64>),
+                ParamKind::Float8 => Box::new(None::<f64>),
+                ParamKind::Float4 => Box::new(None::<f32>),
+                ParamKind::Bool => Box::new(None::<bool>),
+                ParamKind::Bytea => Box::new(None::<Vec<u8>>),
+                ParamKind::Json => unreachable!(),
+            }
+        } else {
+            match kind {
+                ParamKind::Text => Box::new(match &v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                }),
+                ParamKind::Int2 => Box::new(
+                    v.as_i64()
+                        .and_then(|x| i16::try_from(x).ok())
+                        .ok_or_else(bad)?,
+                ),
+                ParamKind::Int4 => Box::new(
+                    v.as_i64()
+                        .and_then(|x| i32::try_from(x).ok())
+                        .ok_or_else(bad)?,
+                ),
+                ParamKind::Int8 => Box::new(v.as_i64().ok_or_else(bad)?),
+                ParamKind::Float8 => Box::new(v.as_f64().ok_or_else(bad)?),
+                ParamKind::Float4 => Box::new(v.as_f64().ok_or_else(bad)? as f32),
+                ParamKind::Bool => Box::new(v.as_bool().ok_or_else(bad)?),
+                ParamKind::Json => Box::new(v),
+                ParamKind::Bytea => Box::new(match &v {
+                    Value::String(s) => s.clone().into_bytes(),
+                    other => other.to_string().into_bytes(),
+                }),
+            }
+        };
+        out.push(b);
+    }
+    Ok(out)
+}

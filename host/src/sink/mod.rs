@@ -1,0 +1,728 @@
+//! `onceflow sink postgres`: topics into PostgreSQL, exactly once.
+//!
+//! A Kafka transaction cannot hold a database write, so the sink turns the
+//! commit around: the database's own transaction holds the effect, a
+//! marker per record (its identity and a digest of its value) and each
+//! partition's next offset (`db.rs` has the transaction top to bottom). The
+//! sink resumes from the database's positions, never from Kafka's committed
+//! offsets, which it commits afterwards for lag monitoring only. A crash at
+//! any point either leaves nothing (the transaction did not commit) or a
+//! position past the records it applied (they are skipped when read again).
+//!
+//! Zombies: the consumer group gives each partition to one instance, and an
+//! instance that gets a partition claims it in the database by raising the
+//! partition's owner epoch. Every batch transaction locks its partitions'
+//! progress rows and checks their epochs, so an instance that was expelled
+//! without noticing (paused, partitioned away) commits nothing after the
+//! new owner's claim.
+//!
+//! This module owns the Kafka side (the consumer, the dead-letter
+//! producer) and the loop; `config.rs` reads `sink.toml`; `db.rs` owns the
+//! PostgreSQL client. docs/sink.md is the user's guide.
+
+pub mod config;
+mod db;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{Offset, TopicPartitionList};
+use sha2::{Digest, Sha256};
+
+use config::Identity;
+pub use config::SinkConfig;
+use db::{BatchError, Db, DeadLetter, Item, Unforwarded};
+
+use crate::kafka::{self, Connection, KafkaError, Outgoing, QuietContext};
+use crate::types::Header;
+
+/// Why a sink stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// `sink.toml` could not be read.
+    #[error("cannot read {path}")]
+    ReadConfig {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `sink.toml` has a bad or unknown key.
+    #[error("invalid sink configuration {path}: {}{message}", if key.is_empty() { String::new() } else { format!("`{key}`: ") })]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// The key, dotted (`routes[1].table`); empty for a syntax error.
+        key: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// The password file could not be read.
+    #[error("cannot read the password file {path} (postgres.password-file)")]
+    PasswordFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A route does not fit its table or statement.
+    #[error("routes[{route}] (topic {topic:?}): {message}")]
+    Route {
+        /// The route's index in `sink.toml`.
+        route: usize,
+        /// Its topic.
+        topic: String,
+        /// What the database said, and what to do.
+        message: String,
+    },
+    /// A database call failed for good.
+    #[error("postgres: {what}")]
+    Database {
+        /// What was being done.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Kafka failed.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+}
+
+/// How a sink instance runs (the command line's flags).
+#[derive(Debug, Clone)]
+pub struct SinkOptions {
+    /// The cluster.
+    pub kafka: Connection,
+    /// This instance's name in the group (its client id) and in the
+    /// progress table's `owner` column.
+    pub instance_id: String,
+    /// The consumer group session: how long a dead instance keeps its
+    /// partitions.
+    pub session_timeout: Duration,
+    /// How often progress is logged.
+    pub report_interval: Duration,
+    /// Fault windows for tests: sleep this long with a batch in hand before
+    /// its database transaction begins (zero: none),
+    pub pause_before_begin: Duration,
+    /// ... before the database COMMIT,
+    pub pause_before_commit: Duration,
+    /// ... and after it, before the Kafka offset commit.
+    pub pause_after_commit: Duration,
+}
+
+/// What a sink instance did, in total.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct SinkReport {
+    /// Database transactions committed.
+    pub batches: u64,
+    /// Records applied.
+    pub applied: u64,
+    /// Records skipped as below the stored position.
+    pub behind: u64,
+    /// Records skipped as already marked (same digest).
+    pub duplicates: u64,
+    /// Records sent to the dead letters.
+    pub dead_letters: u64,
+    /// Batch transactions retried after a transient database failure.
+    pub retries: u64,
+    /// Partitions found claimed by another instance at commit.
+    pub fenced: u64,
+    /// Batches applied record by record (one of their records did not fit
+    /// its table).
+    pub slow_batches: u64,
+}
+
+/// A change of assignment, in the order the consumer reported them.
+#[derive(Debug)]
+enum Change {
+    Assigned(Vec<(String, i32)>),
+    Revoked(Vec<(String, i32)>),
+}
+
+/// The consumer's context: rebalances are queued for the loop (which
+/// claims, seeks and resumes), newly assigned partitions paused until then.
+struct SinkContext {
+    changes: Mutex<Vec<Change>>,
+    quiet: QuietContext,
+}
+
+impl rdkafka::client::ClientContext for SinkContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.quiet.log(level, fac, log_message);
+    }
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.quiet.error(error, reason);
+    }
+}
+
+fn pairs(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+impl ConsumerContext for SinkContext {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            lock(&self.changes).push(Change::Revoked(pairs(tpl)));
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                if let Err(e) = consumer.pause(tpl) {
+                    tracing::warn!("pausing newly assigned partitions: {e}");
+                }
+                lock(&self.changes).push(Change::Assigned(pairs(tpl)));
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => tracing::warn!("rebalance error: {e}"),
+        }
+    }
+}
+
+/// The dead-letter producer's context: keeps the last delivery failure, so
+/// that letters are marked forwarded only once the brokers have them.
+#[derive(Default)]
+struct DeadLetterContext {
+    failed: Mutex<Option<rdkafka::error::KafkaError>>,
+}
+
+impl rdkafka::client::ClientContext for DeadLetterContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        kafka::log(level, fac, message);
+    }
+}
+
+impl ProducerContext for DeadLetterContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            *lock(&self.failed) = Some(e.clone());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs a PostgreSQL sink until `shutdown` is set (the batch in hand is
+/// committed first).
+pub fn run_postgres(
+    config: SinkConfig,
+    options: SinkOptions,
+    shutdown: Arc<AtomicBool>,
+) -> Result<SinkReport, SinkError> {
+    let mut db = Db::connect(&config)?;
+    let topics: Vec<&str> = config.routes.iter().map(|r| r.topic.as_str()).collect();
+    kafka::wait_for_topics(
+        &options.kafka,
+        &topics,
+        Instant::now() + kafka::ADMIN_TIMEOUT,
+    )?;
+    let group = config.group();
+    let mut c = options.kafka.config();
+    c.set("group.id", &group)
+        .set("client.id", &options.instance_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set(
+            "session.timeout.ms",
+            options.session_timeout.as_millis().to_string(),
+        )
+        .set(
+            "heartbeat.interval.ms",
+            (options.session_timeout.as_millis() / 10)
+                .max(100)
+                .to_string(),
+        );
+    let consumer: BaseConsumer<SinkContext> = c
+        .create_with_context(SinkContext {
+            changes: Mutex::new(Vec::new()),
+            quiet: QuietContext::default(),
+        })
+        .map_err(|e| KafkaError::client(format!("creating the consumer ({group})"), e))?;
+    consumer
+        .subscribe(&topics)
+        .map_err(|e| KafkaError::client(format!("subscribing to {}", topics.join(", ")), e))?;
+    let mut p = options.kafka.config();
+    p.set("client.id", format!("{}-dead-letters", options.instance_id))
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5");
+    let producer: BaseProducer<DeadLetterContext> = p
+        .create_with_context(DeadLetterContext::default())
+        .map_err(|e| KafkaError::client("creating the dead-letter producer", e))?;
+
+    tracing::info!(
+        sink = %config.name,
+        instance = %options.instance_id,
+        group = %group,
+        topics = %topics.join(", "),
+        "sink started"
+    );
+    let mut sink = Sink {
+        config: &config,
+        options: &options,
+        db: &mut db,
+        consumer: &consumer,
+        producer: &producer,
+        epochs: HashMap::new(),
+        batch: Vec::new(),
+        report: SinkReport::default(),
+    };
+    sink.forward_dead_letters()?;
+    sink.run(&shutdown)?;
+    Ok(sink.report)
+}
+
+struct Sink<'a> {
+    config: &'a SinkConfig,
+    options: &'a SinkOptions,
+    db: &'a mut Db,
+    consumer: &'a BaseConsumer<SinkContext>,
+    producer: &'a BaseProducer<DeadLetterContext>,
+    /// This instance's claims: (topic, partition) -> owner epoch.
+    epochs: HashMap<(String, i32), i64>,
+    /// The records read since the last commit, in arrival order (offset
+    /// order per partition).
+    batch: Vec<Item>,
+    report: SinkReport,
+}
+
+impl Sink<'_> {
+    fn run(&mut self, shutdown: &AtomicBool) -> Result<(), SinkError> {
+        let max_wait = Duration::from_millis(self.config.max_batch_wait_ms);
+        let mut first_at: Option<Instant> = None;
+        let mut reported = Instant::now();
+        let mut last_expiry = Instant::now();
+        while !shutdown.load(Ordering::Relaxed) {
+            self.take_changes()?;
+            let wait = match first_at {
+                Some(t) => max_wait.saturating_sub(t.elapsed()),
+                None => max_wait,
+            };
+            match self.consumer.poll(wait) {
+                Some(Ok(m)) => {
+                    if let Some(item) = self.item(&m) {
+                        first_at.get_or_insert_with(Instant::now);
+                        self.batch.push(item);
+                    }
+                }
+                Some(Err(e)) => tracing::debug!("consumer: {e}"),
+                None => {}
+            }
+            let full = self.batch.len() >= self.config.max_batch_records;
+            let due = first_at.is_some_and(|t| t.elapsed() >= max_wait);
+            if full || due {
+                self.take_changes()?;
+                self.commit()?;
+                first_at = None;
+            }
+            if reported.elapsed() >= self.options.report_interval {
+                reported = Instant::now();
+                let r = &self.report;
+                tracing::info!(
+                    batches = r.batches,
+                    applied = r.applied,
+                    behind = r.behind,
+                    duplicates = r.duplicates,
+                    dead_letters = r.dead_letters,
+                    retries = r.retries,
+                    partitions = self.epochs.len(),
+                    "sink progress"
+                );
+            }
+            if last_expiry.elapsed() >= Duration::from_secs(60) {
+                last_expiry = Instant::now();
+                match self.db.expire_markers() {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(markers = n, "expired markers past the retention"),
+                    Err(e) => tracing::warn!("expiring markers: {}", db::pg_message(&e)),
+                }
+            }
+        }
+        self.take_changes()?;
+        self.commit()?;
+        tracing::info!(
+            applied = self.report.applied,
+            batches = self.report.batches,
+            "sink stopped"
+        );
+        Ok(())
+    }
+
+    /// The record as a batch item, if its partition is claimed.
+    fn item(&self, m: &BorrowedMessage<'_>) -> Option<Item> {
+        let at = (m.topic().to_owned(), m.partition());
+        if !self.epochs.contains_key(&at) {
+            return None;
+        }
+        let (route_index, route) = self.config.route(m.topic())?;
+        let value = m.payload().map(<[u8]>::to_vec);
+        let mut json = match &value {
+            None => Ok(None),
+            Some(v) => match serde_json::from_slice::<serde_json::Value>(v) {
+                Ok(serde_json::Value::Object(o)) => Ok(Some(o)),
+                Ok(_) => Err("the value is not a JSON object".to_owned()),
+                Err(e) => Err(format!("the value is not JSON: {e}")),
+            },
+        };
+        let position = format!("{}/{}/{}", at.0, at.1, m.offset());
+        let identity = match &route.identity {
+            Identity::Position => position,
+            Identity::Field(f) => {
+                let v = json.as_ref().ok().and_then(|o| o.as_ref()?.get(f.as_str()));
+                match v {
+                    Some(serde_json::Value::String(s)) => format!("{}#{s}", at.0),
+                    Some(n @ serde_json::Value::Number(_)) => format!("{}#{n}", at.0),
+                    _ => {
+                        if json.is_ok() {
+                            json = Err(format!(
+                                "the identity field {f:?} is missing, or not a string or an integer"
+                            ));
+                        }
+                        position
+                    }
+                }
+            }
+        };
+        let digest = match &value {
+            Some(v) => Sha256::digest(v).to_vec(),
+            None => vec![0; 32],
+        };
+        Some(Item {
+            route: route_index,
+            topic: at.0,
+            partition: at.1,
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            value,
+            json,
+            identity,
+            digest,
+        })
+    }
+
+    /// Applies the rebalances the consumer reported: a revoked partition's
+    /// records are dropped (its next owner reads them from the database's
+    /// position); an assigned one is claimed, then read from there.
+    fn take_changes(&mut self) -> Result<(), SinkError> {
+        let changes = std::mem::take(&mut *lock(&self.consumer.context().changes));
+        for change in changes {
+            match change {
+                Change::Revoked(parts) => {
+                    tracing::info!(partitions = %show(&parts), "partitions revoked");
+                    for at in &parts {
+                        self.epochs.remove(at);
+                    }
+                    self.batch.retain(|i| {
+                        !parts
+                            .iter()
+                            .any(|(t, p)| *t == i.topic && *p == i.partition)
+                    });
+                }
+                Change::Assigned(parts) => {
+                    if parts.is_empty() {
+                        continue;
+                    }
+                    let claims = self
+                        .with_retries("claiming partitions", |db, owner| db.claim(&parts, owner))?;
+                    let mut seek = TopicPartitionList::new();
+                    for c in &claims {
+                        let at = (c.topic.clone(), c.partition);
+                        self.batch
+                            .retain(|i| !(i.topic == c.topic && i.partition == c.partition));
+                        self.epochs.insert(at, c.epoch);
+                        let offset = c.next_offset.map_or(Offset::Beginning, Offset::Offset);
+                        let _ = seek.add_partition_offset(&c.topic, c.partition, offset);
+                    }
+                    tracing::info!(
+                        partitions = %show(&parts),
+                        epochs = ?claims.iter().map(|c| c.epoch).collect::<Vec<_>>(),
+                        "partitions assigned and claimed"
+                    );
+                    // The positions are the database's: Kafka's committed
+                    // offsets are for lag monitoring only.
+                    if let Err(e) = self.consumer.seek_partitions(seek, Duration::from_secs(10)) {
+                        return Err(
+                            KafkaError::client("seeking to the database's positions", e).into()
+                        );
+                    }
+                    let tpl = tpl_of(&parts);
+                    self.consumer
+                        .resume(&tpl)
+                        .map_err(|e| KafkaError::client("resuming claimed partitions", e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits the batch in one database transaction, retrying it after a
+    /// transient failure (the positions make the retry apply nothing
+    /// twice); then the Kafka offsets (for lag monitoring) and the dead
+    /// letters' forwarding.
+    fn commit(&mut self) -> Result<(), SinkError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let pause_before = self.options.pause_before_commit;
+        let before_commit = move || {
+            if !pause_before.is_zero() {
+                tracing::info!(
+                    ms = pause_before.as_millis() as u64,
+                    "fault window: before COMMIT"
+                );
+                std::thread::sleep(pause_before);
+            }
+        };
+        if !self.options.pause_before_begin.is_zero() {
+            tracing::info!(
+                ms = self.options.pause_before_begin.as_millis() as u64,
+                records = self.batch.len(),
+                "fault window: before BEGIN"
+            );
+            std::thread::sleep(self.options.pause_before_begin);
+        }
+        let mut attempt = 0u32;
+        let applied = loop {
+            if self.batch.is_empty() {
+                return Ok(());
+            }
+            match self
+                .db
+                .commit_batch(&self.batch, &self.epochs, &before_commit)
+            {
+                Ok(applied) => break applied,
+                Err(BatchError::Fenced(parts)) => {
+                    self.report.fenced += parts.len() as u64;
+                    tracing::warn!(
+                        partitions = %show(&parts),
+                        "another instance claimed these partitions (this one was out of the \
+                         group): dropping their records; nothing of them was committed here"
+                    );
+                    for at in &parts {
+                        self.epochs.remove(at);
+                    }
+                    self.batch.retain(|i| {
+                        !parts
+                            .iter()
+                            .any(|(t, p)| *t == i.topic && *p == i.partition)
+                    });
+                    // Until the group gives them back.
+                    let _ = self.consumer.pause(&tpl_of(&parts));
+                }
+                Err(BatchError::Database(e)) if db::is_transient(&e) => {
+                    attempt += 1;
+                    self.report.retries += 1;
+                    tracing::warn!(
+                        attempt,
+                        "the batch's transaction failed ({}): reconnecting and applying it again \
+                         (records already applied are skipped by their position)",
+                        db::pg_message(&e)
+                    );
+                    self.reconnect(attempt)?;
+                }
+                Err(BatchError::Database(e)) => {
+                    return Err(SinkError::Database {
+                        what: format!("applying a batch: {}", db::pg_message(&e)),
+                        source: Box::new(e),
+                    });
+                }
+                Err(BatchError::Fatal(e)) => return Err(e),
+            }
+        };
+        self.report.batches += 1;
+        self.report.applied += applied.applied;
+        self.report.behind += applied.behind;
+        self.report.duplicates += applied.duplicates;
+        self.report.dead_letters += applied.dead;
+        self.report.slow_batches += u64::from(applied.slow);
+        if !self.options.pause_after_commit.is_zero() {
+            tracing::info!(
+                ms = self.options.pause_after_commit.as_millis() as u64,
+                "fault window: after COMMIT, before the Kafka offset commit"
+            );
+            std::thread::sleep(self.options.pause_after_commit);
+        }
+        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for i in &self.batch {
+            next.insert((i.topic.clone(), i.partition), i.offset + 1);
+        }
+        if let Err(e) = self
+            .consumer
+            .commit(&kafka::offsets_list(&next), CommitMode::Async)
+        {
+            tracing::debug!("committing offsets for lag monitoring: {e}");
+        }
+        self.batch.clear();
+        if applied.dead > 0 {
+            self.forward_dead_letters()?;
+        }
+        Ok(())
+    }
+
+    /// Reconnects, waiting up to 5 s between attempts, until it works or a
+    /// minute has passed.
+    fn reconnect(&mut self, attempt: u32) -> Result<(), SinkError> {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(100 * u64::from(attempt.min(10)));
+        loop {
+            std::thread::sleep(delay);
+            match self.db.reconnect() {
+                Ok(()) => return Ok(()),
+                Err(e) if started.elapsed() < Duration::from_secs(60) => {
+                    tracing::warn!("{}; retrying", crate::types::error_chain(&e));
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn with_retries<T>(
+        &mut self,
+        what: &str,
+        mut f: impl FnMut(&mut Db, &str) -> Result<T, BatchError>,
+    ) -> Result<T, SinkError> {
+        let mut attempt = 0;
+        loop {
+            match f(self.db, &self.options.instance_id) {
+                Ok(v) => return Ok(v),
+                Err(BatchError::Fatal(e)) => return Err(e),
+                Err(BatchError::Fenced(parts)) => {
+                    return Err(SinkError::Database {
+                        what: format!("{what}: {} fenced", show(&parts)),
+                        source: "a claim raises the epoch and is never fenced: a bug".into(),
+                    });
+                }
+                Err(BatchError::Database(e)) if db::is_transient(&e) && attempt < 20 => {
+                    attempt += 1;
+                    self.report.retries += 1;
+                    tracing::warn!("{what}: {}; reconnecting", db::pg_message(&e));
+                    self.reconnect(attempt)?;
+                }
+                Err(BatchError::Database(e)) => {
+                    return Err(SinkError::Database {
+                        what: format!("{what}: {}", db::pg_message(&e)),
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Sends the dead letters recorded in the database to the dead-letter
+    /// topic, then marks them forwarded (at least once: a crash between
+    /// the two sends them again; the key and headers identify them).
+    fn forward_dead_letters(&mut self) -> Result<(), SinkError> {
+        let topic = self.config.dead_letter_topic.clone();
+        let producer = self.producer;
+        loop {
+            let mut send = |letters: &[Unforwarded]| -> Result<(), SinkError> {
+                for u in letters {
+                    let headers = dead_letter_headers(&u.letter);
+                    kafka::send(
+                        producer,
+                        Outgoing {
+                            topic: &topic,
+                            partition: None,
+                            key: u.letter.key.as_deref(),
+                            value: u.letter.value.as_deref(),
+                            headers: &headers,
+                            timestamp: None,
+                        },
+                    )
+                    .map_err(|e| {
+                        KafkaError::client(format!("sending a dead letter to {topic}"), e)
+                    })?;
+                }
+                kafka::drain(producer, Duration::from_secs(60)).map_err(|e| {
+                    KafkaError::client(format!("flushing dead letters to {topic}"), e)
+                })?;
+                match lock(&producer.context().failed).take() {
+                    Some(e) => Err(KafkaError::client(
+                        format!("sending dead letters to {topic}"),
+                        e,
+                    )
+                    .into()),
+                    None => Ok(()),
+                }
+            };
+            match self.db.forward_dead_letters(&mut send) {
+                Ok(0) => return Ok(()),
+                Ok(n) => tracing::info!(dead_letters = n, topic = %topic, "dead letters forwarded"),
+                Err(BatchError::Fatal(e)) => return Err(e),
+                Err(BatchError::Database(e)) if db::is_transient(&e) => {
+                    // Forwarded again with the next batch.
+                    tracing::warn!("forwarding dead letters: {}", db::pg_message(&e));
+                    return Ok(());
+                }
+                Err(BatchError::Database(e)) => {
+                    return Err(SinkError::Database {
+                        what: format!("forwarding dead letters: {}", db::pg_message(&e)),
+                        source: Box::new(e),
+                    });
+                }
+                Err(BatchError::Fenced(_)) => return Ok(()),
+            }
+        }
+    }
+}
+
+fn dead_letter_headers(d: &DeadLetter) -> Vec<Header> {
+    let mut h = vec![
+        Header {
+            key: "onceflow.error".into(),
+            value: d.reason.clone().into_bytes(),
+        },
+        Header {
+            key: "onceflow.source".into(),
+            value: format!("{}/{}/{}", d.topic, d.partition, d.offset).into_bytes(),
+        },
+        Header {
+            key: "onceflow.digest".into(),
+            value: hex::encode(&d.digest).into_bytes(),
+        },
+    ];
+    if let Some(a) = &d.applied_digest {
+        h.push(Header {
+            key: "onceflow.applied-digest".into(),
+            value: hex::encode(a).into_bytes(),
+        });
+    }
+    h
+}
+
+fn tpl_of(parts: &[(String, i32)]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in parts {
+        tpl.add_partition(t, *p);
+    }
+    tpl
+}
+
+fn show(parts: &[(String, i32)]) -> String {
+    parts
+        .iter()
+        .map(|(t, p)| format!("{t}/{p}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

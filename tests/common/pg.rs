@@ -1,0 +1,77 @@
+//! A real PostgreSQL for the sink's tests, started through scripts/postgres
+//! on its own port (55440 + `ONCEFLOW_TEST_PORT_OFFSET`), and a client on it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::repo;
+
+/// The test's PostgreSQL (scripts/stop-test-clusters stops it).
+pub struct Postgres {
+    pub port: u16,
+    /// The connection string, without the password.
+    pub url: String,
+    pub password_file: PathBuf,
+}
+
+impl Postgres {
+    /// Starts it (or finds it running).
+    pub fn up() -> Postgres {
+        let offset: u16 = std::env::var("ONCEFLOW_TEST_PORT_OFFSET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let port = 55440 + offset;
+        let pg = Postgres {
+            port,
+            url: String::new(),
+            password_file: PathBuf::new(),
+        };
+        let out = pg.script(&["up"]);
+        assert!(
+            out.status.success(),
+            "scripts/postgres up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let file = pg.script(&["password-file"]);
+        Postgres {
+            url,
+            password_file: PathBuf::from(String::from_utf8_lossy(&file.stdout).trim()),
+            ..pg
+        }
+    }
+
+    pub fn script(&self, args: &[&str]) -> std::process::Output {
+        Command::new(repo().join("scripts/postgres"))
+            .args(args)
+            .env("ONCEFLOW_POSTGRES_PORT", self.port.to_string())
+            .output()
+            .expect("run scripts/postgres")
+    }
+
+    /// Stops the server at once (in-flight transactions are cut) and starts
+    /// it again.
+    pub fn restart(&self) {
+        let out = self.script(&["restart"]);
+        assert!(
+            out.status.success(),
+            "scripts/postgres restart: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn down(&self) {
+        let _ = self.script(&["down", "--purge"]);
+    }
+
+    /// A client.
+    pub fn client(&self) -> postgres::Client {
+        let password = std::fs::read_to_string(&self.password_file).expect("password file");
+        let mut config: postgres::Config = self.url.parse().expect("connection string");
+        config.password(password.trim());
+        config
+            .connect(postgres::NoTls)
+            .expect("connect to the test PostgreSQL")
+    }
+}
