@@ -20,27 +20,29 @@
 //! producer) and the loop; `config.rs` reads `sink.toml`; `db.rs` owns the
 //! PostgreSQL client. docs/sink.md is the user's guide.
 
+mod committer;
 pub mod config;
 mod db;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::BaseProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
 
+use committer::{BatchDone, BatchJob, Committer, DeadLetterContext, Job};
 use config::Identity;
 pub use config::SinkConfig;
-use db::{BatchError, Db, DeadLetter, Item, Unforwarded};
+use db::{Db, Item};
 
-use crate::kafka::{self, Connection, KafkaError, Outgoing, QuietContext};
-use crate::types::Header;
+use crate::kafka::{self, Connection, KafkaError, QuietContext};
 
 /// Why a sink stopped.
 #[derive(Debug, thiserror::Error)]
@@ -192,29 +194,6 @@ impl ConsumerContext for SinkContext {
     }
 }
 
-/// The dead-letter producer's context: keeps the last delivery failure, so
-/// that letters are marked forwarded only once the brokers have them.
-#[derive(Default)]
-struct DeadLetterContext {
-    failed: Mutex<Option<rdkafka::error::KafkaError>>,
-}
-
-impl rdkafka::client::ClientContext for DeadLetterContext {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        kafka::log(level, fac, message);
-    }
-}
-
-impl ProducerContext for DeadLetterContext {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            *lock(&self.failed) = Some(e.clone());
-        }
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -226,7 +205,7 @@ pub fn run_postgres(
     options: SinkOptions,
     shutdown: Arc<AtomicBool>,
 ) -> Result<SinkReport, SinkError> {
-    let mut db = Db::connect(&config)?;
+    let db = Db::connect(&config)?;
     let topics: Vec<&str> = config.routes.iter().map(|r| r.topic.as_str()).collect();
     kafka::wait_for_topics(
         &options.kafka,
@@ -277,32 +256,52 @@ pub fn run_postgres(
         topics = %topics.join(", "),
         "sink started"
     );
+    let mut committer = Committer {
+        db,
+        producer,
+        config: config.clone(),
+        options: options.clone(),
+    };
+    // Letters a crash left unforwarded.
+    committer.forward_dead_letters()?;
+    let (jobs, queue) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("sink-committer".into())
+        .spawn(move || committer.run(queue))
+        .map_err(|e| SinkError::Database {
+            what: "starting the committer thread".into(),
+            source: Box::new(e),
+        })?;
     let mut sink = Sink {
         config: &config,
         options: &options,
-        db: &mut db,
         consumer: &consumer,
-        producer: &producer,
+        jobs: Some(jobs),
         epochs: HashMap::new(),
         batch: Vec::new(),
+        in_flight: None,
         report: SinkReport::default(),
     };
-    sink.forward_dead_letters()?;
-    sink.run(&shutdown)?;
-    Ok(sink.report)
+    let result = sink.run(&shutdown);
+    // The committer ends when its queue closes.
+    sink.jobs = None;
+    let _ = thread.join();
+    result.map(|()| sink.report)
 }
 
 struct Sink<'a> {
     config: &'a SinkConfig,
     options: &'a SinkOptions,
-    db: &'a mut Db,
     consumer: &'a BaseConsumer<SinkContext>,
-    producer: &'a BaseProducer<DeadLetterContext>,
+    /// The committer's queue.
+    jobs: Option<Sender<Job>>,
     /// This instance's claims: (topic, partition) -> owner epoch.
     epochs: HashMap<(String, i32), i64>,
-    /// The records read since the last commit, in arrival order (offset
-    /// order per partition).
+    /// The records read since the last batch was handed over, in arrival
+    /// order (offset order per partition).
     batch: Vec<Item>,
+    /// The batch the committer is applying.
+    in_flight: Option<Receiver<Result<BatchDone, SinkError>>>,
     report: SinkReport,
 }
 
@@ -314,10 +313,12 @@ impl Sink<'_> {
         let mut last_expiry = Instant::now();
         while !shutdown.load(Ordering::Relaxed) {
             self.take_changes()?;
+            self.finish_in_flight(false)?;
             let wait = match first_at {
                 Some(t) => max_wait.saturating_sub(t.elapsed()),
                 None => max_wait,
-            };
+            }
+            .min(Duration::from_millis(20));
             match self.consumer.poll(wait) {
                 Some(Ok(m)) => {
                     if let Some(item) = self.item(&m) {
@@ -330,9 +331,9 @@ impl Sink<'_> {
             }
             let full = self.batch.len() >= self.config.max_batch_records;
             let due = first_at.is_some_and(|t| t.elapsed() >= max_wait);
-            if full || due {
+            if full || (due && self.in_flight.is_none()) {
                 self.take_changes()?;
-                self.commit()?;
+                self.submit()?;
                 first_at = None;
             }
             if reported.elapsed() >= self.options.report_interval {
@@ -351,20 +352,100 @@ impl Sink<'_> {
             }
             if last_expiry.elapsed() >= Duration::from_secs(60) {
                 last_expiry = Instant::now();
-                match self.db.expire_markers() {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(markers = n, "expired markers past the retention"),
-                    Err(e) => tracing::warn!("expiring markers: {}", db::pg_message(&e)),
-                }
+                self.send(Job::Expire)?;
             }
         }
         self.take_changes()?;
-        self.commit()?;
+        self.submit()?;
+        self.finish_in_flight(true)?;
         tracing::info!(
             applied = self.report.applied,
             batches = self.report.batches,
             "sink stopped"
         );
+        Ok(())
+    }
+
+    fn send(&self, job: Job) -> Result<(), SinkError> {
+        self.jobs
+            .as_ref()
+            .and_then(|j| j.send(job).ok())
+            .ok_or_else(committer_gone)
+    }
+
+    /// Hands the batch to the committer, once the previous one is
+    /// committed.
+    fn submit(&mut self) -> Result<(), SinkError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.finish_in_flight(true)?;
+        let (reply, done) = std::sync::mpsc::sync_channel(1);
+        let items = std::mem::take(&mut self.batch);
+        self.send(Job::Batch(Box::new(BatchJob {
+            items,
+            epochs: self.epochs.clone(),
+            reply,
+        })))?;
+        self.in_flight = Some(done);
+        Ok(())
+    }
+
+    /// Takes the in-flight batch's outcome (waiting for it with `block`):
+    /// the counts, the partitions found claimed by another instance, and
+    /// the Kafka offsets to commit (for lag monitoring only).
+    fn finish_in_flight(&mut self, block: bool) -> Result<(), SinkError> {
+        let Some(rx) = &self.in_flight else {
+            return Ok(());
+        };
+        let outcome = if block {
+            rx.recv().map_err(|_| committer_gone())?
+        } else {
+            match rx.try_recv() {
+                Ok(o) => o,
+                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(committer_gone()),
+            }
+        };
+        self.in_flight = None;
+        let done = outcome?;
+        let a = done.applied;
+        self.report.batches += 1;
+        self.report.applied += a.applied;
+        self.report.behind += a.behind;
+        self.report.duplicates += a.duplicates;
+        self.report.dead_letters += a.dead;
+        self.report.slow_batches += u64::from(a.slow);
+        self.report.retries += done.retries;
+        let mut lost = Vec::new();
+        for (at, epoch) in done.fenced {
+            self.report.fenced += 1;
+            // Not if the partition was claimed again since.
+            if self.epochs.get(&at) == Some(&epoch) {
+                self.epochs.remove(&at);
+                self.batch
+                    .retain(|i| !(i.topic == at.0 && i.partition == at.1));
+                lost.push(at);
+            }
+        }
+        if !lost.is_empty() {
+            // Until the group gives them back.
+            let _ = self.consumer.pause(&tpl_of(&lost));
+        }
+        if !self.options.pause_after_commit.is_zero() {
+            tracing::info!(
+                ms = self.options.pause_after_commit.as_millis() as u64,
+                "fault window: after COMMIT, before the Kafka offset commit"
+            );
+            std::thread::sleep(self.options.pause_after_commit);
+        }
+        if !done.next.is_empty()
+            && let Err(e) = self
+                .consumer
+                .commit(&kafka::offsets_list(&done.next), CommitMode::Async)
+        {
+            tracing::debug!("committing offsets for lag monitoring: {e}");
+        }
         Ok(())
     }
 
@@ -442,8 +523,9 @@ impl Sink<'_> {
                     if parts.is_empty() {
                         continue;
                     }
-                    let claims = self
-                        .with_retries("claiming partitions", |db, owner| db.claim(&parts, owner))?;
+                    let (reply, answer) = std::sync::mpsc::sync_channel(1);
+                    self.send(Job::Claim(parts.clone(), reply))?;
+                    let claims = answer.recv().map_err(|_| committer_gone())??;
                     let mut seek = TopicPartitionList::new();
                     for c in &claims {
                         let at = (c.topic.clone(), c.partition);
@@ -474,241 +556,13 @@ impl Sink<'_> {
         }
         Ok(())
     }
-
-    /// Commits the batch in one database transaction, retrying it after a
-    /// transient failure (the positions make the retry apply nothing
-    /// twice); then the Kafka offsets (for lag monitoring) and the dead
-    /// letters' forwarding.
-    fn commit(&mut self) -> Result<(), SinkError> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        let pause_before = self.options.pause_before_commit;
-        let before_commit = move || {
-            if !pause_before.is_zero() {
-                tracing::info!(
-                    ms = pause_before.as_millis() as u64,
-                    "fault window: before COMMIT"
-                );
-                std::thread::sleep(pause_before);
-            }
-        };
-        if !self.options.pause_before_begin.is_zero() {
-            tracing::info!(
-                ms = self.options.pause_before_begin.as_millis() as u64,
-                records = self.batch.len(),
-                "fault window: before BEGIN"
-            );
-            std::thread::sleep(self.options.pause_before_begin);
-        }
-        let mut attempt = 0u32;
-        let applied = loop {
-            if self.batch.is_empty() {
-                return Ok(());
-            }
-            match self
-                .db
-                .commit_batch(&self.batch, &self.epochs, &before_commit)
-            {
-                Ok(applied) => break applied,
-                Err(BatchError::Fenced(parts)) => {
-                    self.report.fenced += parts.len() as u64;
-                    tracing::warn!(
-                        partitions = %show(&parts),
-                        "another instance claimed these partitions (this one was out of the \
-                         group): dropping their records; nothing of them was committed here"
-                    );
-                    for at in &parts {
-                        self.epochs.remove(at);
-                    }
-                    self.batch.retain(|i| {
-                        !parts
-                            .iter()
-                            .any(|(t, p)| *t == i.topic && *p == i.partition)
-                    });
-                    // Until the group gives them back.
-                    let _ = self.consumer.pause(&tpl_of(&parts));
-                }
-                Err(BatchError::Database(e)) if db::is_transient(&e) => {
-                    attempt += 1;
-                    self.report.retries += 1;
-                    tracing::warn!(
-                        attempt,
-                        "the batch's transaction failed ({}): reconnecting and applying it again \
-                         (records already applied are skipped by their position)",
-                        db::pg_message(&e)
-                    );
-                    self.reconnect(attempt)?;
-                }
-                Err(BatchError::Database(e)) => {
-                    return Err(SinkError::Database {
-                        what: format!("applying a batch: {}", db::pg_message(&e)),
-                        source: Box::new(e),
-                    });
-                }
-                Err(BatchError::Fatal(e)) => return Err(e),
-            }
-        };
-        self.report.batches += 1;
-        self.report.applied += applied.applied;
-        self.report.behind += applied.behind;
-        self.report.duplicates += applied.duplicates;
-        self.report.dead_letters += applied.dead;
-        self.report.slow_batches += u64::from(applied.slow);
-        if !self.options.pause_after_commit.is_zero() {
-            tracing::info!(
-                ms = self.options.pause_after_commit.as_millis() as u64,
-                "fault window: after COMMIT, before the Kafka offset commit"
-            );
-            std::thread::sleep(self.options.pause_after_commit);
-        }
-        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
-        for i in &self.batch {
-            next.insert((i.topic.clone(), i.partition), i.offset + 1);
-        }
-        if let Err(e) = self
-            .consumer
-            .commit(&kafka::offsets_list(&next), CommitMode::Async)
-        {
-            tracing::debug!("committing offsets for lag monitoring: {e}");
-        }
-        self.batch.clear();
-        if applied.dead > 0 {
-            self.forward_dead_letters()?;
-        }
-        Ok(())
-    }
-
-    /// Reconnects, waiting up to 5 s between attempts, until it works or a
-    /// minute has passed.
-    fn reconnect(&mut self, attempt: u32) -> Result<(), SinkError> {
-        let started = Instant::now();
-        let mut delay = Duration::from_millis(100 * u64::from(attempt.min(10)));
-        loop {
-            std::thread::sleep(delay);
-            match self.db.reconnect() {
-                Ok(()) => return Ok(()),
-                Err(e) if started.elapsed() < Duration::from_secs(60) => {
-                    tracing::warn!("{}; retrying", crate::types::error_chain(&e));
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn with_retries<T>(
-        &mut self,
-        what: &str,
-        mut f: impl FnMut(&mut Db, &str) -> Result<T, BatchError>,
-    ) -> Result<T, SinkError> {
-        let mut attempt = 0;
-        loop {
-            match f(self.db, &self.options.instance_id) {
-                Ok(v) => return Ok(v),
-                Err(BatchError::Fatal(e)) => return Err(e),
-                Err(BatchError::Fenced(parts)) => {
-                    return Err(SinkError::Database {
-                        what: format!("{what}: {} fenced", show(&parts)),
-                        source: "a claim raises the epoch and is never fenced: a bug".into(),
-                    });
-                }
-                Err(BatchError::Database(e)) if db::is_transient(&e) && attempt < 20 => {
-                    attempt += 1;
-                    self.report.retries += 1;
-                    tracing::warn!("{what}: {}; reconnecting", db::pg_message(&e));
-                    self.reconnect(attempt)?;
-                }
-                Err(BatchError::Database(e)) => {
-                    return Err(SinkError::Database {
-                        what: format!("{what}: {}", db::pg_message(&e)),
-                        source: Box::new(e),
-                    });
-                }
-            }
-        }
-    }
-
-    /// Sends the dead letters recorded in the database to the dead-letter
-    /// topic, then marks them forwarded (at least once: a crash between
-    /// the two sends them again; the key and headers identify them).
-    fn forward_dead_letters(&mut self) -> Result<(), SinkError> {
-        let topic = self.config.dead_letter_topic.clone();
-        let producer = self.producer;
-        loop {
-            let mut send = |letters: &[Unforwarded]| -> Result<(), SinkError> {
-                for u in letters {
-                    let headers = dead_letter_headers(&u.letter);
-                    kafka::send(
-                        producer,
-                        Outgoing {
-                            topic: &topic,
-                            partition: None,
-                            key: u.letter.key.as_deref(),
-                            value: u.letter.value.as_deref(),
-                            headers: &headers,
-                            timestamp: None,
-                        },
-                    )
-                    .map_err(|e| {
-                        KafkaError::client(format!("sending a dead letter to {topic}"), e)
-                    })?;
-                }
-                kafka::drain(producer, Duration::from_secs(60)).map_err(|e| {
-                    KafkaError::client(format!("flushing dead letters to {topic}"), e)
-                })?;
-                match lock(&producer.context().failed).take() {
-                    Some(e) => Err(KafkaError::client(
-                        format!("sending dead letters to {topic}"),
-                        e,
-                    )
-                    .into()),
-                    None => Ok(()),
-                }
-            };
-            match self.db.forward_dead_letters(&mut send) {
-                Ok(0) => return Ok(()),
-                Ok(n) => tracing::info!(dead_letters = n, topic = %topic, "dead letters forwarded"),
-                Err(BatchError::Fatal(e)) => return Err(e),
-                Err(BatchError::Database(e)) if db::is_transient(&e) => {
-                    // Forwarded again with the next batch.
-                    tracing::warn!("forwarding dead letters: {}", db::pg_message(&e));
-                    return Ok(());
-                }
-                Err(BatchError::Database(e)) => {
-                    return Err(SinkError::Database {
-                        what: format!("forwarding dead letters: {}", db::pg_message(&e)),
-                        source: Box::new(e),
-                    });
-                }
-                Err(BatchError::Fenced(_)) => return Ok(()),
-            }
-        }
-    }
 }
 
-fn dead_letter_headers(d: &DeadLetter) -> Vec<Header> {
-    let mut h = vec![
-        Header {
-            key: "onceflow.error".into(),
-            value: d.reason.clone().into_bytes(),
-        },
-        Header {
-            key: "onceflow.source".into(),
-            value: format!("{}/{}/{}", d.topic, d.partition, d.offset).into_bytes(),
-        },
-        Header {
-            key: "onceflow.digest".into(),
-            value: hex::encode(&d.digest).into_bytes(),
-        },
-    ];
-    if let Some(a) = &d.applied_digest {
-        h.push(Header {
-            key: "onceflow.applied-digest".into(),
-            value: hex::encode(a).into_bytes(),
-        });
+fn committer_gone() -> SinkError {
+    SinkError::Database {
+        what: "the committer thread stopped".into(),
+        source: "it panicked or exited: see the log above".into(),
     }
-    h
 }
 
 fn tpl_of(parts: &[(String, i32)]) -> TopicPartitionList {

@@ -1,0 +1,337 @@
+//! The sink's committer: a thread that owns the database connection and the
+//! dead-letter producer, and runs the loop's jobs in order (claims, batch
+//! transactions, marker expiry). The loop reads and parses the next batch
+//! while this thread commits the previous one: at most two batches are in
+//! memory, and the Kafka offsets of a batch are committed (by the loop)
+//! only after its database transaction.
+//!
+//! A transient database failure (connection lost, restart, serialization
+//! failure) is retried here with the same records, after a reconnect: the
+//! positions in the database make the retry apply nothing twice.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
+
+use super::db::{self, Applied, BatchError, Claim, Db, DeadLetter, Item, Unforwarded};
+use super::{SinkConfig, SinkError, SinkOptions, lock, show};
+use crate::kafka::{self, KafkaError, Outgoing};
+use crate::types::Header;
+
+/// What the loop asks of the committer.
+pub(super) enum Job {
+    /// Claim these partitions (raise their owner epochs).
+    Claim(
+        Vec<(String, i32)>,
+        SyncSender<Result<Vec<Claim>, SinkError>>,
+    ),
+    /// Apply a batch in one transaction.
+    Batch(Box<BatchJob>),
+    /// Delete markers past the retention.
+    Expire,
+}
+
+/// A batch and the epochs it was read under.
+pub(super) struct BatchJob {
+    pub items: Vec<Item>,
+    pub epochs: HashMap<(String, i32), i64>,
+    pub reply: SyncSender<Result<BatchDone, SinkError>>,
+}
+
+/// A committed batch.
+pub(super) struct BatchDone {
+    pub applied: Applied,
+    /// Partitions another instance had claimed (with the epoch this batch
+    /// carried): their records were dropped.
+    pub fenced: Vec<((String, i32), i64)>,
+    /// Transactions retried after a transient failure.
+    pub retries: u64,
+    /// The next offset of each partition of the batch (the Kafka offsets to
+    /// commit, for lag monitoring).
+    pub next: BTreeMap<(String, i32), i64>,
+}
+
+/// The dead-letter producer's context: keeps the last delivery failure, so
+/// that letters are marked forwarded only once the brokers have them.
+#[derive(Default)]
+pub(super) struct DeadLetterContext {
+    failed: Mutex<Option<rdkafka::error::KafkaError>>,
+}
+
+impl rdkafka::client::ClientContext for DeadLetterContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        kafka::log(level, fac, message);
+    }
+}
+
+impl ProducerContext for DeadLetterContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            *lock(&self.failed) = Some(e.clone());
+        }
+    }
+}
+
+/// The committer's state.
+pub(super) struct Committer {
+    pub db: Db,
+    pub producer: BaseProducer<DeadLetterContext>,
+    pub config: SinkConfig,
+    pub options: SinkOptions,
+}
+
+impl Committer {
+    /// Runs jobs until the loop drops its sender. A failed job is answered
+    /// with its error; the loop then stops.
+    pub(super) fn run(mut self, jobs: Receiver<Job>) {
+        for job in jobs {
+            match job {
+                Job::Claim(parts, reply) => {
+                    let _ = reply.send(self.claim(&parts));
+                }
+                Job::Batch(job) => {
+                    let BatchJob {
+                        items,
+                        epochs,
+                        reply,
+                    } = *job;
+                    let result = self.batch(items, epochs).and_then(|done| {
+                        if done.applied.dead > 0 {
+                            self.forward_dead_letters()?;
+                        }
+                        Ok(done)
+                    });
+                    let _ = reply.send(result);
+                }
+                Job::Expire => match self.db.expire_markers() {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(markers = n, "expired markers past the retention"),
+                    Err(e) => tracing::warn!("expiring markers: {}", db::pg_message(&e)),
+                },
+            }
+        }
+    }
+
+    /// Applies `items` in one transaction, dropping the records of
+    /// partitions another instance claimed, retrying after transient
+    /// failures.
+    fn batch(
+        &mut self,
+        mut items: Vec<Item>,
+        mut epochs: HashMap<(String, i32), i64>,
+    ) -> Result<BatchDone, SinkError> {
+        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for i in &items {
+            next.insert((i.topic.clone(), i.partition), i.offset + 1);
+        }
+        if !self.options.pause_before_begin.is_zero() {
+            tracing::info!(
+                ms = self.options.pause_before_begin.as_millis() as u64,
+                records = items.len(),
+                "fault window: before BEGIN"
+            );
+            std::thread::sleep(self.options.pause_before_begin);
+        }
+        let pause_before = self.options.pause_before_commit;
+        let before_commit = move || {
+            if !pause_before.is_zero() {
+                tracing::info!(
+                    ms = pause_before.as_millis() as u64,
+                    "fault window: before COMMIT"
+                );
+                std::thread::sleep(pause_before);
+            }
+        };
+        let mut fenced = Vec::new();
+        let mut retries = 0u64;
+        loop {
+            if items.is_empty() {
+                return Ok(BatchDone {
+                    applied: Applied::default(),
+                    fenced,
+                    retries,
+                    next,
+                });
+            }
+            match self.db.commit_batch(&items, &epochs, &before_commit) {
+                Ok(applied) => {
+                    return Ok(BatchDone {
+                        applied,
+                        fenced,
+                        retries,
+                        next,
+                    });
+                }
+                Err(BatchError::Fenced(parts)) => {
+                    tracing::warn!(
+                        partitions = %show(&parts),
+                        "another instance claimed these partitions (this one was out of the \
+                         group): dropping their records; nothing of them was committed here"
+                    );
+                    for at in &parts {
+                        if let Some(e) = epochs.remove(at) {
+                            fenced.push((at.clone(), e));
+                        }
+                        next.remove(at);
+                    }
+                    items.retain(|i| {
+                        !parts
+                            .iter()
+                            .any(|(t, p)| *t == i.topic && *p == i.partition)
+                    });
+                }
+                Err(BatchError::Database(e)) if db::is_transient(&e) => {
+                    retries += 1;
+                    tracing::warn!(
+                        attempt = retries,
+                        "the batch's transaction failed ({}): reconnecting and applying it again \
+                         (records already applied are skipped by their position)",
+                        db::pg_message(&e)
+                    );
+                    self.reconnect(retries as u32)?;
+                }
+                Err(BatchError::Database(e)) => {
+                    return Err(SinkError::Database {
+                        what: format!("applying a batch: {}", db::pg_message(&e)),
+                        source: Box::new(e),
+                    });
+                }
+                Err(BatchError::Fatal(e)) => return Err(e),
+            }
+        }
+    }
+
+    fn claim(&mut self, parts: &[(String, i32)]) -> Result<Vec<Claim>, SinkError> {
+        let mut attempt = 0;
+        loop {
+            match self.db.claim(parts, &self.options.instance_id) {
+                Ok(v) => return Ok(v),
+                Err(BatchError::Fatal(e)) => return Err(e),
+                Err(BatchError::Fenced(parts)) => {
+                    return Err(SinkError::Database {
+                        what: format!("claiming {}", show(&parts)),
+                        source: "a claim raises the epoch and is never fenced: a bug".into(),
+                    });
+                }
+                Err(BatchError::Database(e)) if db::is_transient(&e) && attempt < 20 => {
+                    attempt += 1;
+                    tracing::warn!("claiming partitions: {}; reconnecting", db::pg_message(&e));
+                    self.reconnect(attempt)?;
+                }
+                Err(BatchError::Database(e)) => {
+                    return Err(SinkError::Database {
+                        what: format!("claiming partitions: {}", db::pg_message(&e)),
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Reconnects, waiting up to 5 s between attempts, until it works or a
+    /// minute has passed.
+    fn reconnect(&mut self, attempt: u32) -> Result<(), SinkError> {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(100 * u64::from(attempt.clamp(1, 10)));
+        loop {
+            std::thread::sleep(delay);
+            match self.db.reconnect() {
+                Ok(()) => return Ok(()),
+                Err(e) if started.elapsed() < Duration::from_secs(60) => {
+                    tracing::warn!("{}; retrying", crate::types::error_chain(&e));
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends the dead letters recorded in the database to the dead-letter
+    /// topic, then marks them forwarded (at least once: a crash between
+    /// the two sends them again; the key and headers identify them).
+    pub(super) fn forward_dead_letters(&mut self) -> Result<(), SinkError> {
+        let topic = self.config.dead_letter_topic.clone();
+        let producer = &self.producer;
+        loop {
+            let mut send = |letters: &[Unforwarded]| -> Result<(), SinkError> {
+                for u in letters {
+                    let headers = dead_letter_headers(&u.letter);
+                    kafka::send(
+                        producer,
+                        Outgoing {
+                            topic: &topic,
+                            partition: None,
+                            key: u.letter.key.as_deref(),
+                            value: u.letter.value.as_deref(),
+                            headers: &headers,
+                            timestamp: None,
+                        },
+                    )
+                    .map_err(|e| {
+                        KafkaError::client(format!("sending a dead letter to {topic}"), e)
+                    })?;
+                }
+                kafka::drain(producer, Duration::from_secs(60)).map_err(|e| {
+                    KafkaError::client(format!("flushing dead letters to {topic}"), e)
+                })?;
+                match lock(&producer.context().failed).take() {
+                    Some(e) => Err(KafkaError::client(
+                        format!("sending dead letters to {topic}"),
+                        e,
+                    )
+                    .into()),
+                    None => Ok(()),
+                }
+            };
+            match self.db.forward_dead_letters(&mut send) {
+                Ok(0) => return Ok(()),
+                Ok(n) => {
+                    tracing::info!(dead_letters = n, topic = %topic, "dead letters forwarded")
+                }
+                Err(BatchError::Fatal(e)) => return Err(e),
+                Err(BatchError::Database(e)) if db::is_transient(&e) => {
+                    // Forwarded again after the next batch with dead letters,
+                    // or at the next start.
+                    tracing::warn!("forwarding dead letters: {}", db::pg_message(&e));
+                    return Ok(());
+                }
+                Err(BatchError::Database(e)) => {
+                    return Err(SinkError::Database {
+                        what: format!("forwarding dead letters: {}", db::pg_message(&e)),
+                        source: Box::new(e),
+                    });
+                }
+                Err(BatchError::Fenced(_)) => return Ok(()),
+            }
+        }
+    }
+}
+
+fn dead_letter_headers(d: &DeadLetter) -> Vec<Header> {
+    let mut h = vec![
+        Header {
+            key: "onceflow.error".into(),
+            value: d.reason.clone().into_bytes(),
+        },
+        Header {
+            key: "onceflow.source".into(),
+            value: format!("{}/{}/{}", d.topic, d.partition, d.offset).into_bytes(),
+        },
+        Header {
+            key: "onceflow.digest".into(),
+            value: hex::encode(&d.digest).into_bytes(),
+        },
+    ];
+    if let Some(a) = &d.applied_digest {
+        h.push(Header {
+            key: "onceflow.applied-digest".into(),
+            value: hex::encode(a).into_bytes(),
+        });
+    }
+    h
+}
