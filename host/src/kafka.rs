@@ -179,6 +179,17 @@ impl Connection {
     }
 }
 
+/// A group member's session timeout, and heartbeats at a tenth of it (at
+/// least 100 ms apart): members learn of a rebalance within a tenth of a
+/// session (the failover benchmark, bench/README.md). Classic protocol.
+pub(crate) fn set_session(c: &mut ClientConfig, session: Duration) {
+    c.set("session.timeout.ms", session.as_millis().to_string())
+        .set(
+            "heartbeat.interval.ms",
+            (session.as_millis() / 10).max(100).to_string(),
+        );
+}
+
 /// The partitions of `topic`, or `None` when it does not exist. A topic
 /// this client's principal may not describe is an error
 /// ([`KafkaError::NotAuthorized`]): the brokers answer so whether it

@@ -34,14 +34,8 @@ impl Host {
         instance: &str,
         extra: &[&str],
     ) -> Host {
-        let log = dir.join(format!("{instance}.log"));
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("log file");
-        let child = Command::new(crate::common::onceflow_bin())
-            .arg("run")
+        let mut cmd = Command::new(crate::common::onceflow_bin());
+        cmd.arg("run")
             .arg(manifest)
             .args(["--bootstrap-servers", bootstrap])
             .arg("--state-dir")
@@ -49,17 +43,52 @@ impl Host {
             .args(["--instance-id", instance])
             .args(["--report-interval-ms", "1000"])
             .args(extra)
-            .env("ONCEFLOW_LOG", "info,onceflow::stream=info")
+            .env("ONCEFLOW_LOG", "info,onceflow::stream=info");
+        Self::spawn(cmd, &dir.join(format!("{instance}.log")), instance)
+    }
+
+    /// Any `onceflow` command as a child process, its output appended to
+    /// `log`.
+    pub fn spawn(mut cmd: Command, log: &std::path::Path, instance: &str) -> Host {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file");
+        let child = cmd
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log"))
             .stderr(log_file)
             .spawn()
-            .expect("start onceflow run");
+            .expect("start onceflow");
         Host {
             child,
-            log,
+            log: log.to_owned(),
             instance: instance.to_owned(),
+        }
+    }
+
+    /// Waits until the log has `n` lines containing `text` (panics if the
+    /// process exits first, or after `timeout`).
+    pub fn wait_for(&mut self, text: &str, n: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.log_text();
+            if log.matches(text).count() >= n {
+                return;
+            }
+            if let Some(status) = self.exited() {
+                panic!(
+                    "{} exited ({status}) before {text:?}; log:\n{log}",
+                    self.instance
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {text:?} after {timeout:?}; log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

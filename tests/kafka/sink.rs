@@ -12,8 +12,8 @@
 //! instrument sees the failure.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -21,6 +21,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Headers, Message};
 
 use crate::common::cluster::{Cluster, plain_producer, send, serial};
+use crate::common::host_process::Host;
 use crate::common::pg::Postgres;
 use crate::common::wallet::{Produced, Wallet, assert_exact};
 
@@ -28,108 +29,30 @@ fn figure(name: &str, value: impl std::fmt::Display) {
     println!("FIGURE {name} {value}");
 }
 
-/// `onceflow sink postgres` as a child process, its log in a file.
-struct SinkProcess {
-    child: Child,
-    log: PathBuf,
+/// `onceflow sink postgres` as a child process, its log in `dir`.
+fn start_sink(config: &Path, bootstrap: &str, dir: &Path, instance: &str, extra: &[&str]) -> Host {
+    let mut cmd = Command::new(crate::common::onceflow_bin());
+    cmd.args(["sink", "postgres"])
+        .arg(config)
+        .args(["--bootstrap-servers", bootstrap])
+        .args(["--instance-id", instance])
+        .args(["--session-timeout-ms", "3000"])
+        .args(["--report-interval-ms", "1000"])
+        .args(extra)
+        .env("ONCEFLOW_LOG", "info");
+    Host::spawn(cmd, &dir.join(format!("sink-{instance}.log")), instance)
 }
 
-impl SinkProcess {
-    fn start(config: &Path, bootstrap: &str, dir: &Path, instance: &str, extra: &[&str]) -> Self {
-        let log = dir.join(format!("sink-{instance}.log"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("log file");
-        let child = Command::new(crate::common::onceflow_bin())
-            .args(["sink", "postgres"])
-            .arg(config)
-            .args(["--bootstrap-servers", bootstrap])
-            .args(["--instance-id", instance])
-            .args(["--session-timeout-ms", "3000"])
-            .args(["--report-interval-ms", "1000"])
-            .args(extra)
-            .env("ONCEFLOW_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log"))
-            .stderr(file)
-            .spawn()
-            .expect("start onceflow sink");
-        SinkProcess { child, log }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: a signal to our own child.
-        unsafe {
-            libc::kill(self.child.id() as i32, sig);
-        }
-    }
-
-    /// Waits until the log has `n` lines containing `text`.
-    fn wait_for(&mut self, text: &str, n: usize, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let log = self.log_text();
-            if log.matches(text).count() >= n {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the sink exited ({status}) before {text:?}; log:\n{log}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {text:?} after {timeout:?}; log:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(mut self) {
-        self.signal(libc::SIGKILL);
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM; the batch in hand is committed, and the exit is clean.
-    fn stop(mut self) {
-        self.signal(libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                assert!(
-                    status.success(),
-                    "sink exited {status}; log:\n{}",
-                    self.log_text()
-                );
-                let log = self.log_text();
-                assert!(
-                    !log.contains(" ERROR "),
-                    "a clean run logged errors:\n{log}"
-                );
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no exit after SIGTERM; log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for SinkProcess {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// SIGTERM: the batch in hand is committed, the exit is clean, and nothing
+/// was logged as an error.
+fn stop_sink(sink: Host) {
+    let log = sink.log.clone();
+    assert!(sink.stop().success(), "the sink's exit after SIGTERM");
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(
+        !text.contains(" ERROR "),
+        "a clean run logged errors:\n{text}"
+    );
 }
 
 fn count(db: &mut ::postgres::Client, sql: &str) -> i64 {
@@ -236,7 +159,7 @@ identity = "payment_id"
     )
     .expect("write sink.toml");
     let start = |instance: &str, extra: &[&str]| {
-        SinkProcess::start(&config, &cluster.bootstrap, w.dir.path(), instance, extra)
+        start_sink(&config, &cluster.bootstrap, w.dir.path(), instance, extra)
     };
     let logs = || {
         let mut text = String::new();
@@ -297,7 +220,7 @@ identity = "payment_id"
         1,
         Duration::from_secs(60),
     );
-    zombie.stop();
+    stop_sink(zombie);
     // 4. PostgreSQL restarts (immediate shutdown) under s2, with a
     //    transaction open.
     feed(3_000);
@@ -352,7 +275,7 @@ identity = "payment_id"
         &logs,
     );
     std::thread::sleep(Duration::from_millis(500));
-    s2.stop();
+    stop_sink(s2);
 
     // Every payment exactly once, and nothing else but x1.
     let rows: Vec<(String, i64)> = db

@@ -125,10 +125,7 @@ impl Committer {
         mut items: Vec<Item>,
         mut epochs: HashMap<(String, i32), i64>,
     ) -> Result<BatchDone, SinkError> {
-        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
-        for i in &items {
-            next.insert((i.topic.clone(), i.partition), i.offset + 1);
-        }
+        let mut next = db::next_offsets(&items);
         if !self.options.pause_before_begin.is_zero() {
             tracing::info!(
                 ms = self.options.pause_before_begin.as_millis() as u64,

@@ -339,13 +339,7 @@ impl Db {
         };
 
         // 1. The owner epochs, under the rows' locks.
-        let mut parts: BTreeMap<(String, i32), i64> = BTreeMap::new();
-        for item in items {
-            let next = parts
-                .entry((item.topic.clone(), item.partition))
-                .or_insert(item.offset);
-            *next = (*next).max(item.offset + 1);
-        }
+        let parts = next_offsets(items);
         let topics: Vec<&str> = parts.keys().map(|(t, _)| t.as_str()).collect();
         let nums: Vec<i32> = parts.keys().map(|(_, p)| *p).collect();
         let rows = t
@@ -360,7 +354,8 @@ impl Db {
                 &[&config.name, &topics, &nums],
             )
             .map_err(BatchError::Database)?;
-        let mut stored: HashMap<(String, i32), Option<i64>> = HashMap::new();
+        // Per partition of the batch (a few): the stored next offset.
+        let mut stored: Vec<((String, i32), Option<i64>)> = Vec::with_capacity(rows.len());
         let mut fenced = Vec::new();
         for r in &rows {
             let at: (String, i32) = (r.get(0), r.get(1));
@@ -368,10 +363,10 @@ impl Db {
             if epochs.get(&at) != Some(&epoch) {
                 fenced.push(at.clone());
             }
-            stored.insert(at, r.get(3));
+            stored.push((at, r.get(3)));
         }
         for at in parts.keys() {
-            if !stored.contains_key(at) {
+            if !stored.iter().any(|(s, _)| s == at) {
                 fenced.push(at.clone());
             }
         }
@@ -385,9 +380,9 @@ impl Db {
             .iter()
             .filter(|i| {
                 let behind = stored
-                    .get(&(i.topic.clone(), i.partition))
-                    .copied()
-                    .flatten()
+                    .iter()
+                    .find(|((t, p), _)| *t == i.topic && *p == i.partition)
+                    .and_then(|(_, next)| *next)
                     .is_some_and(|next| i.offset < next);
                 if behind {
                     done.behind += 1;
@@ -809,6 +804,43 @@ fn insert_dead_letters(
     Ok(())
 }
 
+/// The next offset of each partition of `items` (one past its last
+/// record): what the batch's transaction stores, and the Kafka offsets
+/// committed after it.
+pub(crate) fn next_offsets(items: &[Item]) -> BTreeMap<(String, i32), i64> {
+    fn store(next: &mut BTreeMap<(String, i32), i64>, (topic, partition, n): (&str, i32, i64)) {
+        let e = next.entry((topic.to_owned(), partition)).or_insert(n);
+        *e = (*e).max(n);
+    }
+    let mut next = BTreeMap::new();
+    // Records come in runs of one partition: one map entry per run.
+    let mut run: Option<(&str, i32, i64)> = None;
+    for i in items {
+        match &mut run {
+            Some((t, p, n)) if *t == i.topic && *p == i.partition => *n = (*n).max(i.offset + 1),
+            _ => {
+                if let Some(r) = run.take() {
+                    store(&mut next, r);
+                }
+                run = Some((&i.topic, i.partition, i.offset + 1));
+            }
+        }
+    }
+    if let Some(r) = run {
+        store(&mut next, r);
+    }
+    next
+}
+
+/// Columns quoted and comma-separated.
+fn quote_list(columns: &[String]) -> String {
+    columns
+        .iter()
+        .map(|c| quote(c))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A route's statements: the apply statement, and an upsert's delete.
 fn route_sql(apply: &Apply) -> (String, Option<String>) {
     match apply {
@@ -818,12 +850,8 @@ fn route_sql(apply: &Apply) -> (String, Option<String>) {
             key,
         } => {
             let t = quote(table);
-            let cols = columns
-                .iter()
-                .map(|c| quote(c))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let keys = key.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
+            let cols = quote_list(columns);
+            let keys = quote_list(key);
             let set: Vec<String> = columns
                 .iter()
                 .filter(|c| !key.contains(c))
@@ -849,11 +877,7 @@ fn route_sql(apply: &Apply) -> (String, Option<String>) {
         }
         Apply::Insert { table, columns } => {
             let t = quote(table);
-            let cols = columns
-                .iter()
-                .map(|c| quote(c))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let cols = quote_list(columns);
             (
                 format!(
                     "INSERT INTO {t} ({cols}) SELECT {cols} FROM jsonb_populate_recordset(NULL::{t}, $1::text::jsonb)"
@@ -1108,4 +1132,60 @@ fn sql_params(
         out.push(b);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(topic: &str, partition: i32, offset: i64) -> Item {
+        Item {
+            route: 0,
+            topic: topic.into(),
+            partition,
+            offset,
+            key: None,
+            value: None,
+            json: Ok(None),
+            identity: format!("{topic}/{partition}/{offset}"),
+            digest: vec![0; 32],
+        }
+    }
+
+    #[test]
+    fn next_offsets_are_one_past_each_partitions_last_record() {
+        let items = [
+            item("a", 0, 5),
+            item("a", 0, 6),
+            item("b", 0, 9),
+            item("a", 1, 2),
+            item("a", 0, 8),
+            item("b", 0, 10),
+        ];
+        let next = next_offsets(&items);
+        assert_eq!(next.len(), 3);
+        assert_eq!(next[&("a".into(), 0)], 9);
+        assert_eq!(next[&("a".into(), 1)], 3);
+        assert_eq!(next[&("b".into(), 0)], 11);
+    }
+
+    #[test]
+    fn an_upsert_updates_the_other_columns_and_deletes_by_a_single_key() {
+        let (upsert, delete) = route_sql(&Apply::Upsert {
+            table: "s.balances".into(),
+            columns: vec!["account".into(), "balance".into()],
+            key: vec!["account".into()],
+        });
+        assert!(upsert.starts_with("INSERT INTO \"s\".\"balances\" (\"account\", \"balance\")"));
+        assert!(upsert.ends_with(
+            "ON CONFLICT (\"account\") DO UPDATE SET \"balance\" = EXCLUDED.\"balance\""
+        ));
+        assert!(delete.is_some_and(|d| d.contains("x.\"account\" = d.\"account\"")));
+        let (_, none) = route_sql(&Apply::Upsert {
+            table: "t".into(),
+            columns: vec!["a".into(), "b".into()],
+            key: vec!["a".into(), "b".into()],
+        });
+        assert!(none.is_none(), "no tombstone delete with a two-column key");
+    }
 }

@@ -220,17 +220,8 @@ pub fn run_postgres(
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "cooperative-sticky")
-        .set(
-            "session.timeout.ms",
-            options.session_timeout.as_millis().to_string(),
-        )
-        .set(
-            "heartbeat.interval.ms",
-            (options.session_timeout.as_millis() / 10)
-                .max(100)
-                .to_string(),
-        );
+        .set("partition.assignment.strategy", "cooperative-sticky");
+    kafka::set_session(&mut c, options.session_timeout);
     let consumer: BaseConsumer<SinkContext> = c
         .create_with_context(SinkContext {
             changes: Mutex::new(Vec::new()),

@@ -50,22 +50,12 @@ pub(crate) fn consumer_config(
                 } else {
                     "cooperative-sticky"
                 },
-            )
-            .set(
-                "session.timeout.ms",
-                options.session_timeout.as_millis().to_string(),
-            )
+            );
             // A member learns of a rebalance at its next heartbeat: at a
             // tenth of the session (a quarter before), the survivors of a
             // dead host rejoin up to 1 s after its session expired, not
-            // 2.5 s (10 s sessions; the failover benchmark,
-            // bench/README.md).
-            .set(
-                "heartbeat.interval.ms",
-                (options.session_timeout.as_millis() / 10)
-                    .max(100)
-                    .to_string(),
-            );
+            // 2.5 s (10 s sessions).
+            kafka::set_session(&mut c, options.session_timeout);
         }
         GroupProtocol::Consumer => {
             // The brokers' range assignor is meant to co-partition as the
