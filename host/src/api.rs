@@ -52,6 +52,14 @@ pub struct DeployRequest {
     pub artifact: String,
 }
 
+/// The body of `PUT /v1/sinks/{name}`: a tenant's `sink.toml`, whose
+/// `postgres.connection` names a connection the hosts offer the tenant.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SinkDeployRequest {
+    /// The configuration's text.
+    pub config: String,
+}
+
 /// A host's view of one deployment: what each host publishes every few
 /// seconds to the status topic (`_onceflow.status`), and the per-host part
 /// of [`DeploymentSummary`].

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::admin::{ServerTls, TlsError, TlsFiles};
 use crate::fleet::{ControlPlane, Fleet, FleetError, Tenants, TenantsFile};
 use crate::sandbox::{Sandbox, SandboxConfig, SandboxError};
+use crate::sink::Connections;
 use crate::stream::RunOptions;
 
 /// What a host needs.
@@ -35,6 +36,8 @@ pub struct HostConfig {
     /// How long an uploaded component no deployment runs is kept before it
     /// may be collected (`fleet/artifacts.rs`).
     pub artifact_grace: Duration,
+    /// The database connections offered to tenants' sinks.
+    pub sink_connections: Connections,
 }
 
 /// Why a host could not start or stopped with an error.
@@ -96,6 +99,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         run,
         kafka_wait,
         artifact_grace,
+        sink_connections,
     } = config;
     // The certificate first: a bad file is refused before any Kafka work.
     let tls = tls
@@ -126,6 +130,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         shutdown.clone(),
         artifact_grace,
     );
+    fleet.set_sink_connections(sink_connections);
     if let Err(e) = fleet.check_unique_host_id() {
         control.close();
         return Err(HostError::Identity(e));

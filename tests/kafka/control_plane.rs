@@ -328,7 +328,7 @@ impl HostProc {
     }
 
     /// Runs the CLI expecting failure; returns stderr.
-    fn refused(&self, token: &str, args: &[&str]) -> String {
+    pub(crate) fn refused(&self, token: &str, args: &[&str]) -> String {
         let out = self.cli(token, args);
         assert!(
             !out.status.success(),

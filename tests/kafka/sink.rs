@@ -485,3 +485,146 @@ fn naive_sink(
         }
     }
 }
+
+/// A tenant's sink deployed on the fleet (`onceflow deploy sink.toml`): it
+/// names a connection the host offers the tenant (`--sink-connections`),
+/// never credentials; topics outside the tenant's namespace and a
+/// connection string are refused with the key to change; the deployed sink
+/// writes every payment once.
+#[test]
+fn b_a_tenants_sink_on_the_fleet() {
+    use crate::c_control_plane::{ACME, Fleet, path};
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let pg = Postgres::up();
+    let mut db = pg.client();
+    let w = Wallet::in_tenant(cluster, "acme", "acme.", "fleetsink", "exactly_once_v2", 3);
+    let produced = w.produce(0, 3_000, 100, Some(50));
+    let host = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(180));
+    assert!(host.stop().success());
+
+    let tag = w.name.replace(['-', '.'], "_");
+    let (audit, balances) = (format!("audit_{tag}"), format!("balances_{tag}"));
+    db.batch_execute(&format!(
+        "CREATE TABLE {audit} (payment_id text NOT NULL, account text NOT NULL, amount bigint NOT NULL);
+         CREATE TABLE {balances} (account text PRIMARY KEY, balance bigint NOT NULL, payment_id text NOT NULL);"
+    ))
+    .expect("create the tables");
+    let dlq = format!("{}.sink-dlq", w.payments);
+    cluster.create_topics(&[(&dlq, 1)]);
+    let connections = w.dir.path().join("connections.toml");
+    std::fs::write(
+        &connections,
+        format!(
+            "[[postgres]]\nname = \"analytics\"\nconnection = \"{}\"\npassword-file = \"{}\"\ntenants = [\"acme\"]\n",
+            pg.url,
+            pg.password_file.display()
+        ),
+    )
+    .expect("write connections.toml");
+    let name = format!("sink-{tag}").replace('_', "-");
+    let sink_toml = |connection: &str, balances_topic: &str| {
+        format!(
+            r#"name = "{name}"
+dead-letter-topic = "{dlq}"
+[postgres]
+connection = "{connection}"
+[[routes]]
+topic = "{balances_topic}"
+mode = "upsert"
+table = "{balances}"
+columns = ["account", "balance", "payment_id"]
+key = ["account"]
+[[routes]]
+topic = "{at}"
+mode = "insert"
+table = "{audit}"
+columns = ["payment_id", "account", "amount"]
+identity = "payment_id"
+"#,
+            at = w.audit,
+        )
+    };
+    let write = |file: &str, text: String| {
+        let p = w.dir.path().join(file);
+        std::fs::write(&p, text).expect("write sink.toml");
+        p
+    };
+    let good = write("sink.toml", sink_toml("analytics", &w.balances));
+    let outside = write("outside.toml", sink_toml("analytics", "globex.balances"));
+    let in_clear = write("in-clear.toml", sink_toml(&pg.url, &w.balances));
+
+    let fleet = Fleet::new();
+    let mut h = fleet.spawn_host(
+        "h1",
+        &cluster.bootstrap,
+        &["--host-id", "h1", "--sink-connections", path(&connections)],
+    );
+    h.wait_healthy("h1", Duration::from_secs(90));
+    let refused = h.refused(ACME, &["deploy", path(&outside)]);
+    assert!(
+        refused.contains("routes[0].topic") && refused.contains("outside your namespace"),
+        "{refused}"
+    );
+    let refused = h.refused(ACME, &["deploy", path(&in_clear)]);
+    assert!(
+        refused.contains("postgres.connection") && refused.contains("analytics"),
+        "{refused}"
+    );
+    let deployed = h.json(ACME, &["deploy", path(&good)]);
+    assert_eq!(deployed["name"], name.as_str(), "{deployed}");
+
+    let expected = valid_ids(&[(0, 3_000)], 50);
+    wait_rows(
+        &mut db,
+        &audit,
+        expected.len() as i64,
+        Duration::from_secs(120),
+        &|| h.log_text(),
+    );
+    let listed = h.json(ACME, &["list"]);
+    assert!(
+        listed["deployments"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|x| x["name"] == name.as_str())),
+        "{listed}"
+    );
+    h.json(ACME, &["delete", &name]);
+    h.stop();
+
+    let rows = count(&mut db, &format!("SELECT count(*) FROM {audit}"));
+    let distinct = count(
+        &mut db,
+        &format!("SELECT count(DISTINCT payment_id) FROM {audit}"),
+    );
+    assert_eq!(
+        (rows, distinct),
+        (expected.len() as i64, expected.len() as i64)
+    );
+    let table: BTreeMap<String, i64> = db
+        .query(&format!("SELECT account, balance FROM {balances}"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        table, produced.totals,
+        "the balances table against the payments"
+    );
+    // Its rows in the sink's tables are the tenant's: `<tenant>.<name>`.
+    let owners = count(
+        &mut db,
+        &format!(
+            "SELECT count(*) FROM onceflow_sink_progress WHERE sink = 'acme.{name}' AND owner = 'h1'"
+        ),
+    );
+    assert_eq!(
+        owners, 6,
+        "the progress rows of both topics' 3 partitions, owned by h1"
+    );
+    figure("fleet_sink_payments_verified", expected.len());
+    db.batch_execute(&format!("DROP TABLE {audit}, {balances}"))
+        .unwrap();
+    pg.down();
+}

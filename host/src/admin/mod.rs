@@ -36,7 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{
     DeleteParams, DeployRequest, DeploymentList, ErrorBody, Health, LogParams, QueryParams,
-    UsageParams,
+    SinkDeployRequest, UsageParams,
 };
 use crate::fleet::Deployed;
 use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES};
@@ -81,9 +81,10 @@ pub fn status_of(e: &FleetError) -> StatusCode {
         | FleetError::Artifact { .. }
         | FleetError::Kafka(KafkaError::Topic { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
         FleetError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-        FleetError::Kafka(_) | FleetError::Stream(_) | FleetError::Unavailable(_) => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        FleetError::Kafka(_)
+        | FleetError::Stream(_)
+        | FleetError::Sink(_)
+        | FleetError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -332,6 +333,7 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
             "/v1/deployments/{name}",
             put(deploy).get(describe).delete(delete),
         )
+        .route("/v1/sinks/{name}", put(deploy_sink))
         .route("/v1/deployments/{name}/pause", post(pause))
         .route("/v1/deployments/{name}/resume", post(resume))
         .route("/v1/deployments/{name}/logs", get(logs))
@@ -436,6 +438,31 @@ async fn deploy(
         )
     })?;
     let (deployed, summary) = blocking(move || fleet.deploy(&tenant, &name, req)).await?;
+    let status = match deployed {
+        Deployed::Created => StatusCode::CREATED,
+        Deployed::Upgraded => StatusCode::OK,
+    };
+    Ok((status, axum::Json(summary)).into_response())
+}
+
+/// `PUT /v1/sinks/{name}`: deploys a sink (listed, described, paused,
+/// resumed and deleted as any deployment).
+async fn deploy_sink(
+    State(fleet): State<Arc<Fleet>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let tenant = tenant_of(&fleet, &headers)?;
+    let body = read_body(&headers, body, MAX_DEPLOY_BODY, "the deploy request").await?;
+    let req: SinkDeployRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the sink deploy request is not valid JSON for this host: {e}"),
+        )
+    })?;
+    let (deployed, summary) =
+        blocking(move || fleet.deploy_sink(&tenant, &name, &req.config)).await?;
     let status = match deployed {
         Deployed::Created => StatusCode::CREATED,
         Deployed::Upgraded => StatusCode::OK,

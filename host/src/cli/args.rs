@@ -106,9 +106,11 @@ pub enum Command {
     #[command(subcommand)]
     Sink(SinkCommand),
     /// Upload a processor (its built component and manifest) to the fleet;
-    /// deploying an existing name upgrades it in place.
+    /// deploying an existing name upgrades it in place. Given a sink's
+    /// configuration (a sink.toml: `[[routes]]`), deploys that sink.
     Deploy {
-        /// The manifest, or the directory holding onceflow.toml.
+        /// The manifest, or the directory holding onceflow.toml, or a
+        /// sink.toml.
         manifest: PathBuf,
         /// Use this component instead of the manifest's.
         #[arg(long)]
@@ -527,6 +529,11 @@ pub struct HostArgs {
     /// tenant's `artifact-mb`). Every host should be given the same value.
     #[arg(long, default_value_t = 3600)]
     pub artifact_grace_secs: u64,
+    /// The database connections this host offers tenants' sinks (TOML:
+    /// `[[postgres]]` name, connection, password-file, tenants; see
+    /// docs/sink.md). Every host should be given the same file.
+    #[arg(long)]
+    pub sink_connections: Option<PathBuf>,
     /// Kafka and state settings.
     #[command(flatten)]
     pub kafka: KafkaArgs,

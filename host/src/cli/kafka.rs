@@ -13,7 +13,7 @@ use onceflow::sandbox::{Sandbox, SandboxConfig};
 use onceflow::stream::verify::{VerifyOptions, verify};
 use onceflow::types::error_chain;
 
-use onceflow::sink::{SinkConfig, SinkOptions};
+use onceflow::sink::{Connections, SinkConfig, SinkOptions};
 
 use super::args::{HostArgs, RunArgs, SinkArgs, VerifyArgs, kafka_config};
 use super::{OutputFormat, check_derived_names, load_manifest, read_component, usage};
@@ -42,6 +42,10 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let run = a.kafka.run_options()?;
+    let sink_connections = match &a.sink_connections {
+        Some(path) => Connections::load(path).map_err(|e| usage(error_chain(&e)))?,
+        None => Connections::default(),
+    };
     let shutdown = on_signals()?;
     let config = HostConfig {
         listen: a.listen,
@@ -51,6 +55,7 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
         run,
         kafka_wait: Duration::from_secs(a.kafka.kafka_wait_secs),
         artifact_grace: Duration::from_secs(a.artifact_grace_secs),
+        sink_connections,
     };
     let running = host::start(config, shutdown).map_err(|e| match e {
         e @ (HostError::Bind { .. } | HostError::Tls(_)) => usage(error_chain(&e)),
@@ -117,6 +122,7 @@ pub fn cmd_sink_postgres(a: SinkArgs) -> anyhow::Result<ExitCode> {
         pause_before_begin: Duration::from_millis(a.fault_pause_before_begin_ms),
         pause_before_commit: Duration::from_millis(a.fault_pause_before_commit_ms),
         pause_after_commit: Duration::from_millis(a.fault_pause_after_commit_ms),
+        metrics: Default::default(),
     };
     let shutdown = on_signals()?;
     onceflow::kafka::wait_for_brokers(

@@ -215,6 +215,9 @@ pub fn deploy(
     component: Option<PathBuf>,
     args: &RemoteArgs,
 ) -> anyhow::Result<ExitCode> {
+    if let Some(text) = sink_config(manifest_path) {
+        return deploy_sink(manifest_path, &text, args);
+    }
     let remote = Remote::new(args)?;
     let manifest = load_manifest(manifest_path)?;
     let manifest_text = std::fs::read_to_string(&manifest.path)
@@ -290,6 +293,41 @@ pub fn deploy(
             deployed.version,
             &artifact[..artifact.len().min(12)],
             len
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The text of `path` if it is a sink's configuration (a TOML file with
+/// `[[routes]]` and no `[build]`), not a processor's manifest.
+fn sink_config(path: &std::path::Path) -> Option<String> {
+    if !path.is_file() {
+        return None;
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let table: toml::Table = text.parse().ok()?;
+    (table.contains_key("routes") && !table.contains_key("build")).then_some(text)
+}
+
+/// `onceflow deploy <sink.toml>`: a sink on the fleet (docs/sink.md).
+fn deploy_sink(path: &std::path::Path, text: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+    let remote = Remote::new(args)?;
+    // Checked here first: a typo is named without a round trip.
+    let config = onceflow::sink::SinkConfig::parse(text, path)
+        .map_err(|e| super::usage(onceflow::types::error_chain(&e)))?;
+    let deployed: DeploymentSummary = remote.send(
+        remote
+            .client
+            .put(remote.url(&format!("/v1/sinks/{}", encode(&config.name))))
+            .json(&onceflow::api::SinkDeployRequest {
+                config: text.to_owned(),
+            }),
+    )?;
+    match remote.output {
+        OutputFormat::Json => print_json(&deployed)?,
+        OutputFormat::Text => println!(
+            "deployed sink {}.{} version {} (group {}.{})",
+            deployed.tenant, deployed.name, deployed.version, deployed.tenant, deployed.name
         ),
     }
     Ok(ExitCode::SUCCESS)

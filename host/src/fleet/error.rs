@@ -4,6 +4,7 @@
 use crate::kafka::KafkaError;
 use crate::manifest::ManifestError;
 use crate::sandbox::SandboxError;
+use crate::sink::SinkError;
 use crate::stream::StreamError;
 
 /// A failed fleet operation.
@@ -105,6 +106,9 @@ pub enum FleetError {
     /// A deployment's runtime stopped with an error.
     #[error(transparent)]
     Stream(#[from] StreamError),
+    /// A sink stopped with an error.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
     /// The control topics did not answer as expected in time.
     #[error("{0}")]
     Unavailable(String),

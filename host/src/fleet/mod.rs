@@ -6,7 +6,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `reconciler.rs` | starts, stops, pauses and upgrades deployments; publishes statuses |
+//! | `reconciler.rs` | starts, stops, pauses and upgrades deployments (processors and sinks); publishes statuses |
 //! | `service.rs` | the tenants' operations, with typed results ([`crate::api`]) and errors ([`FleetError`]) |
 //! | `control.rs` | the control topics' I/O: opening them, tailing the registry and statuses |
 //! | `artifacts.rs`, `logs.rs` | components and guest logs in their topics |
@@ -56,6 +56,7 @@ pub use tenancy::{Tenant, Tenants, TenantsFile};
 use crate::manifest::{Manifest, ManifestError};
 use crate::metrics::Exposition;
 use crate::sandbox::Sandbox;
+use crate::sink::{Connections, SinkConfig};
 use crate::stream::RunOptions;
 use reconciler::Running;
 use registry::DeploymentRecord;
@@ -106,6 +107,8 @@ pub struct Fleet {
     cpu_budgets: Mutex<BTreeMap<String, Arc<CpuBudget>>>,
     /// How long an unused upload is kept (`artifacts.rs`).
     artifact_grace: Duration,
+    /// The database connections this host offers tenants' sinks.
+    sink_connections: RwLock<Arc<Connections>>,
 }
 
 impl Fleet {
@@ -133,7 +136,39 @@ impl Fleet {
             admissions: Mutex::default(),
             cpu_budgets: Mutex::default(),
             artifact_grace,
+            sink_connections: RwLock::default(),
         })
+    }
+
+    /// Offers these database connections to tenants' sinks
+    /// (`onceflow host --sink-connections`).
+    pub fn set_sink_connections(&self, connections: Connections) {
+        *self
+            .sink_connections
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(connections);
+    }
+
+    /// A tenant's sink configuration as deployed (`record.manifest`), with
+    /// the connection it names resolved on this host.
+    fn sink_of(&self, tenant: &str, name: &str, text: &str) -> Result<SinkConfig, FleetError> {
+        let path = PathBuf::from(format!("{tenant}/{name}/sink.toml"));
+        let config = SinkConfig::parse(text, &path)
+            .map_err(|e| FleetError::Invalid(crate::types::error_chain(&e)))?;
+        if config.name != name {
+            return Err(FleetError::Invalid(format!(
+                "the sink's name is {:?} but the request deploys {name:?}",
+                config.name
+            )));
+        }
+        let connections = self
+            .sink_connections
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        config
+            .for_tenant(tenant, &connections)
+            .map_err(|e| FleetError::Invalid(format!("{}: {e}", path.display())))
     }
 
     /// The tenants in force now (a request keeps the ones it started with).

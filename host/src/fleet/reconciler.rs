@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use super::identity::STATUS_INTERVAL;
 use super::logs::{DeploymentLogSink, remember_error};
-use super::registry::{DeploymentRecord, Desired, HostStatus, now_ms};
+use super::registry::{DeploymentKind, DeploymentRecord, Desired, HostStatus, now_ms};
 use super::{Fleet, FleetError, manifest_of};
 use crate::manifest::Manifest;
 use crate::metrics::{Metrics, Snapshot};
 use crate::sandbox::Processor;
+use crate::sink;
 use crate::stream;
 use crate::task::processor_policy;
 
@@ -215,6 +216,9 @@ impl Fleet {
             std::thread::Builder::new()
                 .name(format!("deployment-{}", record.name))
                 .spawn(move || {
+                    if record.kind == DeploymentKind::Sink {
+                        return me.run_sink(&record, shutdown, metrics);
+                    }
                     let manifest = manifest_of(&record).map_err(FleetError::Manifest)?;
                     let processor = me.load(&record, &manifest, recent, metrics.clone())?;
                     if let Some(r) = me.running().get_mut(&record.key())
@@ -248,6 +252,35 @@ impl Fleet {
             // Due at once: the first status says "starting".
             last: (Instant::now() - STATUS_INTERVAL, Snapshot::default()),
         }
+    }
+
+    /// Runs a tenant's sink until `shutdown` (every host runs it; the group
+    /// shares the partitions). Its credentials are this host's (the
+    /// connection the sink names).
+    fn run_sink(
+        self: &Arc<Self>,
+        record: &DeploymentRecord,
+        shutdown: Arc<AtomicBool>,
+        metrics: Arc<Metrics>,
+    ) -> Result<(), FleetError> {
+        let config = self.sink_of(&record.tenant, &record.name, &record.manifest)?;
+        if let Some(r) = self.running().get_mut(&record.key())
+            && r.state == RunState::Starting
+        {
+            r.state = RunState::Running;
+        }
+        let options = sink::SinkOptions {
+            kafka: self.options.kafka.clone(),
+            instance_id: self.host_id.clone(),
+            session_timeout: self.options.session_timeout,
+            report_interval: self.options.report_interval,
+            pause_before_begin: Duration::ZERO,
+            pause_before_commit: Duration::ZERO,
+            pause_after_commit: Duration::ZERO,
+            metrics,
+        };
+        sink::run_postgres(config, options, shutdown)?;
+        Ok(())
     }
 
     /// Fetches and compiles a deployment's component (cached on disk).

@@ -77,6 +77,19 @@ pub enum Desired {
     Deleted,
 }
 
+/// What a deployment runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeploymentKind {
+    /// A processor: `manifest` is its `onceflow.toml`, `artifact` its
+    /// component. Records written before kinds existed are processors.
+    #[default]
+    Processor,
+    /// A PostgreSQL sink (`onceflow sink postgres`): `manifest` is its
+    /// `sink.toml`; no component.
+    Sink,
+}
+
 /// One deployment, as stored under `<tenant>/<name>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeploymentRecord {
@@ -99,6 +112,9 @@ pub struct DeploymentRecord {
     pub purge_state: bool,
     /// When this record was written (ms since the epoch).
     pub updated_ms: i64,
+    /// What it runs (absent in records of hosts that predate sinks).
+    #[serde(default)]
+    pub kind: DeploymentKind,
 }
 
 impl DeploymentRecord {
@@ -181,9 +197,17 @@ mod tests {
             desired: Desired::Paused,
             purge_state: false,
             updated_ms: 1,
+            kind: DeploymentKind::Processor,
         };
         let json = serde_json::to_string(&r).expect("serialize");
         assert!(json.contains("\"desired\":\"paused\""), "{json}");
+        // A record of a host that predates sinks is a processor's.
+        let old = json.replace(",\"kind\":\"processor\"", "");
+        assert_ne!(old, json);
+        assert_eq!(
+            serde_json::from_str::<DeploymentRecord>(&old).expect("parse"),
+            r
+        );
         assert_eq!(
             serde_json::from_str::<DeploymentRecord>(&json).expect("parse"),
             r

@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::registry::{
-    DeploymentRecord, Desired, HostStatus, MAX_MANIFEST_BYTES, deployment_key, now_ms,
+    DeploymentKind, DeploymentRecord, Desired, HostStatus, MAX_MANIFEST_BYTES, deployment_key,
+    now_ms,
 };
 use super::tenancy::{Existing, Tenant};
 use super::{Fleet, FleetError, manifest_of, parse_manifest};
@@ -129,6 +130,15 @@ impl Fleet {
         let admit = |records: &[DeploymentRecord]| -> Result<(), FleetError> {
             let mut others = Vec::new();
             for r in records.iter().filter(|r| r.desired != Desired::Deleted) {
+                if r.kind == DeploymentKind::Sink {
+                    // A deployment, without guest threads or memory.
+                    others.push(Existing {
+                        name: r.name.clone(),
+                        worker_threads: 0,
+                        guest_memory_mb: 0,
+                    });
+                    continue;
+                }
                 let Ok(m) = manifest_of(r) else { continue };
                 others.push(Existing {
                     name: r.name.clone(),
@@ -184,9 +194,87 @@ impl Fleet {
                 desired: Desired::Running,
                 purge_state: false,
                 updated_ms: now_ms(),
+                kind: DeploymentKind::Processor,
             })
         })?;
         tracing::info!(deployment = %record.key(), version = record.version, "deployed");
+        let deployed = if previous.is_some_and(|p| p.desired != Desired::Deleted) {
+            Deployed::Upgraded
+        } else {
+            Deployed::Created
+        };
+        Ok((deployed, summary(&record, &[])))
+    }
+
+    /// Deploys a tenant's PostgreSQL sink (`config`: its `sink.toml`): its
+    /// topics must be in the tenant's namespace, and its connection one
+    /// this host offers the tenant (`onceflow host --sink-connections`).
+    /// Every host runs it, as it runs processors; the consumer group
+    /// `<tenant>.<name>` shares the partitions.
+    pub fn deploy_sink(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        config: &str,
+    ) -> Result<(Deployed, DeploymentSummary), FleetError> {
+        if config.len() > MAX_MANIFEST_BYTES {
+            return Err(FleetError::TooLarge {
+                what: "the sink configuration".to_owned(),
+                size: config.len() as u64,
+                limit: MAX_MANIFEST_BYTES as u64,
+                advice: "a sink.toml of that size is likely a mistake".to_owned(),
+            });
+        }
+        let sink = self.sink_of(&tenant.name, name, config)?;
+        for (key, topic) in sink.topics() {
+            if !topic.starts_with(&tenant.topic_prefix) {
+                return Err(FleetError::Refused(format!(
+                    "{key}: topic {topic:?} is outside your namespace: tenant {:?} may only use \
+                     topics starting with {:?}",
+                    tenant.name, tenant.topic_prefix
+                )));
+            }
+        }
+        let lock = self.admission_lock(&tenant.name);
+        let _admitting = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let key = deployment_key(&tenant.name, name);
+        let mut previous = None;
+        let record = self.control.admit(&tenant.name, |records| {
+            previous = records.get(&key).cloned();
+            if let Some(p) = &previous
+                && p.kind != DeploymentKind::Sink
+                && p.desired != Desired::Deleted
+            {
+                return Err(FleetError::Invalid(format!(
+                    "{name:?} is a processor: a sink needs a name of its own (or delete the \
+                     processor first)"
+                )));
+            }
+            let live = records
+                .values()
+                .filter(|r| r.desired != Desired::Deleted && r.key() != key)
+                .count() as u32;
+            if live >= tenant.quotas.deployments {
+                return Err(FleetError::Refused(format!(
+                    "deploying {name:?} would make {} deployments, over your quota of {}",
+                    live + 1,
+                    tenant.quotas.deployments
+                )));
+            }
+            Ok(DeploymentRecord {
+                tenant: tenant.name.clone(),
+                name: name.to_owned(),
+                version: previous.as_ref().map_or(1, |p| p.version + 1),
+                manifest: config.to_owned(),
+                artifact: String::new(),
+                artifact_size: 0,
+                desired: Desired::Running,
+                purge_state: false,
+                updated_ms: now_ms(),
+                kind: DeploymentKind::Sink,
+            })
+        })?;
+        tracing::info!(deployment = %record.key(), version = record.version, group = %sink.group(), "sink deployed");
         let deployed = if previous.is_some_and(|p| p.desired != Desired::Deleted) {
             Deployed::Upgraded
         } else {
@@ -302,6 +390,14 @@ impl Fleet {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
+            if r.kind == DeploymentKind::Sink {
+                // No local state, no changelogs: its tables and positions
+                // are the tenant's, in its database.
+                return Ok(Deleted {
+                    deleted: r.name,
+                    state_purged: purge_state,
+                });
+            }
             let manifest = manifest_of(&r).map_err(FleetError::Manifest)?;
             changelog::purge(
                 self.control.connection(),
@@ -366,6 +462,11 @@ impl Fleet {
         key: &str,
     ) -> Result<QueryAnswer, FleetError> {
         let r = self.own_record(tenant, name)?;
+        if r.kind == DeploymentKind::Sink {
+            return Err(FleetError::Invalid(format!(
+                "{name:?} is a sink: it has no stores (its rows are in its database)"
+            )));
+        }
         let manifest = manifest_of(&r).map_err(FleetError::Manifest)?;
         if !manifest.stores.iter().any(|s| s == store) {
             return Err(FleetError::NoStore {

@@ -26,6 +26,9 @@ pub struct SinkConfig {
     pub max_batch_wait_ms: u64,
     /// Markers older than this are deleted (see docs/sink.md, "Replays").
     pub marker_retention_hours: u64,
+    /// The consumer group, when not `onceflow-sink-<name>` (a tenant's sink
+    /// on the fleet: `<tenant>.<name>`, in the tenant's namespace).
+    pub group: Option<String>,
 }
 
 /// The database connection, without a password in clear.
@@ -419,7 +422,56 @@ impl SinkConfig {
             max_batch_records: raw.batch.max_records,
             max_batch_wait_ms: raw.batch.max_wait_ms,
             marker_retention_hours: raw.markers.retention_hours,
+            group: None,
         })
+    }
+
+    /// A tenant's sink on a fleet host: `postgres.connection` names one of
+    /// the connections the host offers the tenant (`onceflow host
+    /// --sink-connections`), whose credentials stay in the host's
+    /// configuration; the sink's name in the database and its group become
+    /// `<tenant>.<name>`.
+    pub fn for_tenant(mut self, tenant: &str, connections: &Connections) -> Result<Self, String> {
+        if self.postgres.password_file.is_some() {
+            return Err("postgres.password-file: not on the fleet: the hosts' configuration                         holds the credentials; name a connection in postgres.connection"
+                .to_owned());
+        }
+        let offered = connections.names_for(tenant);
+        let wanted = self.postgres.connection.trim();
+        if wanted.contains('=') || wanted.contains("://") {
+            return Err(format!(
+                "postgres.connection: on the fleet, name one of the connections the hosts offer                  tenant {tenant:?} ({}), not a connection string",
+                list_or_none(&offered)
+            ));
+        }
+        let c = connections
+            .0
+            .iter()
+            .find(|c| c.name == wanted && c.tenants.iter().any(|t| t == tenant))
+            .ok_or_else(|| {
+                format!(
+                    "postgres.connection: {wanted:?} is not a connection this host offers tenant                      {tenant:?} (offered: {}); the operator lists them in the file given to                      `onceflow host --sink-connections`",
+                    list_or_none(&offered)
+                )
+            })?;
+        self.postgres.connection = c.connection.clone();
+        self.postgres.password_file = c.password_file.clone();
+        self.name = format!("{tenant}.{}", self.name);
+        self.group = Some(self.name.clone());
+        Ok(self)
+    }
+
+    /// Every topic the sink reads or writes, with its key in `sink.toml`.
+    pub fn topics(&self) -> Vec<(String, &str)> {
+        self.routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("routes[{i}].topic"), r.topic.as_str()))
+            .chain([(
+                "dead-letter-topic".to_owned(),
+                self.dead_letter_topic.as_str(),
+            )])
+            .collect()
     }
 
     /// The route of `topic`.
@@ -432,7 +484,99 @@ impl SinkConfig {
 
     /// The consumer group of the sink's instances.
     pub fn group(&self) -> String {
-        format!("onceflow-sink-{}", self.name)
+        self.group
+            .clone()
+            .unwrap_or_else(|| format!("onceflow-sink-{}", self.name))
+    }
+}
+
+fn list_or_none(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The PostgreSQL connections a fleet host offers tenants' sinks (`onceflow
+/// host --sink-connections FILE`): a sink deployed on the fleet names one,
+/// and never carries credentials itself.
+///
+/// ```toml
+/// [[postgres]]
+/// name = "analytics"
+/// connection = "host=10.0.0.5 port=5432 user=acme_sink dbname=analytics"
+/// password-file = "/etc/onceflow/analytics.password"
+/// tenants = ["acme"]
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Connections(Vec<NamedConnection>);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct NamedConnection {
+    name: String,
+    connection: String,
+    password_file: Option<PathBuf>,
+    tenants: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConnections {
+    #[serde(default)]
+    postgres: Vec<NamedConnection>,
+}
+
+impl Connections {
+    /// Reads and checks the file.
+    pub fn load(path: &Path) -> Result<Self, SinkError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SinkError::ReadConfig {
+            path: path.to_owned(),
+            source,
+        })?;
+        let invalid = |key: String, message: String| SinkError::Config {
+            path: path.to_owned(),
+            key,
+            message,
+        };
+        let raw: RawConnections =
+            toml::from_str(&text).map_err(|e| invalid(String::new(), e.to_string()))?;
+        let mut seen = Vec::new();
+        for (i, c) in raw.postgres.iter().enumerate() {
+            let at = |k: &str| format!("postgres[{i}].{k}");
+            if c.name.is_empty() || c.name.contains(['=', '/', ' ']) {
+                return Err(invalid(at("name"), format!("{:?}: a plain name", c.name)));
+            }
+            if seen.contains(&c.name.as_str()) {
+                return Err(invalid(at("name"), format!("{:?} is given twice", c.name)));
+            }
+            seen.push(&c.name);
+            if has_password(&c.connection) {
+                return Err(invalid(
+                    at("connection"),
+                    "holds a password in clear: give `password-file` instead".to_owned(),
+                ));
+            }
+        }
+        let mut all = raw.postgres;
+        for c in &mut all {
+            if let Some(f) = &mut c.password_file
+                && f.is_relative()
+            {
+                *f = path.parent().unwrap_or(Path::new(".")).join(&*f);
+            }
+        }
+        Ok(Connections(all))
+    }
+
+    /// The names offered to `tenant`.
+    pub fn names_for(&self, tenant: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|c| c.tenants.iter().any(|t| t == tenant))
+            .map(|c| c.name.as_str())
+            .collect()
     }
 }
 
@@ -569,6 +713,49 @@ identity = "payment_id"
             let e = parse(&text).expect_err(key).to_string();
             assert!(e.contains(key), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn on_the_fleet_a_sink_names_a_connection_of_its_tenant() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("connections.toml");
+        std::fs::write(
+            &file,
+            "[[postgres]]\nname = \"analytics\"\nconnection = \"host=h user=u dbname=d\"\n\
+             password-file = \"pw\"\ntenants = [\"acme\"]\n",
+        )
+        .expect("write");
+        let connections = Connections::load(&file).expect("loads");
+        assert_eq!(connections.names_for("acme"), ["analytics"]);
+        let named = GOOD
+            .replace(
+                "host=127.0.0.1 port=55432 user=onceflow dbname=onceflow",
+                "analytics",
+            )
+            .replace("password-file = \"pw\"\n", "");
+        let c = parse(&named)
+            .expect("parses")
+            .for_tenant("acme", &connections)
+            .expect("resolves");
+        assert_eq!(c.postgres.connection, "host=h user=u dbname=d");
+        assert_eq!(c.postgres.password_file, Some(dir.path().join("pw")));
+        assert_eq!(
+            (c.name.as_str(), c.group()),
+            ("acme.wallet-pg", "acme.wallet-pg".into())
+        );
+        let e = parse(&named)
+            .expect("parses")
+            .for_tenant("globex", &connections)
+            .expect_err("not offered to globex");
+        assert!(e.contains("offered: none"), "{e}");
+        let e = parse(&GOOD.replace("password-file = \"pw\"\n", ""))
+            .expect("parses")
+            .for_tenant("acme", &connections)
+            .expect_err("a connection string");
+        assert!(
+            e.contains("not a connection string") && e.contains("analytics"),
+            "{e}"
+        );
     }
 
     #[test]

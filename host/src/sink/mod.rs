@@ -39,10 +39,11 @@ use sha2::{Digest, Sha256};
 
 use committer::{BatchDone, BatchJob, Committer, DeadLetterContext, Job};
 use config::Identity;
-pub use config::SinkConfig;
+pub use config::{Connections, SinkConfig};
 use db::{Db, Item};
 
 use crate::kafka::{self, Connection, KafkaError, QuietContext};
+use crate::metrics::Metrics;
 
 /// Why a sink stopped.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +120,9 @@ pub struct SinkOptions {
     pub pause_before_commit: Duration,
     /// ... and after it, before the Kafka offset commit.
     pub pause_after_commit: Duration,
+    /// Counters (records, commits and their latency, dead letters, fenced
+    /// partitions): a fleet host's status and `/metrics` of the sink.
+    pub metrics: Arc<Metrics>,
 }
 
 /// What a sink instance did, in total.
@@ -291,8 +295,8 @@ struct Sink<'a> {
     /// The records read since the last batch was handed over, in arrival
     /// order (offset order per partition).
     batch: Vec<Item>,
-    /// The batch the committer is applying.
-    in_flight: Option<Receiver<Result<BatchDone, SinkError>>>,
+    /// The batch the committer is applying, and when it was handed over.
+    in_flight: Option<(Receiver<Result<BatchDone, SinkError>>, Instant)>,
     report: SinkReport,
 }
 
@@ -378,7 +382,7 @@ impl Sink<'_> {
             epochs: self.epochs.clone(),
             reply,
         })))?;
-        self.in_flight = Some(done);
+        self.in_flight = Some((done, Instant::now()));
         Ok(())
     }
 
@@ -386,9 +390,10 @@ impl Sink<'_> {
     /// the counts, the partitions found claimed by another instance, and
     /// the Kafka offsets to commit (for lag monitoring only).
     fn finish_in_flight(&mut self, block: bool) -> Result<(), SinkError> {
-        let Some(rx) = &self.in_flight else {
+        let Some((rx, handed)) = &self.in_flight else {
             return Ok(());
         };
+        let handed = *handed;
         let outcome = if block {
             rx.recv().map_err(|_| committer_gone())?
         } else {
@@ -408,6 +413,12 @@ impl Sink<'_> {
         self.report.dead_letters += a.dead;
         self.report.slow_batches += u64::from(a.slow);
         self.report.retries += done.retries;
+        let m = &self.options.metrics;
+        Metrics::add(&m.records, a.applied + a.behind + a.duplicates + a.dead);
+        Metrics::add(&m.commits, 1);
+        Metrics::add(&m.dead_lettered, a.dead);
+        Metrics::add(&m.fenced, done.fenced.len() as u64);
+        m.commit_latency(handed.elapsed());
         let mut lost = Vec::new();
         for (at, epoch) in done.fenced {
             self.report.fenced += 1;
