@@ -554,6 +554,10 @@ identity = "payment_id"
     let good = write("sink.toml", sink_toml("analytics", &w.balances));
     let outside = write("outside.toml", sink_toml("analytics", "globex.balances"));
     let in_clear = write("in-clear.toml", sink_toml(&pg.url, &w.balances));
+    let no_topic = write(
+        "no-topic.toml",
+        sink_toml("analytics", &w.balances).replace(&dlq, &format!("{dlq}-missing")),
+    );
 
     let fleet = Fleet::new();
     let mut h = fleet.spawn_host(
@@ -570,6 +574,11 @@ identity = "payment_id"
     let refused = h.refused(ACME, &["deploy", path(&in_clear)]);
     assert!(
         refused.contains("postgres.connection") && refused.contains("analytics"),
+        "{refused}"
+    );
+    let refused = h.refused(ACME, &["deploy", path(&no_topic)]);
+    assert!(
+        refused.contains("dead-letter-topic: no such topic"),
         "{refused}"
     );
     let deployed = h.json(ACME, &["deploy", path(&good)]);

@@ -235,6 +235,7 @@ impl Fleet {
                 )));
             }
         }
+        crate::sink::check_topics(&sink, self.control.connection())?;
         let lock = self.admission_lock(&tenant.name);
         let _admitting = lock.lock().unwrap_or_else(|e| e.into_inner());
         let key = deployment_key(&tenant.name, name);

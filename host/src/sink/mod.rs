@@ -202,6 +202,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Refuses a sink whose topics (routes and dead-letter topic) do not
+/// exist: it creates none, as they are the tenant's (or the processors')
+/// to create with their partition counts.
+pub fn check_topics(config: &SinkConfig, kafka: &Connection) -> Result<(), KafkaError> {
+    let client = kafka::metadata_client(kafka)?;
+    for (key, topic) in config.topics() {
+        if kafka::partitions(&client, topic)?.is_none() {
+            return Err(KafkaError::topic(
+                topic,
+                format!("{key}: no such topic: create it first (a sink creates no topic)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Runs a PostgreSQL sink until `shutdown` is set (the batch in hand is
 /// committed first).
 pub fn run_postgres(
@@ -209,6 +225,7 @@ pub fn run_postgres(
     options: SinkOptions,
     shutdown: Arc<AtomicBool>,
 ) -> Result<SinkReport, SinkError> {
+    check_topics(&config, &options.kafka)?;
     let db = Db::connect(&config)?;
     let topics: Vec<&str> = config.routes.iter().map(|r| r.topic.as_str()).collect();
     kafka::wait_for_topics(
