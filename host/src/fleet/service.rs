@@ -184,6 +184,15 @@ impl Fleet {
             let live: Vec<DeploymentRecord> = records.values().cloned().collect();
             admit(&live)?;
             previous = records.get(&key).cloned();
+            if let Some(p) = &previous
+                && p.kind == DeploymentKind::Sink
+                && p.desired != Desired::Deleted
+            {
+                return Err(FleetError::Invalid(format!(
+                    "{name:?} is a sink: a processor needs a name of its own (or delete the \
+                     sink first)"
+                )));
+            }
             Ok(DeploymentRecord {
                 tenant: tenant.name.clone(),
                 name: name.to_owned(),
