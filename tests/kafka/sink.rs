@@ -55,6 +55,64 @@ fn stop_sink(sink: Host) {
     );
 }
 
+/// The wallet's two routes into `balances` and `audit`: `sink.toml` of
+/// sink `name`, with `postgres` (the `[postgres]` table's lines) and
+/// `extra` (more tables) as given.
+struct Routes<'a> {
+    name: &'a str,
+    dlq: &'a str,
+    balances_topic: &'a str,
+    balances: &'a str,
+    audit_topic: &'a str,
+    audit: &'a str,
+}
+
+impl Routes<'_> {
+    fn toml(&self, postgres: &str, extra: &str) -> String {
+        let Routes {
+            name,
+            dlq,
+            balances_topic,
+            balances,
+            audit_topic,
+            audit,
+        } = self;
+        format!(
+            r#"name = "{name}"
+dead-letter-topic = "{dlq}"
+[postgres]
+{postgres}
+{extra}
+[[routes]]
+topic = "{balances_topic}"
+mode = "upsert"
+table = "{balances}"
+columns = ["account", "balance", "payment_id"]
+key = ["account"]
+[[routes]]
+topic = "{audit_topic}"
+mode = "insert"
+table = "{audit}"
+columns = ["payment_id", "account", "amount"]
+identity = "payment_id"
+"#
+        )
+    }
+}
+
+/// The audit table (no unique constraint: a duplicate would be a second
+/// row) and the balances table of wallet `tag`; returns their names.
+fn create_tables(db: &mut ::postgres::Client, tag: &str) -> (String, String) {
+    let (audit, balances) = (format!("audit_{tag}"), format!("balances_{tag}"));
+    db.batch_execute(&format!(
+        "CREATE TABLE {audit} (payment_id text NOT NULL, account text NOT NULL, amount bigint NOT NULL);
+         CREATE INDEX ON {audit} (payment_id);
+         CREATE TABLE {balances} (account text PRIMARY KEY, balance bigint NOT NULL, payment_id text NOT NULL);"
+    ))
+    .expect("create the tables");
+    (audit, balances)
+}
+
 fn count(db: &mut ::postgres::Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).expect(sql).get(0)
 }
@@ -116,46 +174,26 @@ fn a_exactly_once_into_postgres_through_kills_a_zombie_and_a_restart() {
     feed(6_000);
 
     let tag = w.name.replace(['-', '.'], "_");
-    let (audit, balances) = (format!("audit_{tag}"), format!("balances_{tag}"));
-    db.batch_execute(&format!(
-        "CREATE TABLE {audit} (payment_id text NOT NULL, account text NOT NULL, amount bigint NOT NULL);
-         CREATE INDEX ON {audit} (payment_id);
-         CREATE TABLE {balances} (account text PRIMARY KEY, balance bigint NOT NULL, payment_id text NOT NULL);"
-    ))
-    .expect("create the tables");
+    let (audit, balances) = create_tables(&mut db, &tag);
     let dlq = format!("{}.sink-dlq", w.payments);
     cluster.create_topics(&[(&dlq, 1)]);
     let config = w.dir.path().join("sink.toml");
+    let routes = Routes {
+        name: &w.name,
+        dlq: &dlq,
+        balances_topic: &w.balances,
+        balances: &balances,
+        audit_topic: &w.audit,
+        audit: &audit,
+    };
+    let postgres = format!(
+        "connection = \"{}\"\npassword-file = \"{}\"",
+        pg.url,
+        pg.password_file.display()
+    );
     std::fs::write(
         &config,
-        format!(
-            r#"name = "{name}"
-dead-letter-topic = "{dlq}"
-[postgres]
-connection = "{url}"
-password-file = "{pw}"
-[batch]
-max-records = 500
-max-wait-ms = 50
-[[routes]]
-topic = "{bt}"
-mode = "upsert"
-table = "{balances}"
-columns = ["account", "balance", "payment_id"]
-key = ["account"]
-[[routes]]
-topic = "{at}"
-mode = "insert"
-table = "{audit}"
-columns = ["payment_id", "account", "amount"]
-identity = "payment_id"
-"#,
-            name = w.name,
-            url = pg.url,
-            pw = pg.password_file.display(),
-            bt = w.balances,
-            at = w.audit,
-        ),
+        routes.toml(&postgres, "[batch]\nmax-records = 500\nmax-wait-ms = 50"),
     )
     .expect("write sink.toml");
     let start = |instance: &str, extra: &[&str]| {
@@ -505,12 +543,7 @@ fn b_a_tenants_sink_on_the_fleet() {
     assert!(host.stop().success());
 
     let tag = w.name.replace(['-', '.'], "_");
-    let (audit, balances) = (format!("audit_{tag}"), format!("balances_{tag}"));
-    db.batch_execute(&format!(
-        "CREATE TABLE {audit} (payment_id text NOT NULL, account text NOT NULL, amount bigint NOT NULL);
-         CREATE TABLE {balances} (account text PRIMARY KEY, balance bigint NOT NULL, payment_id text NOT NULL);"
-    ))
-    .expect("create the tables");
+    let (audit, balances) = create_tables(&mut db, &tag);
     let dlq = format!("{}.sink-dlq", w.payments);
     cluster.create_topics(&[(&dlq, 1)]);
     let connections = w.dir.path().join("connections.toml");
@@ -525,26 +558,15 @@ fn b_a_tenants_sink_on_the_fleet() {
     .expect("write connections.toml");
     let name = format!("sink-{tag}").replace('_', "-");
     let sink_toml = |connection: &str, balances_topic: &str| {
-        format!(
-            r#"name = "{name}"
-dead-letter-topic = "{dlq}"
-[postgres]
-connection = "{connection}"
-[[routes]]
-topic = "{balances_topic}"
-mode = "upsert"
-table = "{balances}"
-columns = ["account", "balance", "payment_id"]
-key = ["account"]
-[[routes]]
-topic = "{at}"
-mode = "insert"
-table = "{audit}"
-columns = ["payment_id", "account", "amount"]
-identity = "payment_id"
-"#,
-            at = w.audit,
-        )
+        Routes {
+            name: &name,
+            dlq: &dlq,
+            balances_topic,
+            balances: &balances,
+            audit_topic: &w.audit,
+            audit: &audit,
+        }
+        .toml(&format!("connection = \"{connection}\""), "")
     };
     let write = |file: &str, text: String| {
         let p = w.dir.path().join(file);

@@ -35,8 +35,8 @@ use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{
-    DeleteParams, DeployRequest, DeploymentList, ErrorBody, Health, LogParams, QueryParams,
-    SinkDeployRequest, UsageParams,
+    DeleteParams, DeployRequest, DeploymentList, DeploymentSummary, ErrorBody, Health, LogParams,
+    QueryParams, SinkDeployRequest, UsageParams,
 };
 use crate::fleet::Deployed;
 use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES};
@@ -430,19 +430,33 @@ async fn deploy(
     body: Body,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let body = read_body(&headers, body, MAX_DEPLOY_BODY, "the deploy request").await?;
-    let req: DeployRequest = serde_json::from_slice(&body).map_err(|e| {
+    let req: DeployRequest = deploy_body(&headers, body, "the deploy request").await?;
+    let done = blocking(move || fleet.deploy(&tenant, &name, req)).await?;
+    Ok(deployed(done))
+}
+
+/// A deploy request's JSON body.
+async fn deploy_body<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    what: &str,
+) -> ApiResult<T> {
+    let body = read_body(headers, body, MAX_DEPLOY_BODY, what).await?;
+    serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            format!("the deploy request is not valid JSON for this host: {e}"),
+            format!("{what} is not valid JSON for this host: {e}"),
         )
-    })?;
-    let (deployed, summary) = blocking(move || fleet.deploy(&tenant, &name, req)).await?;
+    })
+}
+
+/// 201 with the summary for a new deployment, 200 for an upgrade.
+fn deployed((deployed, summary): (Deployed, DeploymentSummary)) -> Response {
     let status = match deployed {
         Deployed::Created => StatusCode::CREATED,
         Deployed::Upgraded => StatusCode::OK,
     };
-    Ok((status, axum::Json(summary)).into_response())
+    (status, axum::Json(summary)).into_response()
 }
 
 /// `PUT /v1/sinks/{name}`: deploys a sink (listed, described, paused,
@@ -454,20 +468,9 @@ async fn deploy_sink(
     body: Body,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let body = read_body(&headers, body, MAX_DEPLOY_BODY, "the deploy request").await?;
-    let req: SinkDeployRequest = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("the sink deploy request is not valid JSON for this host: {e}"),
-        )
-    })?;
-    let (deployed, summary) =
-        blocking(move || fleet.deploy_sink(&tenant, &name, &req.config)).await?;
-    let status = match deployed {
-        Deployed::Created => StatusCode::CREATED,
-        Deployed::Upgraded => StatusCode::OK,
-    };
-    Ok((status, axum::Json(summary)).into_response())
+    let req: SinkDeployRequest = deploy_body(&headers, body, "the sink deploy request").await?;
+    let done = blocking(move || fleet.deploy_sink(&tenant, &name, &req.config)).await?;
+    Ok(deployed(done))
 }
 
 async fn list(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResult<Response> {
