@@ -238,7 +238,31 @@ fn a_exactly_once_into_postgres_through_kills_a_zombie_and_a_restart() {
         kills += 1;
     }
     feed(3_000);
-    // 3. A zombie: s1 stops (SIGSTOP) with a batch in hand, before its
+    // 3. An ambiguous COMMIT: it went through, its answer is lost (made
+    //    certain by a hidden flag), and the batch is applied again, as
+    //    after a timeout: every record of the retry is found below its
+    //    partition's position.
+    {
+        let mut s = start("s1", &["--fault-lose-commit-answers", "2"]);
+        s.wait_for("the answer to COMMIT is lost", 2, Duration::from_secs(120));
+        s.wait_for("sink progress", 2, Duration::from_secs(30));
+        let log = s.log.clone();
+        stop_sink(s);
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let behind: u64 = text
+            .rsplit("behind: ")
+            .next()
+            .and_then(|t| t.split(',').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        assert!(
+            behind > 0,
+            "the retried batches found nothing applied:\n{text}"
+        );
+        figure("sink_retried_records_found_applied", behind);
+    }
+    feed(3_000);
+    // 4. A zombie: s1 stops (SIGSTOP) with a batch in hand, before its
     //    transaction; its session expires, s2 claims the partitions and
     //    applies them; s1 resumes and must commit nothing of its batch.
     let mut zombie = start("s1", &["--fault-pause-before-begin-ms", "2000"]);
@@ -259,7 +283,7 @@ fn a_exactly_once_into_postgres_through_kills_a_zombie_and_a_restart() {
         Duration::from_secs(60),
     );
     stop_sink(zombie);
-    // 4. PostgreSQL restarts (immediate shutdown) under s2, with a
+    // 5. PostgreSQL restarts (immediate shutdown) under s2, with a
     //    transaction open.
     feed(3_000);
     s2.wait_for("fault window: before COMMIT", 8, Duration::from_secs(60));
@@ -275,7 +299,7 @@ fn a_exactly_once_into_postgres_through_kills_a_zombie_and_a_restart() {
     assert!(host.stop().success());
     let report = w.verify(false);
     assert_exact(&report, &produced, "the wallet, before the sink is checked");
-    // 5. Upstream duplicates and poison on the audit topic itself: the same
+    // 6. Upstream duplicates and poison on the audit topic itself: the same
     //    event twice (applied once), a changed payload for an applied
     //    identity and a value that is not JSON (both dead letters).
     let producer = plain_producer(cluster);

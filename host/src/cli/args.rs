@@ -456,6 +456,10 @@ pub struct SinkArgs {
     /// Kafka offset commit.
     #[arg(long, default_value_t = 0, hide = true)]
     pub fault_pause_after_commit_ms: u64,
+    /// Tests only: treat the answers to this many successful COMMITs as
+    /// lost (as after a timeout) and apply those batches again.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub fault_lose_commit_answers: u32,
 }
 
 /// `onceflow verify` arguments.

@@ -122,6 +122,7 @@ pub fn cmd_sink_postgres(a: SinkArgs) -> anyhow::Result<ExitCode> {
         pause_before_begin: Duration::from_millis(a.fault_pause_before_begin_ms),
         pause_before_commit: Duration::from_millis(a.fault_pause_before_commit_ms),
         pause_after_commit: Duration::from_millis(a.fault_pause_after_commit_ms),
+        lose_commit_answers: a.fault_lose_commit_answers,
         metrics: Default::default(),
     };
     let shutdown = on_signals()?;

@@ -277,6 +277,7 @@ impl Fleet {
             pause_before_begin: Duration::ZERO,
             pause_before_commit: Duration::ZERO,
             pause_after_commit: Duration::ZERO,
+            lose_commit_answers: 0,
             metrics,
         };
         sink::run_postgres(config, options, shutdown)?;

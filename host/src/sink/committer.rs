@@ -83,6 +83,8 @@ pub(super) struct Committer {
     pub producer: BaseProducer<DeadLetterContext>,
     pub config: SinkConfig,
     pub options: SinkOptions,
+    /// How many COMMIT answers the `lose_commit_answers` fault dropped.
+    pub lost_answers: u32,
 }
 
 impl Committer {
@@ -156,6 +158,19 @@ impl Committer {
                 });
             }
             match self.db.commit_batch(&items, &epochs, &before_commit) {
+                Ok(_) if self.lost_answers < self.options.lose_commit_answers => {
+                    // The ambiguous outcome, made certain: the COMMIT went
+                    // through, and the sink does as when its answer times
+                    // out.
+                    self.lost_answers += 1;
+                    retries += 1;
+                    tracing::warn!(
+                        attempt = retries,
+                        "fault window: the answer to COMMIT is lost (it committed); applying the \
+                         batch again as after a timeout"
+                    );
+                    self.reconnect(retries as u32)?;
+                }
                 Ok(applied) => {
                     return Ok(BatchDone {
                         applied,

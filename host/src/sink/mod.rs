@@ -120,6 +120,10 @@ pub struct SinkOptions {
     pub pause_before_commit: Duration,
     /// ... and after it, before the Kafka offset commit.
     pub pause_after_commit: Duration,
+    /// Fault for tests: the answers to this many successful COMMITs are
+    /// treated as lost (as after a timeout), and those batches applied
+    /// again.
+    pub lose_commit_answers: u32,
     /// Counters (records, commits and their latency, dead letters, fenced
     /// partitions): a fleet host's status and `/metrics` of the sink.
     pub metrics: Arc<Metrics>,
@@ -273,6 +277,7 @@ pub fn run_postgres(
         producer,
         config: config.clone(),
         options: options.clone(),
+        lost_answers: 0,
     };
     // Letters a crash left unforwarded.
     committer.forward_dead_letters()?;
