@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shlex
 import os
 import re
 import signal
@@ -233,8 +234,10 @@ class Harness:
                 "--report-interval-ms",
                 "2000",
                 "--log",
-                "info",
+                os.environ.get("ONCEFLOW_BENCH_LOG", "info"),
                 *(extra or []),
+                # A look inside a run, e.g. "-X debug=cgrp,fetch".
+                *shlex.split(os.environ.get("ONCEFLOW_BENCH_ARGS", "")),
             ]
         elif c.system == "kstreams":
             java = ["java", "-Xms256m", "-Xmx1g", "-cp", self.kstreams_cp]

@@ -273,6 +273,7 @@ def measure_failover(h: Harness, c: Contender, size: str, accounts: int, standby
         fill_seconds, fill = await_fill(h, out, filled, accounts, survivor.pid)
         log(f"  filled: {accounts:,} accounts in {fill_seconds:.0f}s ({fill['throughput']:,.0f} records/s) on two hosts")
         live = start_live(h, input_topic)
+        logs_at_live = [Path(p.log_path).stat().st_size for p in hosts]  # type: ignore[attr-defined]
         watcher = FirstNew(h, out["out0"], every_partition=True)
         time.sleep(BEFORE_KILL_SECONDS)
         for p in hosts:
@@ -281,12 +282,15 @@ def measure_failover(h: Harness, c: Contender, size: str, accounts: int, standby
         standby_before = max(log_figures(survivor_log, r"standby_records=(\d+)") or [0])
         # The survivor's log from here on: its takeover.
         survivor_log_at = survivor_log.stat().st_size
+        disturbed = lost_partitions(hosts, logs_at_live)
         killed_at_ms = int(time.time() * 1000)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         watcher.killed(killed_at_ms)
         recovery = watcher.result()
         log(f"  failover: {recovery['recovery_ms']:,} ms from the kill to output again on every partition")
+        if disturbed:
+            log(f"  not a failover figure: {disturbed}")
         time.sleep(AFTER_RECOVERY_SECONDS)
         total = end_live(h, live, input_topic, out, survivor.pid)
     finally:
@@ -319,8 +323,25 @@ def measure_failover(h: Harness, c: Contender, size: str, accounts: int, standby
         **audit(h, out, total),
         "log": str(survivor_log),
     }
+    if disturbed:
+        result["disturbed"] = disturbed
     h.tool("delete-topics", input_topic, *out.values())
     return result
+
+
+def lost_partitions(hosts: list, logs_at: list[int]) -> str | None:
+    """Whether a host lost its partitions during the live load before the
+    kill (its session expired: a heartbeat unanswered for the 2 s session on
+    this busy machine). The group was then rebalancing at the kill, and the
+    time measured is not a failover's (one run measured 1,023 ms, less than
+    the session)."""
+    for p, at in zip(hosts, logs_at):
+        with open(p.log_path, "rb") as f:  # type: ignore[attr-defined]
+            f.seek(at)
+            text = f.read().decode(errors="replace")
+        if "lost=true" in text:
+            return f"{Path(p.log_path).name} lost its partitions before the kill (session expired); run it again"  # type: ignore[attr-defined]
+    return None
 
 
 # Rebalances: how long after a host joins (or leaves) the committed output
@@ -441,12 +462,17 @@ def failover_report(results: list[dict]) -> list[str]:
         if "error" in r:
             lines.append(f"| {r.get('standbys')} | {r['size']} | {r['accounts']:,} | FAILED: {r['error']} | | | | |")
             continue
+        figure = f"**{r['recovery_ms']:,}**"
+        if r.get("disturbed"):
+            figure = f"({r['recovery_ms']:,}: not a failover, {r['disturbed']})"
         lines.append(
-            f"| {r['standbys']} | {r['size']} | {r['accounts']:,} | **{r['recovery_ms']:,}** | {fmt(r['standby_records_before_kill'])} | "
+            f"| {r['standbys']} | {r['size']} | {r['accounts']:,} | {figure} | {fmt(r['standby_records_before_kill'])} | "
             f"{fmt(r.get('restored_records'))} | {', '.join(map(str, r['fenced_ms'])) or '–'} | "
             f"{'yes' if r['exact'] else 'NO'} ({r['audit_records']:,} records, {r['payments']:,} payments) |"
         )
-    with_standby = [r for r in results if "error" not in r and r["standbys"] >= 1 and r["size"] == "1GB"]
+    with_standby = [
+        r for r in results if "error" not in r and not r.get("disturbed") and r["standbys"] >= 1 and r["size"] == "1GB"
+    ]
     if with_standby:
         ok = all(r["recovery_ms"] <= 3000 for r in with_standby)
         figures = ", ".join(f"{r['recovery_ms']:,} ms" for r in with_standby)

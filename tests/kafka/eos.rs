@@ -510,6 +510,15 @@ fn i_standby_takes_over_a_dead_host() {
     a.kill();
     produced.absorb(w.produce(44_000, 4_000, 20_000, None));
     w.wait_done(Duration::from_secs(120));
+    // The fencing runs on a thread of its own and may end after the
+    // partitions are processed (its probe already started the abort that
+    // made their offsets stable).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !b.log_text()[b_before..].contains("fenced a departed instance's worker")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let b_log = b.log_text();
     let takeover = &b_log[b_before..];
     // The worker takes the standby's stores, or (when the standby thread saw

@@ -354,6 +354,9 @@ struct Core {
     d: Arc<Deployment>,
     worker: u32,
     producer: Arc<BaseProducer<ProducerCtx>>,
+    /// The producer's `init_transactions`, running on a thread of its own
+    /// until the worker first needs the producer.
+    producer_init: Option<std::sync::mpsc::Receiver<Result<(), StreamError>>>,
     tasks: BTreeMap<i32, Task>,
     /// Assigned partitions whose stores are not restored yet (paused).
     restoring: BTreeSet<i32>,
@@ -735,6 +738,28 @@ fn partitions_of(tpl: &TopicPartitionList) -> BTreeSet<i32> {
     tpl.elements().iter().map(|e| e.partition()).collect()
 }
 
+/// librdkafka applies a resume on its main thread without waking the
+/// thread that fetches from the partition's leader, which sleeps until its
+/// next I/O (a heartbeat, a fetch of other partitions) or for up to 1 s:
+/// after a restart, with every partition paused to restore, the first
+/// records came 0.4 to 0.9 s after the resume (the recovery benchmark;
+/// `rd_kafka_toppar_pause_resume` in librdkafka 2.12). Any request to a
+/// leader wakes its thread, which then sees the partitions fetchable: one
+/// ListOffsets per leader (`offsets_for_times`, "latest"). Only a wake-up:
+/// an error is no reason to stop, the fetch starts within a second anyway.
+fn wake_fetchers(consumer: &BaseConsumer<WorkerContext>, resumed: &TopicPartitionList) {
+    let mut latest = TopicPartitionList::new();
+    for e in resumed.elements() {
+        if let Err(e) = latest.add_partition_offset(e.topic(), e.partition(), Offset::End) {
+            tracing::debug!("waking the fetchers: {e}");
+            return;
+        }
+    }
+    if let Err(e) = consumer.offsets_for_times(latest, Duration::from_secs(1)) {
+        tracing::debug!("waking the fetchers of resumed partitions: {e}");
+    }
+}
+
 /// Worker `n`'s client id, also its transactional id.
 fn client_id(d: &Deployment, n: u32) -> String {
     super::names::transactional_id(&d.manifest.application_id(), &d.options.instance_id, n)
@@ -745,6 +770,15 @@ fn client_id(d: &Deployment, n: u32) -> String {
 /// transactional id (a crashed incarnation of this worker, or this worker's
 /// previous producer) and aborts its open transaction.
 fn new_producer(d: &Deployment, n: u32) -> Result<Arc<BaseProducer<ProducerCtx>>, StreamError> {
+    let producer = create_producer(d, n)?;
+    if d.exactly_once() {
+        init_producer(d, n, &producer)?;
+    }
+    Ok(producer)
+}
+
+/// The worker's producer, its transactions not initialised yet.
+fn create_producer(d: &Deployment, n: u32) -> Result<Arc<BaseProducer<ProducerCtx>>, StreamError> {
     let client_id = client_id(d, n);
     let transactional_id = d.exactly_once().then(|| client_id.clone());
     let producer: BaseProducer<ProducerCtx> =
@@ -755,25 +789,31 @@ fn new_producer(d: &Deployment, n: u32) -> Result<Arc<BaseProducer<ProducerCtx>>
                 errors: kafka::ErrorLog::default(),
             })
             .map_err(|e| StreamError::kafka("creating the producer", e))?;
-    if d.exactly_once() {
-        let started = Instant::now();
-        producer.init_transactions(TXN_CALL_TIMEOUT).map_err(
-            |e| match kafka::authorization_failure(&e) {
-                Some(code) => refused(d, n, code, None),
-                None => StreamError::Restart(format!("init_transactions: {e}")),
-            },
-        )?;
-        // After a crash this is 0.5-1 s, mostly librdkafka's fixed 500 ms
-        // timers: finding the coordinator before a broker is up, and asking
-        // again while the coordinator aborts the crashed incarnation's open
-        // transaction (bench/README.md, "Recovery").
-        tracing::debug!(
-            worker = n,
-            init_ms = started.elapsed().as_millis() as u64,
-            "transactional producer ready"
-        );
-    }
     Ok(Arc::new(producer))
+}
+
+/// `init_transactions`: fences the previous incarnation of the worker's
+/// transactional id and aborts its open transaction.
+fn init_producer(
+    d: &Deployment,
+    n: u32,
+    producer: &BaseProducer<ProducerCtx>,
+) -> Result<(), StreamError> {
+    let started = Instant::now();
+    let client_id = client_id(d, n);
+    abort_previous_quickly(&d.options, &client_id);
+    producer.init_transactions(TXN_CALL_TIMEOUT).map_err(
+        |e| match kafka::authorization_failure(&e) {
+            Some(code) => refused(d, n, code, None),
+            None => StreamError::Restart(format!("init_transactions: {e}")),
+        },
+    )?;
+    tracing::debug!(
+        worker = n,
+        init_ms = started.elapsed().as_millis() as u64,
+        "transactional producer ready"
+    );
+    Ok(())
 }
 
 /// The brokers' authorizer refused worker `n` something (an ACL is
@@ -872,11 +912,36 @@ impl Session {
         } else {
             Some(changelog::restorer(d)?)
         };
-        let producer = new_producer(d, n)?;
+        // The producer fences its previous incarnation (0.5-1 s after a
+        // crash) on a thread of its own while the consumer joins the group
+        // and the stores open; the worker waits for it before it restores
+        // or begins a transaction (`Core::producer_ready`).
+        let producer = create_producer(d, n)?;
+        let producer_init = d.exactly_once().then(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (d, producer) = (d.clone(), producer.clone());
+            std::thread::Builder::new()
+                .name(format!("onceflow-init-{n}"))
+                .spawn(move || {
+                    // The receiver is gone only when the session ended.
+                    let _ = tx.send(init_producer(&d, n, &producer));
+                })
+                .map(|_| rx)
+        });
+        let producer_init = match producer_init {
+            Some(Ok(rx)) => Some(rx),
+            Some(Err(e)) => {
+                return Err(StreamError::Restart(format!(
+                    "starting the producer's init thread: {e}"
+                )));
+            }
+            None => None,
+        };
         let core = Arc::new(Mutex::new(Core {
             d: d.clone(),
             worker: n,
             producer,
+            producer_init,
             tasks: BTreeMap::new(),
             restoring: BTreeSet::new(),
             in_txn: false,
@@ -1277,6 +1342,7 @@ impl Core {
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
     ) -> Result<(), StreamError> {
+        self.producer_ready()?;
         let partitions: Vec<i32> = self.restoring.iter().copied().collect();
         let mut tpl = TopicPartitionList::new();
         for topic in self.d.manifest.sources() {
@@ -1399,6 +1465,7 @@ impl Core {
             consumer
                 .resume(&done)
                 .map_err(|e| StreamError::kafka("resuming restored partitions", e))?;
+            wake_fetchers(consumer, &done);
         }
         Ok(())
     }
@@ -1430,7 +1497,22 @@ impl Core {
         self.begin()
     }
 
+    /// Waits for the producer's `init_transactions` (started with the
+    /// session): the crashed incarnation's transaction is aborted, so the
+    /// committed offsets are stable and the changelogs' ends final.
+    fn producer_ready(&mut self) -> Result<(), StreamError> {
+        let Some(init) = self.producer_init.take() else {
+            return Ok(());
+        };
+        init.recv().unwrap_or_else(|_| {
+            Err(StreamError::Restart(
+                "the producer's init thread ended without an outcome".to_owned(),
+            ))
+        })
+    }
+
     fn begin(&mut self) -> Result<(), StreamError> {
+        self.producer_ready()?;
         if self.d.exactly_once() {
             self.producer
                 .begin_transaction()
@@ -1888,6 +1970,13 @@ impl Core {
         Metrics::add(&m.state_bytes, p.state_bytes);
         Metrics::add(&m.commits, 1);
         m.commit_latency(flight.started.elapsed());
+        tracing::debug!(
+            worker = self.worker,
+            records = p.records,
+            outputs = p.outputs,
+            ms = flight.started.elapsed().as_millis() as u64,
+            "transaction committed"
+        );
 
         if go_on && self.deferred {
             // What was processed during the commit: its transaction.
@@ -2320,6 +2409,7 @@ fn parse_stream_time_metadata(
 /// aborts its open transaction.
 fn fence(options: &super::RunOptions, worker: u32, id: &str) {
     let started = Instant::now();
+    abort_previous_quickly(options, id);
     let fenced = producer_config(options, Some(id), &format!("{id}-fence"))
         .create::<BaseProducer>()
         .map_err(|e| e.to_string())
@@ -2341,6 +2431,52 @@ fn fence(options: &super::RunOptions, worker: u32, id: &str) {
              transaction to time out"
         ),
     }
+}
+
+/// How long [`abort_previous_quickly`]'s probe waits for its answer.
+const ABORT_PROBE_WAIT: Duration = Duration::from_millis(250);
+
+/// Starts the abort of the open transaction of `transactional_id`'s
+/// previous incarnation (crashed, or a departed host's worker), so that
+/// the `init_transactions` that follows finds it done.
+///
+/// An `InitProducerId` that meets an open transaction makes the
+/// coordinator abort it (a few milliseconds) and answers
+/// CONCURRENT_TRANSACTIONS; librdkafka asks again only after a fixed
+/// 500 ms (`rd_kafka_idemp_pid_timer_restart`, not configurable), and its
+/// coordinator lookup can cost another 500 ms: 0.5 to 1 s of every
+/// restart and failover (bench/README.md, "Recovery"). A throwaway
+/// producer sends that first request and is dropped after
+/// [`ABORT_PROBE_WAIT`]; the real `init_transactions` then succeeds at its
+/// first request. Fencing is unchanged: every `InitProducerId` bumps the
+/// epoch, and the caller's comes last. (Were the probe's request still in
+/// flight when it is dropped and handled after the caller's, the caller's
+/// producer would be fenced by it: its next transactional call fails, and
+/// the worker starts a new session, as for any fencing.)
+fn abort_previous_quickly(options: &super::RunOptions, transactional_id: &str) {
+    let started = Instant::now();
+    let probe = match producer_config(
+        options,
+        Some(transactional_id),
+        &format!("{transactional_id}-probe"),
+    )
+    .create::<BaseProducer>()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::debug!(transactional_id, "no abort probe: {e}");
+            return;
+        }
+    };
+    let outcome = probe.init_transactions(ABORT_PROBE_WAIT);
+    drop(probe);
+    tracing::debug!(
+        transactional_id,
+        ms = started.elapsed().as_millis() as u64,
+        // Ok: nothing was open. A timeout: the coordinator is aborting it.
+        outcome = ?outcome.err(),
+        "abort probe"
+    );
 }
 
 /// Databases a worker opens at once (see `Core::open_tasks`).
