@@ -917,7 +917,7 @@ impl Session {
         // and the stores open; the worker waits for it before it restores
         // or begins a transaction (`Core::producer_ready`).
         let producer = create_producer(d, n)?;
-        let producer_init = d.exactly_once().then(|| {
+        let producer_init = if d.exactly_once() {
             let (tx, rx) = std::sync::mpsc::channel();
             let (d, producer) = (d.clone(), producer.clone());
             std::thread::Builder::new()
@@ -926,16 +926,12 @@ impl Session {
                     // The receiver is gone only when the session ended.
                     let _ = tx.send(init_producer(&d, n, &producer));
                 })
-                .map(|_| rx)
-        });
-        let producer_init = match producer_init {
-            Some(Ok(rx)) => Some(rx),
-            Some(Err(e)) => {
-                return Err(StreamError::Restart(format!(
-                    "starting the producer's init thread: {e}"
-                )));
-            }
-            None => None,
+                .map_err(|e| {
+                    StreamError::Restart(format!("starting the producer's init thread: {e}"))
+                })?;
+            Some(rx)
+        } else {
+            None
         };
         let core = Arc::new(Mutex::new(Core {
             d: d.clone(),
@@ -1969,12 +1965,13 @@ impl Core {
         Metrics::add(&m.bytes_out, p.output_bytes);
         Metrics::add(&m.state_bytes, p.state_bytes);
         Metrics::add(&m.commits, 1);
-        m.commit_latency(flight.started.elapsed());
+        let took = flight.started.elapsed();
+        m.commit_latency(took);
         tracing::debug!(
             worker = self.worker,
             records = p.records,
             outputs = p.outputs,
-            ms = flight.started.elapsed().as_millis() as u64,
+            ms = took.as_millis() as u64,
             "transaction committed"
         );
 
