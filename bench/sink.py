@@ -16,7 +16,7 @@ Afterwards each table must hold every payment exactly once.
 
 Run it through `scripts/bench sink`, which builds what it needs and starts
 the broker; PostgreSQL is the bench's own (`scripts/postgres` on port
-55450, a fresh cluster for each contender). Standard library only.
+25450, a fresh cluster for each contender). Standard library only.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import REPO, log  # noqa: E402
 
-PG_PORT = "55450"
+PG_PORT = "25450"  # below the ephemeral ports (32768-60999)
 
 
 def psql(sql: str) -> str:

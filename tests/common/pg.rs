@@ -1,5 +1,7 @@
 //! A real PostgreSQL for the sink's tests, started through scripts/postgres
-//! on its own port (55440 + `ONCEFLOW_TEST_PORT_OFFSET`), and a client on it.
+//! on its own port (25440 + `ONCEFLOW_TEST_PORT_OFFSET`: below Linux's ephemeral
+//! ports, 32768-60999, where a client connection's local port can hold it;
+//! CI of 8c287dd), and a client on it.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,7 +23,7 @@ impl Postgres {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let port = 55440 + offset;
+        let port = 25440 + offset;
         let pg = Postgres {
             port,
             url: String::new(),

@@ -195,8 +195,9 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
     let started = Instant::now();
     let certs_dir = tempfile::tempdir().expect("temp dir");
     let certs = make_certificates(certs_dir.path());
-    // Tenant `acme` holds the prefixed ACLs; `partial` only those on the
-    // topics; `intruder` none. `onceflow` is a fleet host's principal with
+    // Tenant `acme` holds the prefixed ACLs; `partial` those on the topics
+    // and groups but not the transactional ids; `nogroup` those on the topics
+    // and transactional ids but not the groups; `intruder` none. `onceflow` is a fleet host's principal with
     // the host ACLs; `bare` holds acme's prefix but not the internal one.
     let own = OwnCluster::new(Cluster::start_with_sasl(
         "sasl",
@@ -206,6 +207,7 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
         &[
             "acme=acme-secret",
             "partial=partial-secret",
+            "nogroup=nogroup-secret",
             "intruder=intruder-secret",
             "onceflow=onceflow-secret",
             "bare=bare-secret",
@@ -222,6 +224,8 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
             "User:acme",
             "--allow-principal",
             "User:partial",
+            "--allow-principal",
+            "User:nogroup",
             "--topic",
             "acme.",
             "--operation",
@@ -239,6 +243,8 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
         &[
             "--allow-principal",
             "User:acme",
+            "--allow-principal",
+            "User:partial",
             "--group",
             "acme.",
             "--operation",
@@ -250,6 +256,8 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
         &[
             "--allow-principal",
             "User:acme",
+            "--allow-principal",
+            "User:nogroup",
             "--transactional-id",
             "acme.",
             "--operation",
@@ -297,8 +305,10 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
     assert!(stderr.contains(&topic_refused), "{stderr}");
     println!("$ onceflow run ... -X sasl.username=intruder ...\n{topic_refused} ...");
 
-    // The topics' ACLs only: the producer's transactional id is refused,
-    // and the deployment stops (it retried forever before).
+    // No ACL on the transactional ids: the producer's is refused, and the
+    // deployment stops (it retried forever before). Each principal lacks
+    // one kind only: the producer fences while the consumer joins, so with
+    // both missing either refusal may come first (CI of 8c287dd).
     let log = refused_run(&w, &certs.ca, "partial");
     let txn_refused = format!(
         "error: transactional id \"{}-partial-0\": not authorized: the brokers refused Write on it",
@@ -306,6 +316,16 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
     );
     assert!(log.contains(&txn_refused), "{log}");
     println!("$ onceflow run ... -X sasl.username=partial ...\n{txn_refused} ...");
+
+    // No ACL on the groups: the consumer group is refused, and the
+    // deployment stops.
+    let log = refused_run(&w, &certs.ca, "nogroup");
+    let group_refused = format!(
+        "error: consumer group {:?}: not authorized: the brokers refused Read on it",
+        w.app
+    );
+    assert!(log.contains(&group_refused), "{log}");
+    println!("$ onceflow run ... -X sasl.username=nogroup ...\n{group_refused} ...");
 
     let refusals = started.elapsed();
 
