@@ -135,11 +135,13 @@ function i64(value, what) {
   return n;
 }
 
+const DECIMAL_I64 = /^[+-]?[0-9]+$/;
+
 /** Rust's i64::from_str on bytes: an optional sign, then ASCII digits only. */
 function parseI64(value) {
-  let text = '';
-  for (const b of value) text += String.fromCharCode(b);
-  if (/^[+-]?[0-9]+$/.test(text)) {
+  // Decoded natively (not UTF-8: not digits either, as for Rust).
+  const text = decodeUtf8(value);
+  if (text !== undefined && DECIMAL_I64.test(text)) {
     const n = BigInt(text[0] === '+' ? text.slice(1) : text);
     if (n >= I64_MIN && n <= I64_MAX) return n;
   }
@@ -150,28 +152,31 @@ function payloadOf(error) {
   return error !== null && typeof error === 'object' && 'payload' in error ? error.payload : error;
 }
 
+/** The RecordError (the Rust SDK's message) for a state import's error; other errors as they are. */
+function stateError(error) {
+  const e = payloadOf(error);
+  switch (e && e.tag) {
+    case 'unknown-store':
+      return new RecordError(`unknown state store "${e.val}": declare it under stores in onceflow.toml`);
+    case 'too-large':
+      return new RecordError(`state key or value too large: the host accepts at most ${e.val} bytes`);
+    case 'read-only':
+      return new RecordError(`"${e.val}" is a table: the host writes it from its topic, a processor only reads it`);
+    case 'wrong-kind':
+      return new RecordError(
+        `"${e.val}" is of the other kind: use ctx.window_store for a store under ` +
+          'window-stores in onceflow.toml, ctx.store for one under stores',
+      );
+    default:
+      return error;
+  }
+}
+
 function stateCall(call) {
   try {
     return call();
   } catch (error) {
-    const e = payloadOf(error);
-    switch (e && e.tag) {
-      case 'unknown-store':
-        throw new RecordError(`unknown state store "${e.val}": declare it under stores in onceflow.toml`);
-      case 'too-large':
-        throw new RecordError(`state key or value too large: the host accepts at most ${e.val} bytes`);
-      case 'read-only':
-        throw new RecordError(
-          `"${e.val}" is a table: the host writes it from its topic, a processor only reads it`,
-        );
-      case 'wrong-kind':
-        throw new RecordError(
-          `"${e.val}" is of the other kind: use ctx.window_store for a store under ` +
-            'window-stores in onceflow.toml, ctx.store for one under stores',
-        );
-      default:
-        throw error;
-    }
+    throw stateError(error);
   }
 }
 
@@ -183,7 +188,12 @@ export class Store {
 
   /** The value of `key`, or undefined. */
   get(key) {
-    return stateCall(() => stateGet(this.name, bytes(key))) ?? undefined;
+    // try/catch rather than stateCall: no closure on the per-record path.
+    try {
+      return stateGet(this.name, bytes(key)) ?? undefined;
+    } catch (error) {
+      throw stateError(error);
+    }
   }
 
   /** The value as a BigInt stored in decimal text (as putI64 writes it), or undefined. */
@@ -199,7 +209,11 @@ export class Store {
   }
 
   put(key, value) {
-    stateCall(() => statePut(this.name, bytes(key), bytes(value)));
+    try {
+      statePut(this.name, bytes(key), bytes(value));
+    } catch (error) {
+      throw stateError(error);
+    }
   }
 
   /** Sets `key` to a BigInt (or integer Number) written as decimal text. */
@@ -598,7 +612,7 @@ export class Context {
         alias,
         key === undefined ? undefined : bytes(key),
         value === undefined ? undefined : bytes(value),
-        headers.map(([k, v]) => ({ key: k, value: bytes(v) })),
+        headers.length === 0 ? NO_HEADERS : headers.map(([k, v]) => ({ key: k, value: bytes(v) })),
       );
     } catch (error) {
       const e = payloadOf(error);

@@ -112,9 +112,8 @@ fn main() -> anyhow::Result<()> {
         }
         instantiate.sort();
 
-        // Fuel: the budget of a call is fuel-per-record times the batch
-        // length; what is left after a batch of ordinary payments (after a
-        // first batch that warms the instance up) gives the cost of one.
+        // Fuel: what the instance burned on a batch of ordinary payments
+        // (after a first batch that warms it up), per payment.
         let payments = guestbench::synthetic_payments(&manifest, 1_100);
         let mut guest = processor.instantiate(0)?;
         let mut effects: Box<dyn onceflow::types::Effects> = Box::<Memory>::default();
@@ -122,12 +121,11 @@ fn main() -> anyhow::Result<()> {
         guest
             .process(warmup, &vec![None; warmup.len()], &mut effects)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        guest.take_fuel_used();
         guest
             .process(measured, &vec![None; measured.len()], &mut effects)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let budget = manifest.limits.fuel_per_record * measured.len() as u64;
-        let fuel_per_payment =
-            (budget - guest.fuel_left().unwrap_or(budget)) / measured.len() as u64;
+        let fuel_per_payment = guest.take_fuel_used() / measured.len() as u64;
 
         let payments = guestbench::synthetic_payments(&manifest, records);
         let rows = guestbench::run(&manifest, &bytes, &payments, &[100], |_| {})?;

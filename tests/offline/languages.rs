@@ -199,6 +199,27 @@ fn assert_identical(expected: &[u8], actual: &[u8], label: &str, reference: &str
     panic!("{label}: output differs from {reference}\n{first_difference}");
 }
 
+/// The JS import glue `onceflow build` writes (host/src/build/js_glue.mjs):
+/// Uint8Arrays of both realms, empty and absent keys and values, plain
+/// arrays and headers (the generated functions), and every error a fast
+/// path decodes, each with the SDK's message. expected.jsonl is what the
+/// unmodified componentize-js glue printed for the same input.
+#[test]
+fn js_import_glue_passes_every_argument_and_error_as_the_generated_glue_did() {
+    let manifest = build_guest("tests/guests/glue-js/onceflow.toml");
+    let dir = repo().join("tests/guests/glue-js");
+    let expected = std::fs::read(dir.join("expected.jsonl")).expect("read expected.jsonl");
+    for batch in ["1", "100"] {
+        let actual = run_test(&manifest, &dir.join("input.jsonl"), batch, "1");
+        assert_identical(
+            &expected,
+            &actual,
+            &format!("glue-js, batch {batch}"),
+            "expected.jsonl",
+        );
+    }
+}
+
 #[test]
 fn every_pageviews_prints_exactly_what_the_rust_pageviews_prints() {
     let reference = build_guest("examples/pageviews/onceflow.toml");

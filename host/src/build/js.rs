@@ -26,6 +26,9 @@ pub const TYPESCRIPT_VERSION: &str = "5.9.3";
 
 /// The JavaScript SDK layer, written next to the processor's modules.
 pub(super) const SDK: &str = include_str!("../../../guest-sdk/js/onceflow.js");
+/// The script that runs ComponentizeJS with leaner import glue (see its
+/// header); part of the build digest.
+pub(super) const GLUE: &str = include_str!("js_glue.mjs");
 /// Its TypeScript declarations.
 pub(super) const SDK_TYPES: &str = include_str!("../../../guest-sdk/js/onceflow.d.ts");
 
@@ -170,40 +173,31 @@ pub(super) fn build(
         sources.join(&relative_entry)
     };
     let out = work.join("component.wasm");
-    let cli = prefix.join("node_modules/@bytecodealliance/componentize-js/src/cli.js");
+    let driver = work.join("js_glue.mjs");
+    write(&driver, GLUE)?;
+    let request = work.join("componentize.json");
+    // Ahead-of-time compilation with weval when `ONCEFLOW_WEVAL_BIN` names a
+    // weval binary: the npm package downloads one from GitHub at build time,
+    // which fails offline; `cargo install weval --version 0.5.0 --locked`
+    // builds one (slowly). About 25% less fuel per record for the wallet,
+    // 3.5 MiB more component (docs/languages.md).
+    let weval_bin = std::env::var("ONCEFLOW_WEVAL_BIN").unwrap_or_default();
+    write(
+        &request,
+        &serde_json::json!({
+            "componentize": prefix.join("node_modules/@bytecodealliance/componentize-js/src/componentize.js"),
+            "source": module,
+            "wit": work.join("wit"),
+            "out": out,
+            "wevalBin": weval_bin,
+        })
+        .to_string(),
+    )?;
     run(
         "componentize-js",
-        Command::new(node)
-            .arg(&cli)
-            .arg(&module)
-            .arg("--wit")
-            .arg(work.join("wit"))
-            .args(["--world-name", "processor"])
-            .args([
-                "--disable",
-                "stdio",
-                "random",
-                "clocks",
-                "http",
-                "fetch-event",
-            ])
-            .args(aot_args())
-            .arg("--out")
-            .arg(&out),
+        Command::new(node).arg(&driver).arg(&request),
     )?;
     read(&out)
-}
-
-/// Ahead-of-time compilation with weval, when `ONCEFLOW_WEVAL_BIN` names a
-/// weval binary: the npm package downloads one from GitHub at build time,
-/// which fails offline; `cargo install weval --version 0.5.0 --locked`
-/// builds one (slowly). About 25% less fuel per record for the wallet,
-/// 3.5 MiB more component (docs/languages.md).
-fn aot_args() -> Vec<std::ffi::OsString> {
-    match std::env::var_os("ONCEFLOW_WEVAL_BIN").filter(|b| !b.is_empty()) {
-        Some(weval) => vec!["--aot".into(), "--weval-bin".into(), weval],
-        None => Vec::new(),
-    }
 }
 
 fn write(path: &Path, text: &str) -> Result<(), BuildError> {

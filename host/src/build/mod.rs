@@ -258,8 +258,8 @@ fn source_digest(manifest: &Manifest, toolchain_version: &str) -> Result<String,
 fn embedded_sdk(language: Language) -> Vec<&'static str> {
     match language {
         Language::Rust => Vec::new(),
-        Language::Js => vec![js::SDK],
-        Language::Ts => vec![js::SDK, js::SDK_TYPES],
+        Language::Js => vec![js::SDK, js::GLUE],
+        Language::Ts => vec![js::SDK, js::SDK_TYPES, js::GLUE],
         Language::Python => vec![python::SDK],
         Language::Go => go::SDK.iter().map(|(_, text)| *text).collect(),
         Language::C => vec![c::SDK_HEADER, c::SDK_SOURCE],

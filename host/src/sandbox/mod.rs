@@ -177,6 +177,9 @@ impl Sandbox {
             .epoch_interruption(true)
             .cranelift_opt_level(wasmtime::OptLevel::Speed)
             .max_wasm_stack(1 << 20);
+        if std::env::var_os("ONCEFLOW_PERFMAP").is_some() {
+            wc.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&wc).map_err(|e| SandboxError::Engine(e.to_string()))?;
         let mut linker = Linker::new(&engine);
         host::add_to_linker(&mut linker).map_err(|e| SandboxError::Engine(e.to_string()))?;

@@ -1,0 +1,58 @@
+// See onceflow.toml. Each record's value is a command; the record's key (when
+// it has one) is used as bytes the export glue made (the bindings' realm),
+// and strings go through the SDK's TextEncoder (the processor's realm).
+
+import { exportProcessor, RecordError } from './onceflow.js';
+
+const decoder = new TextDecoder();
+const text = (bytes) => (bytes === undefined ? '(none)' : decoder.decode(bytes));
+
+function run(ctx, record) {
+  const kv = ctx.store('kv');
+  const command = text(record.value);
+  switch (command) {
+    case 'strings': // processor-realm Uint8Arrays (SDK-encoded strings)
+      kv.put('s', 'string value');
+      ctx.emit('out', 's', kv.get('s'));
+      return;
+    case 'record-bytes': // the record's own key and value (bindings realm)
+      kv.put(record.key, record.value);
+      ctx.emit('out', record.key, kv.get(record.key));
+      return;
+    case 'empty': // empty key and value
+      kv.put(new Uint8Array(0), new Uint8Array(0));
+      ctx.emit('out', new Uint8Array(0), kv.get(new Uint8Array(0)));
+      return;
+    case 'missing': // get of an absent key, emit without key or value
+      ctx.emit('out', undefined, kv.get('absent') === undefined ? 'absent' : 'present');
+      ctx.emit('out', 'tombstone', undefined);
+      return;
+    case 'array': // plain arrays of numbers: the generated functions
+      kv.put([97, 114], [49, 50]);
+      ctx.emit('out', [97, 114], kv.get([97, 114]));
+      return;
+    case 'headers': // emit with headers: the generated function
+      ctx.emit('out', 'h', 'with headers', [['h1', 'v1'], ['h2', new Uint8Array([118, 50])]]);
+      return;
+    case 'large': { // a value past the host's limit: too-large, its u64 decoded
+      kv.put('big', new Uint8Array(1024 * 1024 + 1));
+      return;
+    }
+    case 'unknown-store-get':
+      ctx.store('nope').get('k');
+      return;
+    case 'unknown-store-put':
+      ctx.store('nope').put('k', 'v');
+      return;
+    case 'unknown-alias':
+      ctx.emit('nope', 'k', 'v');
+      return;
+    case 'after-errors': // the store still reads what this call wrote
+      ctx.emit('out', 's', kv.get('s'));
+      return;
+    default:
+      throw new RecordError(`unknown command ${command}`);
+  }
+}
+
+export const { init, process, punctuate } = exportProcessor(run);
