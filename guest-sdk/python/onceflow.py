@@ -145,37 +145,40 @@ def _escape_ascii(data: bytes) -> str:
     return "".join(out)
 
 
+def _state_error(err: Err) -> Exception:
+    """The `Error` (the Rust SDK's message) for a state import's error;
+    other errors as they are."""
+    e = err.value
+    if isinstance(e, StateError_UnknownStore):
+        return Error(f'unknown state store "{e.value}": declare it under stores in onceflow.toml')
+    if isinstance(e, StateError_TooLarge):
+        return Error(f"state key or value too large: the host accepts at most {e.value} bytes")
+    if isinstance(e, StateError_ReadOnly):
+        return Error(
+            f'"{e.value}" is a table: the host writes it from its topic, '
+            "a processor only reads it"
+        )
+    if isinstance(e, StateError_WrongKind):
+        return Error(
+            f'"{e.value}" is of the other kind: use ctx.window_store for a store under '
+            "window-stores in onceflow.toml, ctx.store for one under stores"
+        )
+    return err
+
+
 def _state_call(call):
     try:
         return call()
     except Err as err:
-        e = err.value
-        if isinstance(e, StateError_UnknownStore):
-            raise Error(
-                f'unknown state store "{e.value}": declare it under stores in onceflow.toml'
-            ) from None
-        if isinstance(e, StateError_TooLarge):
-            raise Error(
-                f"state key or value too large: the host accepts at most {e.value} bytes"
-            ) from None
-        if isinstance(e, StateError_ReadOnly):
-            raise Error(
-                f'"{e.value}" is a table: the host writes it from its topic, '
-                "a processor only reads it"
-            ) from None
-        if isinstance(e, StateError_WrongKind):
-            raise Error(
-                f'"{e.value}" is of the other kind: use ctx.window_store for a store under '
-                "window-stores in onceflow.toml, ctx.store for one under stores"
-            ) from None
-        raise
+        raise _state_error(err) from None
 
 
 def _parse_i64(value: bytes) -> Optional[int]:
     """Rust's i64::from_str: an optional sign, then ASCII digits only."""
     text = value.decode("ascii", errors="replace")
     digits = text[1:] if text[:1] in ("+", "-") else text
-    if digits and all("0" <= c <= "9" for c in digits):
+    # isdigit on ASCII text: 0-9 only (a non-ASCII byte decoded to U+FFFD).
+    if digits and digits.isascii() and digits.isdigit():
         number = int(text)
         if I64_MIN <= number <= I64_MAX:
             return number
@@ -197,7 +200,11 @@ class Store:
         self.name = name
 
     def get(self, key: Bytes) -> Optional[bytes]:
-        return _state_call(lambda: _state.get(self.name, _bytes(key)))
+        # try/except rather than _state_call: no lambda on the per-record path.
+        try:
+            return _state.get(self.name, _bytes(key))
+        except Err as err:
+            raise _state_error(err) from None
 
     def get_i64(self, key: Bytes) -> Optional[int]:
         """The value as an integer in decimal text (as `put_i64` writes it)."""
@@ -214,7 +221,10 @@ class Store:
         )
 
     def put(self, key: Bytes, value: Bytes) -> None:
-        _state_call(lambda: _state.put(self.name, _bytes(key), _bytes(value)))
+        try:
+            _state.put(self.name, _bytes(key), _bytes(value))
+        except Err as err:
+            raise _state_error(err) from None
 
     def put_i64(self, key: Bytes, value: int) -> None:
         self.put(key, str(value))
@@ -596,7 +606,7 @@ class Context:
                 alias,
                 None if key is None else _bytes(key),
                 None if value is None else _bytes(value),
-                [Header(key=k, value=_bytes(v)) for k, v in headers],
+                [Header(key=k, value=_bytes(v)) for k, v in headers] if headers else [],
             )
         except Err as err:
             e = err.value

@@ -87,7 +87,12 @@ def string_field(fields, name):
 def json_string(text):
     """`text` as a JSON string literal, escaped as serde_json does: `"`, `\\`,
     \\b \\f \\n \\r \\t, other control characters as \\u00xx, nothing else."""
-    return json.dumps(text, ensure_ascii=False)
+    # What json.dumps(text, ensure_ascii=False) returns, without building a
+    # JSONEncoder per call.
+    return _encode_string(text)
+
+
+_encode_string = json.encoder.encode_basestring
 
 
 # ------------------------------------------------------------------ JSON, as serde_json reads it
