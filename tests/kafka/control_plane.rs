@@ -1008,13 +1008,47 @@ fn p99_between(before: &str, after: &str, deployment: &str) -> Option<f64> {
     None
 }
 
+/// Deletes what a test deployed on the shared cluster's control plane when
+/// the test panics: its deployments would otherwise count in the tenants'
+/// quotas of every later test (two control-plane tests failed that way
+/// after `d_hostile_neighbour_latency` had).
+struct DeleteOnPanic<'a> {
+    host: &'a HostProc,
+    deployed: std::cell::RefCell<Vec<(&'static str, String)>>,
+}
+
+impl<'a> DeleteOnPanic<'a> {
+    fn new(host: &'a HostProc) -> Self {
+        Self {
+            host,
+            deployed: Default::default(),
+        }
+    }
+
+    fn deployed(&self, token: &'static str, name: &str) {
+        self.deployed.borrow_mut().push((token, name.to_owned()));
+    }
+}
+
+impl Drop for DeleteOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for (token, name) in self.deployed.borrow().iter() {
+                let _ = self.host.cli(token, &["delete", name, "--purge-state"]);
+            }
+        }
+    }
+}
+
 #[test]
 fn d_hostile_neighbour_latency() {
     let _g = serial();
     let fleet = Fleet::new();
     let h = fleet.start_host("n1");
     let w = Wallet::in_tenant(cluster(), "acme", "acme.", "victim", "exactly_once_v2", 2);
+    let cleanup = DeleteOnPanic::new(&h);
     h.json(ACME, &["deploy", path(&w.manifest)]);
+    cleanup.deployed(ACME, &w.name);
     let mut produced = w.produce(0, 100, 100, None);
     w.wait_done(Duration::from_secs(120));
     // ~200 commits per phase (100 ms interval), for a p99 that is not the max.
@@ -1065,6 +1099,7 @@ fn d_hostile_neighbour_latency() {
     // (before: one log topic for all, read from its last 10,000 records).
     let quiet = hostile(fleet.dir.path(), "acme", "quiet");
     h.json(ACME, &["deploy", path(&quiet.manifest)]);
+    cleanup.deployed(ACME, &quiet.name);
     common::cluster::send(&producer, &quiet.input, "k", "logs:3");
     let quiet_lines = || {
         let out = h.cli(ACME, &["logs", &quiet.name]);
@@ -1076,11 +1111,35 @@ fn d_hostile_neighbour_latency() {
     wait_for("acme's three log lines", Duration::from_secs(60), || {
         quiet_lines() == 3
     });
+    // The burn neighbour is one deployment through both of its phases: the
+    // limit must reach workers that started without one. (Before, a
+    // deployment started at cpu-share 100 held no CPU budget, so a share
+    // lowered later never applied to it; each phase deployed a new
+    // neighbour after a 3 s wait for the re-read, which hid that, and
+    // failed when the re-read came later.)
+    let mut burning: Option<Hostile> = None;
+    let mut share_in_force = 100;
     for (kind, share) in phases {
-        std::fs::write(&fleet.tenants, tenants_toml_with(&acme, share)).expect("write");
-        std::thread::sleep(Duration::from_secs(3));
-        let evil = hostile(fleet.dir.path(), "globex", &format!("{kind}-{share}"));
-        h.json(GLOBEX, &["deploy", path(&evil.manifest)]);
+        if share != share_in_force {
+            let reloads = || h.log_text().matches("tenants.toml changed").count();
+            let before = reloads();
+            std::fs::write(&fleet.tenants, tenants_toml_with(&acme, share)).expect("write");
+            wait_for(
+                "the host to read tenants.toml",
+                Duration::from_secs(30),
+                || reloads() > before,
+            );
+            share_in_force = share;
+        }
+        let evil = match burning.take() {
+            Some(running) if kind == "burn" => running,
+            _ => {
+                let evil = hostile(fleet.dir.path(), "globex", &format!("{kind}-{share}"));
+                h.json(GLOBEX, &["deploy", path(&evil.manifest)]);
+                cleanup.deployed(GLOBEX, &evil.name);
+                evil
+            }
+        };
         let label = format!("{kind}_share{share}");
         // Each feed, 5 times a second: burn, 40 records of 2 M iterations
         // (the neighbour wants more than a core); outputs, a record of
@@ -1121,17 +1180,22 @@ fn d_hostile_neighbour_latency() {
         // Held back, never starved: its records go on.
         assert!(records > 0.0, "the neighbour ({kind}) made no progress");
         if kind == "burn" {
+            // Cumulative over the deployment's two phases.
             let throttled = series("onceflow_cpu_throttled_microseconds_total{") / 1e6;
             figure(
                 &format!("cp_neighbour_throttled_s_share{share}"),
                 format!("{throttled:.1}"),
             );
             if share < 100 {
-                assert!(throttled > 0.0, "the neighbour was never held back");
+                assert!(
+                    throttled > 0.0,
+                    "the neighbour, deployed at cpu-share 100, was never held back at {share}"
+                );
+                h.json(GLOBEX, &["delete", &evil.name]);
             } else {
                 assert!(throttled == 0.0, "held back without a limit");
+                burning = Some(evil);
             }
-            h.json(GLOBEX, &["delete", &evil.name]);
             continue;
         }
         if kind == "logs" {
@@ -1195,6 +1259,7 @@ fn d_hostile_neighbour_latency() {
     }
     h.json(ACME, &["delete", &w.name, "--purge-state"]);
     h.json(ACME, &["delete", &quiet.name, "--purge-state"]);
+    drop(cleanup);
     h.stop();
 }
 

@@ -76,10 +76,11 @@ pub fn parse_manifest(tenant: &str, name: &str, text: &str) -> Result<Manifest, 
     )
 }
 
-/// CPU seconds per second for a `cpu-share` percent of this host.
-fn cpu_rate(share: u32) -> f64 {
+/// CPU seconds per second for a `cpu-share` percent of this host; `None`
+/// (no limit) at 100.
+fn cpu_limit(share: u32) -> Option<f64> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    f64::from(share.min(100)) / 100.0 * cores as f64
+    (share < 100).then(|| f64::from(share) / 100.0 * cores as f64)
 }
 
 /// One host.
@@ -102,8 +103,8 @@ pub struct Fleet {
     /// two deploys of one tenant on this host are admitted one after the
     /// other (before, eight at once against a quota of 2 all got in).
     admissions: Mutex<BTreeMap<String, Arc<Mutex<()>>>>,
-    /// Each limited tenant's CPU budget on this host, shared by all its
-    /// deployments' workers.
+    /// Each tenant's CPU budget on this host (unlimited at cpu-share 100),
+    /// shared by all its deployments' workers.
     cpu_budgets: Mutex<BTreeMap<String, Arc<CpuBudget>>>,
     /// How long an unused upload is kept (`artifacts.rs`).
     artifact_grace: Duration,
@@ -183,26 +184,28 @@ impl Fleet {
     /// running: a tenant removed from the file can no longer call the API,
     /// and what it deployed runs until the operator deletes it.
     pub fn replace_tenants(&self, tenants: Tenants) {
+        // Under the budgets' lock, which cpu_budget reads the tenants under:
+        // a budget made meanwhile gets either the old share and then the
+        // new one here, or the new one.
         let budgets = self.cpu_budgets.lock().unwrap_or_else(|e| e.into_inner());
         for (name, budget) in budgets.iter() {
             let share = tenants.get(name).map_or(100, |t| t.quotas.cpu_share);
-            budget.set_rate(cpu_rate(share));
+            budget.set_rate(cpu_limit(share));
         }
         *self.tenants.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tenants);
     }
 
-    /// The CPU budget of `tenant`'s workers on this host (`None` while its
-    /// `cpu-share` is 100: no limit). Made on first use, shared after.
+    /// The CPU budget of `tenant`'s workers on this host, made on first use
+    /// and shared after; unlimited while its `cpu-share` is 100. Every
+    /// known tenant gets one (before, a tenant at 100 got none, so a share
+    /// lowered later never applied to the deployments already running).
     pub fn cpu_budget(&self, tenant: &str) -> Option<Arc<CpuBudget>> {
-        let share = self.tenants().get(tenant)?.quotas.cpu_share;
         let mut budgets = self.cpu_budgets.lock().unwrap_or_else(|e| e.into_inner());
-        if share >= 100 && !budgets.contains_key(tenant) {
-            return None;
-        }
+        let share = self.tenants().get(tenant)?.quotas.cpu_share;
         Some(
             budgets
                 .entry(tenant.to_owned())
-                .or_insert_with(|| Arc::new(CpuBudget::new(cpu_rate(share))))
+                .or_insert_with(|| Arc::new(CpuBudget::new(cpu_limit(share))))
                 .clone(),
         )
     }

@@ -33,56 +33,71 @@ pub struct CpuBudget {
 
 #[derive(Debug)]
 struct Bucket {
-    /// CPU seconds per second of wall time.
-    rate: f64,
+    /// CPU seconds per second of wall time; `None`: no limit (the tenant's
+    /// `cpu-share` is 100), nothing charged.
+    rate: Option<f64>,
     /// Seconds of guest-call time available (negative: owed).
     balance: f64,
     at: Instant,
 }
 
 impl CpuBudget {
-    /// A budget of `rate` CPU seconds per second (`share x cores`).
-    pub fn new(rate: f64) -> Self {
+    /// A budget of `rate` CPU seconds per second (`share x cores`); `None`:
+    /// no limit, until [`set_rate`](Self::set_rate) sets one. A tenant's
+    /// workers hold its budget whether or not it is limited, so that a
+    /// `cpu-share` lowered in tenants.toml applies to what already runs.
+    pub fn new(rate: Option<f64>) -> Self {
         Self {
             state: Mutex::new(Bucket {
-                rate: rate.max(0.01),
+                rate: rate.map(|r| r.max(0.01)),
                 balance: 0.0,
                 at: Instant::now(),
             }),
         }
     }
 
-    /// Changes the rate (the tenant's quota changed).
-    pub fn set_rate(&self, rate: f64) {
+    /// Changes the rate (the tenant's quota changed); `None` lifts the
+    /// limit.
+    pub fn set_rate(&self, rate: Option<f64>) {
         let mut b = self.state.lock().unwrap_or_else(|e| e.into_inner());
         b.refill();
-        b.rate = rate.max(0.01);
+        b.rate = rate.map(|r| r.max(0.01));
     }
 
-    /// The rate, in CPU seconds per second.
-    pub fn rate(&self) -> f64 {
+    /// The rate, in CPU seconds per second (`None`: no limit).
+    pub fn rate(&self) -> Option<f64> {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).rate
     }
 
     /// Takes `used` out of the budget; returns how long the caller should
-    /// wait before its next call (zero while within the share).
+    /// wait before its next call (zero while within the share, or with no
+    /// limit).
     pub fn charge(&self, used: Duration) -> Duration {
         let mut b = self.state.lock().unwrap_or_else(|e| e.into_inner());
         b.refill();
+        let Some(rate) = b.rate else {
+            return Duration::ZERO;
+        };
         b.balance -= used.as_secs_f64();
         if b.balance >= 0.0 {
             return Duration::ZERO;
         }
-        Duration::from_secs_f64(-b.balance / b.rate).min(MAX_WAIT)
+        Duration::from_secs_f64(-b.balance / rate).min(MAX_WAIT)
     }
 }
 
 impl Bucket {
     fn refill(&mut self) {
         let now = Instant::now();
-        let burst = BURST.as_secs_f64() * self.rate;
-        self.balance =
-            (self.balance + now.duration_since(self.at).as_secs_f64() * self.rate).min(burst);
+        match self.rate {
+            Some(rate) => {
+                let burst = BURST.as_secs_f64() * rate;
+                self.balance =
+                    (self.balance + now.duration_since(self.at).as_secs_f64() * rate).min(burst);
+            }
+            // Unlimited: a limit set later starts from an empty budget.
+            None => self.balance = 0.0,
+        }
         self.at = now;
     }
 }
@@ -95,7 +110,7 @@ mod tests {
     fn a_tenant_over_its_share_waits_for_it() {
         // Half a core: 100 ms of calls owe ~200 ms of waiting, minus the
         // little that refilled meanwhile.
-        let b = CpuBudget::new(0.5);
+        let b = CpuBudget::new(Some(0.5));
         let wait = b.charge(Duration::from_millis(100));
         assert!(
             wait > Duration::from_millis(150) && wait <= Duration::from_millis(200),
@@ -104,11 +119,22 @@ mod tests {
         // A huge call waits at most MAX_WAIT at a time.
         assert_eq!(b.charge(Duration::from_secs(10)), MAX_WAIT);
         // Within the share: no wait once the budget has refilled.
-        let b = CpuBudget::new(4.0);
+        let b = CpuBudget::new(Some(4.0));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(b.charge(Duration::from_millis(100)), Duration::ZERO);
         // The rate can change.
-        b.set_rate(1.0);
-        assert!((b.rate() - 1.0).abs() < 1e-9);
+        b.set_rate(Some(1.0));
+        assert_eq!(b.rate(), Some(1.0));
+    }
+
+    #[test]
+    fn an_unlimited_budget_charges_nothing_until_a_limit_is_set() {
+        let b = CpuBudget::new(None);
+        assert_eq!(b.charge(Duration::from_secs(10)), Duration::ZERO);
+        // The share lowered while the workers run: the next calls wait.
+        b.set_rate(Some(0.1));
+        assert!(b.charge(Duration::from_millis(100)) > Duration::from_millis(500));
+        b.set_rate(None);
+        assert_eq!(b.charge(Duration::from_secs(10)), Duration::ZERO);
     }
 }

@@ -114,7 +114,8 @@ pub struct RunOptions {
     /// host's `_onceflow.usage`), inside the transaction; `None`: nowhere.
     pub usage_topic: Option<String>,
     /// The tenant's share of this host's CPU, charged by every guest call
-    /// (`None`: no limit).
+    /// (`None`: no limit; a fleet host gives every tenant one, unlimited at
+    /// cpu-share 100, so that a share lowered later applies).
     pub cpu_budget: Option<std::sync::Arc<cpu::CpuBudget>>,
 }
 
