@@ -323,14 +323,17 @@ fn h06_an_abort_outside_commit_does_not_stall() {
         format!("{:.1}", took.as_secs_f64()),
     );
     assert!(!status.success(), "the fail policy stops the deployment");
+    // Before the fix the abort waited ~30 s for delivery reports nobody
+    // served, then failed.
     assert!(
-        !log.contains("abort_transaction:"),
-        "the abort failed:\n{}",
-        log.lines()
-            .filter(|l| l.contains("abort"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        took < Duration::from_secs(20),
+        "the host took {took:?} to stop on the poison record:\n{}",
+        tail(&log, 30)
     );
+    // The abort itself may be refused by the coordinator ("invalid state",
+    // seen once in CI 0.3 s into the session); the worker then replaces the
+    // producer, whose init_transactions resolves the transaction (logged at
+    // info, "replacing the producer instead"). Either way: no stall.
     assert!(
         log.contains("processing stopped"),
         "stopped for the poison record:\n{}",
