@@ -8,7 +8,9 @@
 //!
 //! Every WASI feature of the engine is disabled (`--disable stdio random
 //! clocks http fetch-event`): the component imports `onceflow:processor`
-//! and nothing else.
+//! and nothing else. ComponentizeJS runs through `js_glue.mjs`, which
+//! rewrites the import glue it generates (the per-record calls cost half
+//! as much fuel; see the script's header and docs/languages.md).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,11 +28,11 @@ pub const TYPESCRIPT_VERSION: &str = "5.9.3";
 
 /// The JavaScript SDK layer, written next to the processor's modules.
 pub(super) const SDK: &str = include_str!("../../../guest-sdk/js/onceflow.js");
+/// Its TypeScript declarations.
+pub(super) const SDK_TYPES: &str = include_str!("../../../guest-sdk/js/onceflow.d.ts");
 /// The script that runs ComponentizeJS with leaner import glue (see its
 /// header); part of the build digest.
 pub(super) const GLUE: &str = include_str!("js_glue.mjs");
-/// Its TypeScript declarations.
-pub(super) const SDK_TYPES: &str = include_str!("../../../guest-sdk/js/onceflow.d.ts");
 
 fn prefix() -> PathBuf {
     toolchains_dir().join("js")
