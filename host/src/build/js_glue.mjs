@@ -60,6 +60,7 @@ function withOneEncode(bindings) {
   const start = bindings.indexOf(head);
   if (start < 0) fail('_utf8AllocateAndEncode');
   const end = bindings.indexOf('\n}\n', start);
+  if (end < 0) fail('the end of _utf8AllocateAndEncode');
   return (
     bindings.slice(0, start) +
     `function _utf8AllocateAndEncode(s, realloc, memory) {
@@ -214,8 +215,9 @@ function withFastPaths(bindings) {
   const anchor = '\nclass ComponentError extends Error {';
   const at = out.indexOf(anchor);
   if (at < 0) fail('ComponentError');
-  const end = out.indexOf('\n}\n', at) + 3;
-  return out.slice(0, end) + FAST + out.slice(end);
+  const end = out.indexOf('\n}\n', at);
+  if (end < 0) fail('the end of ComponentError');
+  return out.slice(0, end + 3) + FAST + out.slice(end + 3);
 }
 
 function patch(bindings) {
