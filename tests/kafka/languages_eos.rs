@@ -17,6 +17,17 @@ use crate::common::wallet::{Produced, Wallet, assert_exact};
 fn ported_wallet(cluster: &'static Cluster, example: &str, label: &str) -> Wallet {
     let w = Wallet::new(cluster, label, "exactly_once_v2", 3);
     w.use_example(example, None);
+    // Transactions of 1 s, not 100 ms: the kill below must land inside one.
+    // Once the JS wallet got fast (2026-12-03), a 100 ms transaction could
+    // commit between the probe seeing it open and the kill (CI: "killed
+    // mid-stream, not at 550 of 550").
+    let text = std::fs::read_to_string(&w.manifest).expect("the rig's manifest");
+    assert!(
+        text.contains("commit-interval-ms = 100\n"),
+        "the rig's commit interval"
+    );
+    let text = text.replace("commit-interval-ms = 100\n", "commit-interval-ms = 1000\n");
+    std::fs::write(&w.manifest, text).expect("write the manifest");
     w
 }
 
