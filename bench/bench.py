@@ -38,7 +38,7 @@ class Profile:
     name: str
     payments: int  # throughput input, wallet contenders
     orders: int  # throughput input, enrich contenders
-    lang_payments: int  # throughput input, JS and Python wallets (much slower)
+    lang_payments: int  # throughput input, JS and Python wallets (slower; ~10 s each at full)
     views: int  # throughput input, pageviews contenders (quick: more, Onceflow counts 60,000 in under 0.5 s)
     fraud_payments: int  # throughput input, fraud contenders (after the accounts table)
     latency_seconds: int  # paced load per latency run
@@ -52,7 +52,7 @@ QUICK = Profile(
     latency_seconds=6, sweep_latency=False, rounds=1,
 )
 FULL = Profile(
-    "full", payments=300_000, orders=300_000, lang_payments=30_000, views=300_000, fraud_payments=300_000,
+    "full", payments=300_000, orders=300_000, lang_payments=100_000, views=300_000, fraud_payments=300_000,
     latency_seconds=20, sweep_latency=True, rounds=3,
 )
 
