@@ -634,7 +634,7 @@ mod tests {
 name = "wallet-pg"
 dead-letter-topic = "sink.dlq"
 [postgres]
-connection = "host=127.0.0.1 port=55432 user=onceflow dbname=onceflow"
+connection = "host=127.0.0.1 port=15432 user=onceflow dbname=onceflow"
 password-file = "pw"
 [[routes]]
 topic = "balances"
@@ -672,7 +672,7 @@ identity = "payment_id"
             "postgresql://h/d?password=secret",
         ] {
             let text = GOOD.replace(
-                "host=127.0.0.1 port=55432 user=onceflow dbname=onceflow",
+                "host=127.0.0.1 port=15432 user=onceflow dbname=onceflow",
                 conn,
             );
             let e = parse(&text).expect_err(conn).to_string();
@@ -729,7 +729,7 @@ identity = "payment_id"
         assert_eq!(connections.names_for("acme"), ["analytics"]);
         let named = GOOD
             .replace(
-                "host=127.0.0.1 port=55432 user=onceflow dbname=onceflow",
+                "host=127.0.0.1 port=15432 user=onceflow dbname=onceflow",
                 "analytics",
             )
             .replace("password-file = \"pw\"\n", "");
