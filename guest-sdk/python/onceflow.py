@@ -654,10 +654,11 @@ def export(
     it, punctuate does nothing)."""
 
     # `export` runs while the build snapshots the imported processor: freezing
-    # here moves every object of the snapshot out of the collector's reach
-    # (they live as long as the instance anyway). Otherwise each new instance's
-    # first collections walk the whole heap image, and so copy it page by page:
-    # ~3 ms per instance, and the host makes one after every failing record.
+    # here moves every object of the snapshot out of the cycle collector's
+    # reach (reference counting still frees them; only a cycle among them
+    # would stay). Otherwise each new instance's first collections walk the
+    # whole heap image, and so copy it page by page: ~2 ms per instance, and
+    # the host makes one after every failing record (docs/languages.md).
     _gc.freeze()
 
     class WitWorld(wit_world.WitWorld):
