@@ -74,10 +74,12 @@ impl CpuBudget {
     /// limit).
     pub fn charge(&self, used: Duration) -> Duration {
         let mut b = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        b.refill();
+        // Unlimited: nothing to refill or charge (set_rate starts a limit
+        // from an empty budget).
         let Some(rate) = b.rate else {
             return Duration::ZERO;
         };
+        b.refill();
         b.balance -= used.as_secs_f64();
         if b.balance >= 0.0 {
             return Duration::ZERO;
@@ -95,7 +97,8 @@ impl Bucket {
                 self.balance =
                     (self.balance + now.duration_since(self.at).as_secs_f64() * rate).min(burst);
             }
-            // Unlimited: a limit set later starts from an empty budget.
+            // Lifting or setting a limit (set_rate): a limit set later
+            // starts from an empty budget.
             None => self.balance = 0.0,
         }
         self.at = now;
