@@ -804,7 +804,10 @@ impl rdkafka::client::ClientContext for QuietContext {
 pub(crate) fn log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
     use rdkafka::config::RDKafkaLogLevel as L;
     match level {
-        _ if is_sasl_handshake_cut(message) || is_retried_pid(fac, message) => {
+        _ if is_sasl_handshake_cut(message)
+            || is_retried_pid(fac, message)
+            || is_stale_generation_txnerr(fac, message) =>
+        {
             tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}")
         }
         L::Emerg | L::Alert | L::Critical | L::Error => {
@@ -824,6 +827,24 @@ pub(crate) fn log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &
 /// heals, `init_transactions` times out, and that error is reported.
 fn is_retried_pid(fac: &str, message: &str) -> bool {
     fac == "GETPID" && message.contains("Failed to acquire") && message.ends_with(": retrying")
+}
+
+/// Whether librdkafka says the open transaction failed because its offsets
+/// were sent for a group generation that a rebalance just ended
+/// (`send_offsets_to_transaction` answered ILLEGAL_GENERATION, or the member
+/// was unknown or rebalancing). The worker gets the same error from the call,
+/// aborts and rewinds, and logs that at info ([`is_stale_generation`]); a
+/// host joining a deployment's group while its first transaction commits
+/// printed this line at ERROR (the README's second host, 2026-12-03).
+fn is_stale_generation_txnerr(fac: &str, message: &str) -> bool {
+    fac == "TXNERR"
+        && [
+            "(ILLEGAL_GENERATION)",
+            "(UNKNOWN_MEMBER_ID)",
+            "(REBALANCE_IN_PROGRESS)",
+        ]
+        .iter()
+        .any(|code| message.contains(code))
 }
 
 /// Whether librdkafka reports a SASL handshake that its own disconnect cut
@@ -1036,6 +1057,18 @@ mod tests {
     /// count as fencing: the worker dropped producer and consumer and
     /// rejoined under its static id, which gets the old assignment back
     /// without a rebalance (issue 16, item 9).
+    #[test]
+    fn a_transaction_failed_by_a_rebalance_is_not_an_error_line() {
+        // The line as librdkafka 2.12.1 wrote it (CI, the README's second host).
+        let line = "Current transaction failed in state InTransaction: Failed to commit offsets to \
+                    transaction on broker 127.0.0.1:19192/1: demo.payments((null))[2](Broker: \
+                    Specified group generation id is not valid) (after 23ms) (ILLEGAL_GENERATION)";
+        assert!(is_stale_generation_txnerr("TXNERR", line));
+        assert!(!is_stale_generation_txnerr("GETPID", line));
+        let fenced = "Current transaction failed in state InTransaction: ... (PRODUCER_FENCED)";
+        assert!(!is_stale_generation_txnerr("TXNERR", fenced));
+    }
+
     #[test]
     fn a_stale_generation_is_not_fencing() {
         for code in [
