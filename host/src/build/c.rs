@@ -51,6 +51,10 @@ pub(super) fn ensure_wit_bindgen() -> Result<PathBuf, BuildError> {
         Command::new(cargo)
             .args(["install", "wit-bindgen-cli", "--locked", "--version"])
             .arg(WIT_BINDGEN_VERSION)
+            // Only the two generators Onceflow runs (C, Go), unoptimised: it
+            // writes a few bindings files per build, and the default (every
+            // generator, optimised) took ~9 minutes of a fresh CI run.
+            .args(["--no-default-features", "--features", "c,go", "--debug"])
             .arg("--root")
             .arg(&root)
             // Not the caller's target directory (it may be locked by the
