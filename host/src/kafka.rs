@@ -1053,10 +1053,8 @@ mod tests {
         assert_eq!(parse_assignment(&b[..b.len() - 9]), None);
     }
 
-    /// A commit refused for a stale generation (a rebalance began) used to
-    /// count as fencing: the worker dropped producer and consumer and
-    /// rejoined under its static id, which gets the old assignment back
-    /// without a rebalance (issue 16, item 9).
+    /// librdkafka's TXNERR line for a commit refused for a stale generation
+    /// is not an error line (the worker aborts, rewinds and logs it at info).
     #[test]
     fn a_transaction_failed_by_a_rebalance_is_not_an_error_line() {
         // The line as librdkafka 2.12.1 wrote it (CI, the README's second host).
@@ -1069,6 +1067,10 @@ mod tests {
         assert!(!is_stale_generation_txnerr("TXNERR", fenced));
     }
 
+    /// A commit refused for a stale generation (a rebalance began) used to
+    /// count as fencing: the worker dropped producer and consumer and
+    /// rejoined under its static id, which gets the old assignment back
+    /// without a rebalance (issue 16, item 9).
     #[test]
     fn a_stale_generation_is_not_fencing() {
         for code in [
