@@ -51,10 +51,12 @@ pub(super) fn ensure_wit_bindgen() -> Result<PathBuf, BuildError> {
         Command::new(cargo)
             .args(["install", "wit-bindgen-cli", "--locked", "--version"])
             .arg(WIT_BINDGEN_VERSION)
-            // Only the two generators Onceflow runs (C, Go), unoptimised: it
-            // writes a few bindings files per build, and the default (every
-            // generator, optimised) took ~9 minutes of a fresh CI run.
+            // Only the two generators Onceflow runs (C, Go), unoptimised and
+            // without debug info: it writes a few bindings files per build,
+            // and the default (every generator, optimised) took ~9 minutes of
+            // a fresh CI run. (With debug info the binary is 170 MB.)
             .args(["--no-default-features", "--features", "c,go", "--debug"])
+            .env("CARGO_PROFILE_DEV_DEBUG", "false")
             .arg("--root")
             .arg(&root)
             // Not the caller's target directory (it may be locked by the
