@@ -838,13 +838,9 @@ fn is_retried_pid(fac: &str, message: &str) -> bool {
 /// printed this line at ERROR (the README's second host, 2026-12-03).
 fn is_stale_generation_txnerr(fac: &str, message: &str) -> bool {
     fac == "TXNERR"
-        && [
-            "(ILLEGAL_GENERATION)",
-            "(UNKNOWN_MEMBER_ID)",
-            "(REBALANCE_IN_PROGRESS)",
-        ]
-        .iter()
-        .any(|code| message.contains(code))
+        && STALE_GENERATION
+            .iter()
+            .any(|(_, name)| message.contains(name))
 }
 
 /// Whether librdkafka reports a SASL handshake that its own disconnect cut
@@ -918,15 +914,20 @@ pub(crate) fn is_fencing(e: &ClientError) -> bool {
 /// next poll and gets its new assignment (Kafka Streams' "task migrated":
 /// close the tasks, keep the producer, rejoin).
 pub(crate) fn is_stale_generation(e: &ClientError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::IllegalGeneration
-                | RDKafkaErrorCode::RebalanceInProgress
-                | RDKafkaErrorCode::UnknownMemberId
-        )
-    )
+    e.rdkafka_error_code()
+        .is_some_and(|code| STALE_GENERATION.iter().any(|(stale, _)| *stale == code))
 }
+
+/// The codes of a group that moved on, with the name librdkafka's log lines
+/// give each (in parentheses, at the end of a TXNERR line).
+const STALE_GENERATION: [(RDKafkaErrorCode, &str); 3] = [
+    (RDKafkaErrorCode::IllegalGeneration, "(ILLEGAL_GENERATION)"),
+    (
+        RDKafkaErrorCode::RebalanceInProgress,
+        "(REBALANCE_IN_PROGRESS)",
+    ),
+    (RDKafkaErrorCode::UnknownMemberId, "(UNKNOWN_MEMBER_ID)"),
+];
 
 /// A member of a consumer group (classic protocol) and the partitions it
 /// was assigned.
