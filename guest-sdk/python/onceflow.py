@@ -658,7 +658,8 @@ def export(
     # reach (reference counting still frees them; only a cycle among them
     # would stay). Otherwise each new instance's first collections walk the
     # whole heap image, and so copy it page by page: ~2 ms per instance, and
-    # the host makes one after every failing record (docs/languages.md).
+    # the host makes one at every start and after every trap
+    # (docs/languages.md).
     _gc.freeze()
 
     class WitWorld(wit_world.WitWorld):

@@ -784,39 +784,60 @@ impl Task {
             self.drop_call();
             return Err(TaskError::Host(message));
         }
+        match (&failure, self.failed_at(&failure, records.len())) {
+            // The processor returned an error for the record it began last,
+            // and the host refused none of the call's writes: the records
+            // before it finished (their effects stand), the failing record's
+            // effects are taken back, and the same instance goes on with the
+            // records after it. Its memory has seen every record once, in
+            // order, whatever the batching: as after a record that succeeded
+            // (or an exception that Kafka Streams' handler lets pass).
+            (CallFailure::Rejected { .. }, Some(i)) => {
+                if i == 0 {
+                    // Nothing before it to keep; what the guest did before
+                    // beginning it goes with it, as the next call does it
+                    // again.
+                    let fx = self.fx();
+                    fx.state.discard_call();
+                    fx.call_outputs.clear();
+                } else {
+                    self.take_back_record(records, i, out)?;
+                }
+                tracing::debug!(
+                    partition = self.partition,
+                    records = records.len(),
+                    index = i,
+                    "record rejected ({failure}); the records before it stand"
+                );
+                self.poison(&records[i], failure.to_string(), out)?;
+                return self.run(&records[i + 1..], &times[i + 1..], out);
+            }
+            // A trap: the records before the failing one finished in this
+            // call, so their effects stay and no record is run twice. The
+            // instance's memory may be torn mid-record: the failing record
+            // gets a call of its own on a fresh instance (the trap may have
+            // been the whole call's: its deadline), and the records after it
+            // meet a fresh instance too, as after that record in any batch.
+            // Not the call's first record: what a guest did before beginning
+            // it (outside any record) would stand and then be done again by
+            // the next call.
+            (CallFailure::Trapped { .. }, Some(i)) if i > 0 => {
+                self.take_back_record(records, i, out)?;
+                self.guest = None;
+                tracing::debug!(
+                    partition = self.partition,
+                    records = records.len(),
+                    index = i,
+                    "record trapped ({failure}); the records before it stand"
+                );
+                self.run(&records[i..=i], &times[i..=i], out)?;
+                return self.run(&records[i + 1..], &times[i + 1..], out);
+            }
+            _ => {}
+        }
         if records.len() == 1 {
             self.drop_call();
             return self.poison(&records[0], failure.to_string(), out);
-        }
-        if let Some(i) = self.failed_alone(&failure, records.len()) {
-            // The records before the failing one finished in this call: their
-            // effects stay, the failing record's are taken back, and no record
-            // is run twice. The next ones meet a fresh instance, as they would
-            // after that record in any other batch.
-            let fx = self.fx();
-            fx.state.undo_record();
-            let (outputs, bytes) = fx.record_mark;
-            fx.call_outputs.truncate(outputs);
-            fx.call_bytes = bytes;
-            self.keep_call(records, i, out)?;
-            self.guest = None;
-            tracing::debug!(
-                partition = self.partition,
-                records = records.len(),
-                index = i,
-                "record failed ({failure}); the records before it stand"
-            );
-            match failure {
-                // The processor's own verdict on the record, given the state
-                // it would see alone.
-                CallFailure::Rejected { .. } => {
-                    self.poison(&records[i], failure.to_string(), out)?
-                }
-                // A trap may be the whole call's (its deadline): the record
-                // gets a call of its own.
-                _ => self.run(&records[i..=i], &times[i..=i], out)?,
-            }
-            return self.run(&records[i + 1..], &times[i + 1..], out);
         }
         self.drop_call();
         let named = match &failure {
@@ -895,27 +916,37 @@ impl Task {
         self.guest = None;
     }
 
+    /// Takes back the effects of the call's record `i` (the one it failed
+    /// on) and keeps those of the records before it.
+    fn take_back_record(
+        &mut self,
+        records: &[InputRecord],
+        i: usize,
+        out: &mut BatchOutcome,
+    ) -> Result<(), TaskError> {
+        let fx = self.fx();
+        fx.state.undo_record();
+        let (outputs, bytes) = fx.record_mark;
+        fx.call_outputs.truncate(outputs);
+        fx.call_bytes = bytes;
+        self.keep_call(records, i, out)
+    }
+
     /// The index of the record a failed call failed on, when the effects of
     /// the records before it can stand: the processor (or the trap) named
     /// the record it had begun last (`begin-record`), so every effect before
     /// that record's beginning belongs to records that finished, and no
     /// write of the call was refused (a refused write may have changed what
-    /// the records after it did). Not the call's first record: there is
-    /// nothing before it to keep, and what a guest did before beginning it
-    /// (outside any record) would stand and then be done again by the next
-    /// call.
-    fn failed_alone(&self, failure: &CallFailure, len: usize) -> Option<usize> {
+    /// the records after it did, and the host's refusal is not the
+    /// processor's verdict on the record).
+    fn failed_at(&self, failure: &CallFailure, len: usize) -> Option<usize> {
         let index = match failure {
             CallFailure::Rejected { index, .. } | CallFailure::Trapped { index, .. } => (*index)?,
             CallFailure::Host(_) => return None,
         };
         let fx = self.fx_ref();
         let cursor = self.guest.as_ref()?.cursor()?;
-        let keep = index == cursor
-            && index > 0
-            && (index as usize) < len
-            && !fx.over_budget
-            && !fx.state_full;
+        let keep = index == cursor && (index as usize) < len && !fx.over_budget && !fx.state_full;
         keep.then_some(index as usize)
     }
 

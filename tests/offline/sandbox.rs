@@ -439,12 +439,15 @@ fn a_record_cannot_fill_the_hosts_memory_with_outputs() {
 
 /// A failed call's records are run again (around the failing one) on a
 /// fresh instance: memory that saw them once (a guest's globals) never sees
-/// them twice. Before, the instance of a call that returned an error was
-/// kept, and the re-run records counted 3 and 4.
+/// them twice. Here the calls fail on writes the host refused (past a call's
+/// 64 MiB), which the guest ignored, so the host isolates the record in
+/// calls of [0..=2], [0], [1, 2], [1] and [2]: records 0 and 1 run three
+/// times each and still count 1. Before 2026-12-01 the instance of a failed
+/// call was kept, and the re-run records counted on.
 #[test]
 fn records_run_again_after_a_failed_call_meet_a_fresh_instance() {
     let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
-    let records: Vec<_> = ["global", "global", "fail", "global"]
+    let records: Vec<_> = ["global", "global", "flood:100", "global"]
         .iter()
         .enumerate()
         .map(|(i, v)| record("hostile-in", i as i64, &format!("k{i}"), v))
@@ -456,21 +459,25 @@ fn records_run_again_after_a_failed_call_meet_a_fresh_instance() {
         .filter(|o| o.topic != "dlq")
         .map(|o| String::from_utf8_lossy(o.value.as_deref().unwrap_or_default()).into_owned())
         .collect();
-    assert_eq!(counts, ["1", "2", "1"], "{outputs:?}");
+    assert_eq!(counts, ["1", "1", "1"], "{outputs:?}");
+    let dead: Vec<&[u8]> = outputs
+        .iter()
+        .filter(|o| o.topic == "dlq")
+        .filter_map(|o| o.key.as_deref())
+        .collect();
+    assert_eq!(dead, [&b"k2"[..]], "{outputs:?}");
 }
 
-/// A failing record costs the guest one call more, not a second run of the
-/// records before it: their effects stand, the failing record's are taken
-/// back, and the records after it go on in a call of their own on a fresh
-/// instance (as they would after that record in any batch). A trap gives the
-/// record a call alone first (the trap may have been the whole call's).
-#[test]
-fn records_before_a_failing_one_are_not_run_again() {
+/// The values of `records_before_a_failing_one_are_not_run_again`: a record
+/// the processor rejects (`fail`, index 2) and one that traps (`panic`, 5)
+/// among records that count in the instance's memory (`global`).
+const REJECT_THEN_TRAP: [&str; 7] = [
+    "global", "global", "fail", "global", "global", "panic", "global",
+];
+
+fn run_counting(batch_size: usize) -> (Vec<String>, Vec<Vec<u8>>, u64) {
     let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
-    let values = [
-        "global", "global", "fail", "global", "global", "panic", "global",
-    ];
-    let records: Vec<_> = values
+    let records: Vec<_> = REJECT_THEN_TRAP
         .iter()
         .enumerate()
         .map(|(i, v)| record("hostile-in", i as i64, &format!("k{i}"), v))
@@ -478,28 +485,54 @@ fn records_before_a_failing_one_are_not_run_again() {
     let mut runner = OfflineRunner::new(processor, &manifest);
     let mut outputs = Vec::new();
     let summary = runner
-        .run(&records, &RunOptions { batch_size: 7 }, |o| {
+        .run(&records, &RunOptions { batch_size }, |o| {
             outputs.push(o.clone());
             Ok(())
         })
         .expect("the run completes");
-    let counts: Vec<String> = outputs
+    let counts = outputs
         .iter()
         .filter(|o| error_of(o).is_none())
         .map(|o| String::from_utf8_lossy(o.value.as_deref().unwrap_or_default()).into_owned())
         .collect();
-    // Each count restarts after a failing record: a fresh instance.
-    assert_eq!(counts, ["1", "2", "1", "2", "1"], "{outputs:?}");
-    let dead: Vec<&[u8]> = outputs
+    let dead = outputs
         .iter()
         .filter(|o| error_of(o).is_some())
-        .filter_map(|o| o.key.as_deref())
+        .filter_map(|o| o.key.clone())
         .collect();
-    assert_eq!(dead, [&b"k2"[..], b"k5"], "{outputs:?}");
-    // [0..=2] fails on 2 (rejected: dead-lettered as it stands), [3..=6]
+    (counts, dead, summary.calls)
+}
+
+/// A failing record costs the guest one call more, not a second run of the
+/// records before it: their effects stand, the failing record's are taken
+/// back, and the records after it go on in a call of their own. After a
+/// record the processor rejected (returned an error for) that call runs on
+/// the same instance, as after a record that succeeded; after a trap, on a
+/// fresh one (a trap may leave memory torn mid-record), and the trapping
+/// record first gets a call alone (the trap may have been the whole call's).
+#[test]
+fn records_before_a_failing_one_are_not_run_again() {
+    let (counts, dead, calls) = run_counting(7);
+    // The count goes on after the rejected record and restarts after the
+    // trap. Before 2026-12-03 it restarted after both: 1, 2, 1, 2, 1.
+    assert_eq!(counts, ["1", "2", "3", "4", "1"]);
+    assert_eq!(dead, [b"k2".to_vec(), b"k5".to_vec()]);
+    // [0..=6] fails on 2 (rejected: dead-lettered as it stands), [3..=6]
     // traps on 5, [5] alone traps again, [6]. Before: 7 calls, records 0, 1,
     // 3 and 4 each run twice.
-    assert_eq!(summary.calls, 4);
+    assert_eq!(calls, 4);
+}
+
+/// What a guest keeps in memory across records does not depend on how the
+/// host batched them, around a rejected record (kept instance, whether it
+/// is first in its call or not) and a trapped one (fresh instance).
+#[test]
+fn memory_after_a_failing_record_is_the_same_whatever_the_batching() {
+    let (counts, dead, _) = run_counting(7);
+    for batch_size in [1, 2, 3, 4, 5, 6] {
+        let (c, d, _) = run_counting(batch_size);
+        assert_eq!((&c, &d), (&counts, &dead), "batch size {batch_size}");
+    }
 }
 
 #[test]
