@@ -797,9 +797,7 @@ impl Task {
                     // Nothing before it to keep; what the guest did before
                     // beginning it goes with it, as the next call does it
                     // again.
-                    let fx = self.fx();
-                    fx.state.discard_call();
-                    fx.call_outputs.clear();
+                    self.discard_call_effects();
                 } else {
                     self.take_back_record(records, i, out)?;
                 }
@@ -910,10 +908,15 @@ impl Task {
     /// run again meet a fresh instance, since this one's memory saw them
     /// once already.
     fn drop_call(&mut self) {
+        self.discard_call_effects();
+        self.guest = None;
+    }
+
+    /// Forgets a failed call's state writes and outputs.
+    fn discard_call_effects(&mut self) {
         let fx = self.fx();
         fx.state.discard_call();
         fx.call_outputs.clear();
-        self.guest = None;
     }
 
     /// Takes back the effects of the call's record `i` (the one it failed

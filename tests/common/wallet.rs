@@ -142,7 +142,7 @@ impl Wallet {
     /// The idempotent producer `produce` writes payments with; one of its
     /// own for a caller that produces in many small steps (a new producer
     /// costs a round of metadata and an idempotent producer id first, and
-    /// its drop waits: ~0.3 s each).
+    /// its drop waits: one per 250 ms chunk fell behind the chunks).
     pub fn producer(&self) -> BaseProducer {
         ClientConfig::new()
             .set("bootstrap.servers", &self.cluster.bootstrap)
