@@ -383,20 +383,73 @@ impl fmt::Debug for Scan<'_> {
 
 /// FNV-1a over the record's topic, partition and offset: stable across
 /// platforms and compiler versions, unlike `std`'s hashers.
+/// FNV-1a over the topic, a 0xff separator, the partition and the offset
+/// (little-endian). Made for every record: plain loops, not a chain of
+/// iterators, which cost ~2% of a Rust wallet's records in Wasm.
 fn record_seed(record: &Record) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let partition = record.partition.to_le_bytes();
-    let offset = record.offset.to_le_bytes();
-    let bytes = record.topic.as_bytes().iter().chain(&[0xff]);
-    for &byte in bytes.chain(&partition).chain(&offset) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    #[inline(always)]
+    fn fnv(mut hash: u64, bytes: &[u8]) -> u64 {
+        for &byte in bytes {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        hash
     }
-    hash
+    let hash = fnv(0xcbf2_9ce4_8422_2325, record.topic.as_bytes());
+    let hash = fnv(hash, &[0xff]);
+    let hash = fnv(hash, &record.partition.to_le_bytes());
+    fnv(hash, &record.offset.to_le_bytes())
 }
 
 fn splitmix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seed as the SDK computed it up to 2026-12-03, with a chain of
+    /// iterators: a processor built with a newer SDK draws the same random
+    /// numbers for the same record.
+    fn record_seed_before(record: &Record) -> u64 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let partition = record.partition.to_le_bytes();
+        let offset = record.offset.to_le_bytes();
+        let bytes = record.topic.as_bytes().iter().chain(&[0xff]);
+        for &byte in bytes.chain(&partition).chain(&offset) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        hash
+    }
+
+    #[test]
+    fn the_seed_of_a_record_has_not_changed() {
+        for topic in ["", "t", "payments", "a-rather-long.topic_name-with.dots"] {
+            for (partition, offset) in [(0, 0), (3, 17), (-1, -1), (i32::MAX, i64::MAX)] {
+                let record = Record {
+                    topic: topic.into(),
+                    partition,
+                    offset,
+                    ..Record::default()
+                };
+                assert_eq!(
+                    record_seed(&record),
+                    record_seed_before(&record),
+                    "{topic} {partition} {offset}"
+                );
+            }
+        }
+        // A fixed value, so that both functions cannot drift together.
+        let record = Record {
+            topic: "payments".into(),
+            partition: 3,
+            offset: 17,
+            ..Record::default()
+        };
+        assert_eq!(record_seed(&record), 0x8b05_6b28_50dd_a849);
+    }
 }

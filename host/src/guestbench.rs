@@ -45,7 +45,7 @@ pub enum BenchError {
 /// Synthetic wallet payments: `count` records over 1,000 accounts, keyed by
 /// account, all in partition 0 of the manifest's first input.
 pub fn synthetic_payments(manifest: &Manifest, count: usize) -> Vec<InputRecord> {
-    let topic = manifest.inputs[0].clone();
+    let topic: std::sync::Arc<str> = manifest.inputs[0].as_str().into();
     (0..count)
         .map(|i| {
             let account = format!("acct-{:04}", i % 1000);

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -604,8 +605,26 @@ pub(crate) fn create_topics(conn: &Connection, specs: &[TopicSpec<'_>]) -> Resul
     Ok(())
 }
 
+/// The topic names a consumer has seen, shared by the records that come
+/// from them: a polled record costs no allocation for its topic's name.
+#[derive(Debug, Default)]
+pub(crate) struct TopicNames(Vec<Arc<str>>);
+
+impl TopicNames {
+    /// The shared name `topic` (a linear search: a consumer reads a few
+    /// topics, its inputs and tables).
+    pub(crate) fn get(&mut self, topic: &str) -> Arc<str> {
+        if let Some(name) = self.0.iter().find(|n| &***n == topic) {
+            return name.clone();
+        }
+        let name: Arc<str> = Arc::from(topic);
+        self.0.push(name.clone());
+        name
+    }
+}
+
 /// Copies a consumed message into an [`InputRecord`].
-pub(crate) fn to_input(m: &BorrowedMessage<'_>) -> InputRecord {
+pub(crate) fn to_input(m: &BorrowedMessage<'_>, topics: &mut TopicNames) -> InputRecord {
     let headers = m
         .headers()
         .map(|hs| {
@@ -618,7 +637,7 @@ pub(crate) fn to_input(m: &BorrowedMessage<'_>) -> InputRecord {
         })
         .unwrap_or_default();
     InputRecord {
-        topic: m.topic().to_owned(),
+        topic: topics.get(m.topic()),
         partition: m.partition(),
         offset: m.offset(),
         timestamp: m.timestamp().to_millis().unwrap_or(0),

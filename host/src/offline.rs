@@ -124,7 +124,7 @@ pub fn read_input(
             .entry((parsed.topic.clone(), partition))
             .or_insert(0);
         records.push(InputRecord {
-            topic: parsed.topic,
+            topic: parsed.topic.into(),
             partition,
             offset: *offset,
             timestamp: parsed.timestamp.unwrap_or(0),
@@ -241,7 +241,7 @@ pub fn write_output(
     record: &OutputRecord,
     dead_letter_topic: Option<&str>,
 ) -> std::io::Result<()> {
-    let error = if Some(record.topic.as_str()) == dead_letter_topic {
+    let error = if Some(&*record.topic) == dead_letter_topic {
         record
             .headers
             .iter()

@@ -15,6 +15,7 @@
 
 use std::any::Any;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::manifest::{ErrorPolicy, LateRecords, Manifest};
@@ -74,8 +75,8 @@ pub struct TaskConfig {
     pub application_id: String,
     /// The error policy.
     pub policy: ErrorPolicy,
-    /// Output alias -> topic.
-    pub outputs: Vec<(String, String)>,
+    /// Output alias -> topic (shared by every output to it).
+    pub outputs: Vec<(String, Arc<str>)>,
     /// State store names (key-value and window stores).
     pub stores: Vec<String>,
     /// The window stores among `stores`, with their retention in ms.
@@ -100,7 +101,7 @@ impl TaskConfig {
             outputs: m
                 .outputs
                 .iter()
-                .map(|(a, t)| (a.clone(), t.clone()))
+                .map(|(a, t)| (a.clone(), Arc::from(t.as_str())))
                 .collect(),
             stores: m.stores.clone(),
             window_stores: m
@@ -208,7 +209,7 @@ struct TaskEffects {
     windows: Vec<(String, u64)>,
     /// Table stores (read-only to the guest).
     tables: Vec<String>,
-    outputs: Vec<(String, String)>,
+    outputs: Vec<(String, Arc<str>)>,
     call_outputs: Vec<OutputRecord>,
     /// Bytes of outputs and state writes in the call in progress.
     call_bytes: u64,
@@ -661,7 +662,7 @@ impl Task {
                 fx.state.discard_call();
                 Err(TaskError::Table {
                     table: table.to_owned(),
-                    topic: record.topic.clone(),
+                    topic: record.topic.to_string(),
                     partition: record.partition,
                     offset: record.offset,
                     reason: match e {
@@ -1041,7 +1042,7 @@ impl Task {
     ) -> Result<(), TaskError> {
         match &self.config.policy {
             ErrorPolicy::Fail => Err(TaskError::RecordFailed {
-                topic: record.topic.clone(),
+                topic: record.topic.to_string(),
                 partition: record.partition,
                 offset: record.offset,
                 reason,
@@ -1215,12 +1216,12 @@ pub fn dead_letter(
         })
     };
     add(h::ERROR, reason);
-    add(h::TOPIC, record.topic.clone());
+    add(h::TOPIC, record.topic.to_string());
     add(h::PARTITION, record.partition.to_string());
     add(h::OFFSET, record.offset.to_string());
     add(h::PROCESSOR, application_id.to_owned());
     let mut out = OutputRecord {
-        topic,
+        topic: topic.into(),
         key: record.key.clone(),
         value: record.value.clone(),
         headers,
@@ -1271,7 +1272,7 @@ mod tests {
             value: value.as_bytes().to_vec(),
         };
         let record = InputRecord {
-            topic: "in".to_owned(),
+            topic: "in".into(),
             partition: 2,
             offset: 41,
             timestamp: 7,

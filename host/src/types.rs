@@ -4,6 +4,7 @@
 //! on each other.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// A Kafka record header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,8 +18,9 @@ pub struct Header {
 /// One input record, as read from Kafka (or from an offline input file).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputRecord {
-    /// Input topic.
-    pub topic: String,
+    /// Input topic (its name shared by the records of a poll: no
+    /// allocation per record).
+    pub topic: Arc<str>,
     /// Input partition.
     pub partition: i32,
     /// Offset in the partition.
@@ -36,8 +38,9 @@ pub struct InputRecord {
 /// A record a processor emitted, already resolved from alias to topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputRecord {
-    /// Destination topic.
-    pub topic: String,
+    /// Destination topic, shared with the deployment's alias table: an
+    /// output costs no allocation for its topic's name.
+    pub topic: Arc<str>,
     /// Key; `None` is a null key.
     pub key: Option<Vec<u8>>,
     /// Value; `None` is a tombstone.

@@ -13,7 +13,7 @@ use onceflow::types::{Header, InputRecord, OutputRecord};
 
 fn record(topic: &str, offset: i64, key: &str, value: &str) -> InputRecord {
     InputRecord {
-        topic: topic.to_owned(),
+        topic: topic.into(),
         partition: 0,
         offset,
         timestamp: 1_700_000_000_000 + offset,
@@ -82,7 +82,7 @@ fn hostile_records_are_stopped_and_dead_lettered_and_the_rest_proceeds() {
             .iter()
             .map(|o| {
                 let v = String::from_utf8_lossy(o.value.as_deref().unwrap()).into_owned();
-                (o.topic.clone(), v)
+                (o.topic.to_string(), v)
             })
             .collect();
         let expected: Vec<(String, String)> = values
@@ -234,7 +234,7 @@ fn wasi_guest_gets_no_network_no_files_no_env_and_deterministic_time_and_randomn
     let result = |probe: &str| -> String {
         let i = probes.iter().position(|p| *p == probe).unwrap();
         let o = &outputs[i];
-        assert_eq!(o.topic, "probe-out", "{probe}: {:?}", error_of(o));
+        assert_eq!(&*o.topic, "probe-out", "{probe}: {:?}", error_of(o));
         String::from_utf8_lossy(o.value.as_deref().unwrap()).into_owned()
     };
 
@@ -430,7 +430,7 @@ fn a_record_cannot_fill_the_hosts_memory_with_outputs() {
     let outputs = run(&mut runner, &records, 10);
     let summary: Vec<(&str, usize)> = outputs
         .iter()
-        .map(|o| (o.topic.as_str(), o.value.as_ref().map_or(0, Vec::len)))
+        .map(|o| (&*o.topic, o.value.as_ref().map_or(0, Vec::len)))
         .collect();
     assert_eq!(summary, [("dlq", 9), ("hostile-out", 2)], "{summary:?}");
     let reason = error_of(&outputs[0]).expect("a reason");
@@ -456,13 +456,13 @@ fn records_run_again_after_a_failed_call_meet_a_fresh_instance() {
     let outputs = run(&mut runner, &records, 4);
     let counts: Vec<String> = outputs
         .iter()
-        .filter(|o| o.topic != "dlq")
+        .filter(|o| &*o.topic != "dlq")
         .map(|o| String::from_utf8_lossy(o.value.as_deref().unwrap_or_default()).into_owned())
         .collect();
     assert_eq!(counts, ["1", "1", "1"], "{outputs:?}");
     let dead: Vec<&[u8]> = outputs
         .iter()
-        .filter(|o| o.topic == "dlq")
+        .filter(|o| &*o.topic == "dlq")
         .filter_map(|o| o.key.as_deref())
         .collect();
     assert_eq!(dead, [&b"k2"[..]], "{outputs:?}");

@@ -899,6 +899,8 @@ struct Session {
     consumer_errors: u64,
     last_error_log: Option<Instant>,
     last_load_report: Instant,
+    /// The input topics' names, shared by the records polled from them.
+    topics: kafka::TopicNames,
 }
 
 impl Session {
@@ -984,6 +986,7 @@ impl Session {
             consumer_errors: 0,
             last_error_log: None,
             last_load_report: Instant::now(),
+            topics: kafka::TopicNames::default(),
         })
     }
 
@@ -1123,7 +1126,7 @@ impl Session {
         while batch.len() < max {
             match self.consumer.poll(timeout) {
                 None => break,
-                Some(Ok(m)) => batch.push(kafka::to_input(&m)),
+                Some(Ok(m)) => batch.push(kafka::to_input(&m, &mut self.topics)),
                 Some(Err(KafkaError::PartitionEOF(_))) => {}
                 // A fatal consumer error (for example a static member fenced
                 // by its own new incarnation after a broker restart): this
@@ -1569,7 +1572,7 @@ impl Core {
             if !self.tasks.contains_key(&r.partition) {
                 continue;
             }
-            let Some(rank) = order.iter().position(|t| *t == r.topic) else {
+            let Some(rank) = order.iter().position(|t| t.as_str() == &*r.topic) else {
                 continue;
             };
             let q = self.queued.entry(r.partition).or_insert_with(|| Queued {
@@ -1687,10 +1690,10 @@ impl Core {
         let sources = self.d.manifest.inputs.len() + self.d.manifest.tables.len();
         let mut seen: Vec<&str> = Vec::with_capacity(sources);
         for r in records.iter().rev() {
-            if !seen.contains(&r.topic.as_str()) {
+            if !seen.contains(&&*r.topic) {
                 seen.push(&r.topic);
                 self.next_offsets
-                    .insert((r.topic.clone(), r.partition), r.offset + 1);
+                    .insert((r.topic.to_string(), r.partition), r.offset + 1);
                 if seen.len() == sources {
                     break;
                 }
@@ -2579,7 +2582,7 @@ mod tests {
     #[test]
     fn a_tasks_topics_go_in_timestamp_order_and_wait_for_unread_ones() {
         let r = |topic: &str, offset: i64, timestamp: i64| InputRecord {
-            topic: topic.to_owned(),
+            topic: topic.into(),
             partition: 0,
             offset,
             timestamp,
@@ -2595,7 +2598,7 @@ mod tests {
                 gave_up: false,
             };
             for r in records {
-                let rank = usize::from(r.topic == "payments");
+                let rank = usize::from(&*r.topic == "payments");
                 q.queues[rank].push_back(r);
             }
             q
@@ -2603,7 +2606,7 @@ mod tests {
         let order = |taken: &[InputRecord]| {
             taken
                 .iter()
-                .map(|r| (r.topic.clone(), r.offset))
+                .map(|r| (r.topic.to_string(), r.offset))
                 .collect::<Vec<_>>()
         };
         let pair = |t: &str, o: i64| (t.to_owned(), o);
