@@ -1067,7 +1067,7 @@ impl Task {
                 );
                 out.outputs.push(dead_letter(
                     record,
-                    topic.clone(),
+                    topic,
                     &self.config.application_id,
                     reason,
                 ));
@@ -1187,7 +1187,7 @@ fn access_failure(e: AccessError) -> TaskError {
 /// dropped and header `onceflow.error.value-dropped` gives its size.
 pub fn dead_letter(
     record: &InputRecord,
-    topic: String,
+    topic: &str,
     application_id: &str,
     mut reason: String,
 ) -> OutputRecord {
@@ -1284,7 +1284,7 @@ mod tests {
                 forged("trace-id", "abc"),
             ],
         };
-        let out = dead_letter(&record, "dlq".to_owned(), "t.p", "boom".to_owned());
+        let out = dead_letter(&record, "dlq", "t.p", "boom".to_owned());
         let values = |key: &str| -> Vec<String> {
             out.headers
                 .iter()
