@@ -593,13 +593,13 @@ class Harness:
             self.stop(proc)
         measured["commit"] = self.commit_figures(proc)
         measured["achieved_rate"] = produced["rate"]
+        # Verified first: a run with wrong outputs has no latency to report.
+        verified = self.verify(c, input_topic, out, 0, primer + count)
         result.latency_runs.append(measured)
         by_p99 = sorted(result.latency_runs, key=lambda m: m["latency_p99_ms"])
         result.latency = by_p99[(len(by_p99) - 1) // 2]
         result.offered_rate = rate
-        result.verified.append(
-            f"{name}: " + self.verify(c, input_topic, out, 0, primer + count)
-        )
+        result.verified.append(f"{name}: {verified}")
         self.tool("delete-topics", input_topic, *out.values(), *([accounts] if accounts else []))
 
 
