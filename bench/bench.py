@@ -931,7 +931,7 @@ def report(raw: dict, args: argparse.Namespace, chart: Path | None) -> str:
     # Latency: an absolute p99 on a 2-core machine with the broker beside it
     # measures the machine; the raw loop at the same offered load on the same
     # broker is the floor.
-    for key, raw_key in (("of-wallet-eos", "raw-wallet-eos"), ("of-enrich-eos", "raw-enrich-eos")):
+    for key, raw_key in LATENCY_PAIRS:
         r, floor = rs.get(key), rs.get(raw_key)
         if not (r and r["latency"] and floor and floor["latency"]):
             continue
