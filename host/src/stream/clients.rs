@@ -14,13 +14,33 @@ use crate::manifest::Manifest;
 /// same partition count) to one member, through every rebalance: a task
 /// never has its topics split between two workers. Otherwise
 /// cooperative-sticky, whose rebalances move only the partitions that move.
+///
+/// Fetches wait for [`FETCH_MIN_BYTES`], up to a tenth of the commit
+/// interval (at most 10 ms; see [`fetch_wait_ms`]), unless `-X` sets them.
 pub(crate) fn consumer_config(
     options: &RunOptions,
     group: &str,
     client_id: &str,
     co_partitioned: bool,
+    commit_interval_ms: u64,
 ) -> ClientConfig {
     let mut c = options.kafka.config();
+    // librdkafka's defaults (1 byte, up to 500 ms) answer a fetch as soon as
+    // one record is there: under a steady load of tens of thousands of
+    // records a second the consumer then fetches hundreds of times a second,
+    // a few records at a time, and the broker and this host spend their CPU
+    // on requests (the p99 benchmark, bench/README.md). Outputs are visible
+    // only at the next commit anyway, so waiting a tenth of its interval
+    // for a fuller fetch costs no latency that a reader sees.
+    if c.get("fetch.min.bytes").is_none() {
+        c.set("fetch.min.bytes", FETCH_MIN_BYTES.to_string());
+    }
+    if c.get("fetch.wait.max.ms").is_none() {
+        c.set(
+            "fetch.wait.max.ms",
+            fetch_wait_ms(commit_interval_ms).to_string(),
+        );
+    }
     c.set("group.id", group)
         .set("client.id", client_id)
         // Static membership (KIP-345): a restarted instance takes its
@@ -68,6 +88,16 @@ pub(crate) fn consumer_config(
         }
     }
     c
+}
+
+/// The bytes a worker's fetch waits for (unless [`fetch_wait_ms`] passes
+/// first): about 400 records of the benchmark's payments.
+pub(crate) const FETCH_MIN_BYTES: u32 = 64 << 10;
+
+/// How long a worker's fetch may wait for [`FETCH_MIN_BYTES`]: a tenth of
+/// the commit interval, between 1 and 10 ms.
+pub(crate) fn fetch_wait_ms(commit_interval_ms: u64) -> u64 {
+    (commit_interval_ms / 10).clamp(1, 10)
 }
 
 /// An idempotent producer; transactional when `transactional_id` is given.
@@ -284,4 +314,52 @@ pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, Kaf
         kafka::create_topics(conn, &specs)?;
     }
     Ok(input_partitions)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn options(extra: &[(&str, &str)]) -> RunOptions {
+        RunOptions {
+            kafka: Connection {
+                bootstrap_servers: "127.0.0.1:9092".to_owned(),
+                extra_config: extra
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            },
+            state_dir: PathBuf::from("state"),
+            instance_id: "i0".to_owned(),
+            session_timeout: Duration::from_secs(10),
+            transaction_timeout: Duration::from_secs(60),
+            group_protocol: GroupProtocol::Classic,
+            report_interval: Duration::from_secs(10),
+            state_cleanup_delay: Duration::from_secs(600),
+            usage_topic: None,
+            cpu_budget: None,
+        }
+    }
+
+    #[test]
+    fn fetches_wait_a_tenth_of_the_commit_interval_for_fuller_batches() {
+        let c = consumer_config(&options(&[]), "g", "c", false, 100);
+        assert_eq!(c.get("fetch.min.bytes"), Some("65536"));
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("10"));
+        let c = consumer_config(&options(&[]), "g", "c", false, 30);
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("3"));
+        assert_eq!(fetch_wait_ms(5), 1);
+        assert_eq!(fetch_wait_ms(60_000), 10);
+    }
+
+    #[test]
+    fn dash_x_fetch_settings_win() {
+        let extra = [("fetch.min.bytes", "1"), ("fetch.wait.max.ms", "500")];
+        let c = consumer_config(&options(&extra), "g", "c", false, 100);
+        assert_eq!(c.get("fetch.min.bytes"), Some("1"));
+        assert_eq!(c.get("fetch.wait.max.ms"), Some("500"));
+    }
 }

@@ -961,20 +961,25 @@ impl Session {
             read_from: HashMap::new(),
         }));
         let sources = d.manifest.sources();
-        let consumer: BaseConsumer<WorkerContext> =
-            consumer_config(&d.options, &app, &client_id, sources.len() > 1)
-                .set("statistics.interval.ms", "1000")
-                .create_with_context(WorkerContext {
-                    core: core.clone(),
-                    errors: kafka::ErrorLog::default(),
-                    lag: std::sync::atomic::AtomicI64::new(0),
-                    membership: Mutex::new(Membership {
-                        last_report: None,
-                        last_connected: Instant::now(),
-                        state: "init".to_owned(),
-                    }),
-                })
-                .map_err(|e| StreamError::kafka("creating the consumer", e))?;
+        let consumer: BaseConsumer<WorkerContext> = consumer_config(
+            &d.options,
+            &app,
+            &client_id,
+            sources.len() > 1,
+            d.manifest.processing.commit_interval_ms,
+        )
+        .set("statistics.interval.ms", "1000")
+        .create_with_context(WorkerContext {
+            core: core.clone(),
+            errors: kafka::ErrorLog::default(),
+            lag: std::sync::atomic::AtomicI64::new(0),
+            membership: Mutex::new(Membership {
+                last_report: None,
+                last_connected: Instant::now(),
+                state: "init".to_owned(),
+            }),
+        })
+        .map_err(|e| StreamError::kafka("creating the consumer", e))?;
         consumer
             .subscribe(&sources)
             .map_err(|e| StreamError::kafka("subscribing", e))?;

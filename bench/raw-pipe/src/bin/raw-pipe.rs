@@ -59,6 +59,13 @@ fn main() -> anyhow::Result<()> {
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
+        // Onceflow's fetch settings (host/src/stream/clients.rs): fuller
+        // fetches, up to a tenth of the commit interval later (1-10 ms).
+        .set("fetch.min.bytes", "65536")
+        .set(
+            "fetch.wait.max.ms",
+            (args.commit_interval_ms / 10).clamp(1, 10).to_string(),
+        )
         .create()
         .context("creating the consumer")?;
     // The same producer settings as Onceflow's (host/src/stream/kafka.rs).
