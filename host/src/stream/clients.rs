@@ -29,9 +29,10 @@ pub(crate) fn consumer_config(
     // one record is there: under a steady load of tens of thousands of
     // records a second the consumer then fetches hundreds of times a second,
     // a few records at a time, and the broker and this host spend their CPU
-    // on requests (the p99 benchmark, bench/README.md). Outputs are visible
-    // only at the next commit anyway, so waiting a tenth of its interval
-    // for a fuller fetch costs no latency that a reader sees.
+    // on requests (bench/results/2026-12-04-fetch.md). Under
+    // exactly_once_v2 outputs are visible only at the next commit anyway,
+    // so waiting a tenth of its interval for a fuller fetch costs a reader
+    // no latency; under at_least_once up to that long.
     if c.get("fetch.min.bytes").is_none() {
         c.set("fetch.min.bytes", FETCH_MIN_BYTES.to_string());
     }
@@ -92,11 +93,11 @@ pub(crate) fn consumer_config(
 
 /// The bytes a worker's fetch waits for (unless [`fetch_wait_ms`] passes
 /// first): about 400 records of the benchmark's payments.
-pub(crate) const FETCH_MIN_BYTES: u32 = 64 << 10;
+const FETCH_MIN_BYTES: u32 = 64 << 10;
 
 /// How long a worker's fetch may wait for [`FETCH_MIN_BYTES`]: a tenth of
 /// the commit interval, between 1 and 10 ms.
-pub(crate) fn fetch_wait_ms(commit_interval_ms: u64) -> u64 {
+fn fetch_wait_ms(commit_interval_ms: u64) -> u64 {
     (commit_interval_ms / 10).clamp(1, 10)
 }
 
