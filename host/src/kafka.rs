@@ -142,7 +142,7 @@ impl Connection {
     }
 
     /// The bootstrap servers, then `settings`, then `-X` (which wins).
-    fn config_with(&self, settings: &[(&str, &str)]) -> ClientConfig {
+    pub(crate) fn config_with(&self, settings: &[(&str, &str)]) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap_servers);
         for (k, v) in settings {

@@ -24,7 +24,6 @@ pub(crate) fn consumer_config(
     co_partitioned: bool,
     commit_interval_ms: u64,
 ) -> ClientConfig {
-    let mut c = options.kafka.config();
     // librdkafka's defaults (1 byte, up to 500 ms) answer a fetch as soon as
     // one record is there: under a steady load of tens of thousands of
     // records a second the consumer then fetches hundreds of times a second,
@@ -33,15 +32,12 @@ pub(crate) fn consumer_config(
     // exactly_once_v2 outputs are visible only at the next commit anyway,
     // so waiting a tenth of its interval for a fuller fetch costs a reader
     // no latency; under at_least_once up to that long.
-    if c.get("fetch.min.bytes").is_none() {
-        c.set("fetch.min.bytes", FETCH_MIN_BYTES.to_string());
-    }
-    if c.get("fetch.wait.max.ms").is_none() {
-        c.set(
-            "fetch.wait.max.ms",
-            fetch_wait_ms(commit_interval_ms).to_string(),
-        );
-    }
+    let min_bytes = FETCH_MIN_BYTES.to_string();
+    let fetch_wait = fetch_wait_ms(commit_interval_ms).to_string();
+    let mut c = options.kafka.config_with(&[
+        ("fetch.min.bytes", &min_bytes),
+        ("fetch.wait.max.ms", &fetch_wait),
+    ]);
     c.set("group.id", group)
         .set("client.id", client_id)
         // Static membership (KIP-345): a restarted instance takes its
