@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import json
 import shlex
+import shutil
 import os
 import re
 import signal
@@ -25,6 +26,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """Where a latency run's processes may run (bench/README.md, "End-to-end latency"):
+    the contender on `contender` CPUs, the broker and the load tools (the
+    paced producer, the reader) on `load` CPUs; comma-separated lists for
+    taskset. Throughput runs are not pinned."""
+
+    contender: str
+    load: str
+
+    @staticmethod
+    def plan() -> "Pinning | None":
+        """`ONCEFLOW_BENCH_PIN`: unset, the upper half of this process's CPUs
+        for the contender and the lower half for the rest (2 cores: 1 and
+        0); `off`, no pinning; `C:L`, taskset CPU lists of your own."""
+        spec = os.environ.get("ONCEFLOW_BENCH_PIN", "").strip()
+        if spec == "off":
+            return None
+        if spec:
+            contender, sep, load = spec.partition(":")
+            if not sep or not contender or not load:
+                raise SystemExit(f"ONCEFLOW_BENCH_PIN={spec!r}: expected off or CONTENDER_CPUS:LOAD_CPUS, e.g. 1:0")
+            return Pinning(contender, load)
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2 or shutil.which("taskset") is None:
+            return None
+        half = len(cpus) // 2
+        return Pinning(",".join(map(str, cpus[half:])), ",".join(map(str, cpus[:half])))
 
 
 def log(message: str) -> None:
@@ -123,12 +154,15 @@ class Harness:
         self.logs.mkdir()
         # Errors without backtraces: the message is what the report needs.
         self.env = dict(os.environ, ONCEFLOW_BOOTSTRAP=self.bootstrap, RUST_BACKTRACE="0")
+        self.pinning = Pinning.plan()
+        # Set for the duration of a latency run: the CPUs its load tools get.
+        self.load_cpus: str | None = None
 
     # ---- tools -------------------------------------------------------------
 
     def tool(self, *argv: str, timeout: float = 900) -> dict:
         out = subprocess.run(
-            [str(self.bench_tool), *argv],
+            [*self.on_load_cpus(), str(self.bench_tool), *argv],
             env=self.env,
             capture_output=True,
             text=True,
@@ -137,6 +171,19 @@ class Harness:
         if out.returncode != 0:
             raise RuntimeError(f"bench-tool {argv[0]} failed: {out.stderr.strip()[:2000]}")
         return json.loads(out.stdout)
+
+    def on_load_cpus(self) -> list[str]:
+        return ["taskset", "-c", self.load_cpus] if self.load_cpus else []
+
+    def pin_broker(self, cpus: str) -> None:
+        """Moves every thread of the broker (scripts/kafka's node 1, the
+        benchmark's only one) to `cpus`."""
+        pid_file = Path(os.environ.get("ONCEFLOW_KAFKA_DIR", "")) / "node-1" / "pid"
+        try:
+            pid = pid_file.read_text().strip()
+        except OSError as e:
+            raise RuntimeError(f"pinning the broker: cannot read its PID from {pid_file}: {e}") from e
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, pid], check=True, stdout=subprocess.DEVNULL)
 
     def topics(self, prefix: str, workload: str) -> dict[str, str]:
         if workload == "wallet":
@@ -217,10 +264,12 @@ class Harness:
         instance: str = "i0",
         extra: list[str] | None = None,
         standbys: int = 0,
+        cpus: str | None = None,
     ) -> subprocess.Popen:
         """Starts a contender. Onceflow only: `instance` (its state
         directory and instance id; several share a deployment), `extra`
-        arguments of `onceflow run`, `standbys` (processing.standby-replicas)."""
+        arguments of `onceflow run`, `standbys` (processing.standby-replicas).
+        `cpus`: a taskset CPU list the contender is confined to."""
         name = f"bench-{c.key}-{run}-{self.run_id}"
         log_path = self.logs / f"{name}{log_suffix}.log"
         log_file = open(log_path, "w")
@@ -295,6 +344,8 @@ class Harness:
         else:
             raise ValueError(c.system)
         (self.work / name).mkdir(exist_ok=True)
+        if cpus:
+            argv = ["taskset", "-c", cpus, *argv]
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env={**self.env, **c.env})
         perf_dir = os.environ.get("ONCEFLOW_BENCH_PERF")
         if perf_dir and c.system in ("onceflow", "raw"):
@@ -538,7 +589,34 @@ class Harness:
             # A fresh table too, filled before the contender starts.
             accounts = f"{prefix}-accounts"
             self.fill_accounts(accounts)
-        proc = self.start(c, input_topic, out, f"l{run}", accounts)
+        pin = self.pinning
+        if pin:
+            self.pin_broker(pin.load)
+            self.load_cpus = pin.load
+        try:
+            self.paced_run(c, rate, result, name, run, input_topic, out, kind, accounts)
+        finally:
+            if pin:
+                self.load_cpus = None
+                try:
+                    # Throughput runs are unpinned: every CPU this harness has.
+                    self.pin_broker(",".join(map(str, sorted(os.sched_getaffinity(0)))))
+                except (RuntimeError, subprocess.CalledProcessError) as e:
+                    log(f"  could not unpin the broker: {e}")
+
+    def paced_run(
+        self,
+        c: Contender,
+        rate: float,
+        result: Result,
+        name: str,
+        run: int,
+        input_topic: str,
+        out: dict[str, str],
+        kind: str,
+        accounts: str | None,
+    ) -> None:
+        proc = self.start(c, input_topic, out, f"l{run}", accounts, cpus=self.pinning.contender if self.pinning else None)
         primer = 200
         try:
             if accounts:
@@ -566,6 +644,7 @@ class Harness:
             from_ms = int(time.time() * 1000)
             reader = subprocess.Popen(
                 [
+                    *self.on_load_cpus(),
                     str(self.bench_tool),
                     "await",
                     "--topics",
@@ -601,6 +680,15 @@ class Harness:
         result.offered_rate = rate
         result.verified.append(f"{name}: {verified}")
         self.tool("delete-topics", input_topic, *out.values(), *([accounts] if accounts else []))
+
+
+def pinning_text(pinning: dict | None) -> str:
+    if not pinning:
+        return "Latency runs unpinned: the contender shared every CPU with the broker and the load tools."
+    return (
+        f"In latency runs the contender ran on CPU {pinning['contender']} and the broker, the paced producer "
+        f"and the reader on CPU {pinning['load']} (taskset; bench/README.md, \"End-to-end latency\")."
+    )
 
 
 # ---- the plan --------------------------------------------------------------
@@ -778,8 +866,27 @@ def main() -> int:
             pair = (c, by_key[partner[c.key]])
             for round_ in range(profile.latency_rounds):
                 latency_schedule += [(x, round_) for x in (pair if round_ % 2 == 0 else pair[::-1])]
+
+    def latency_rate(c: Contender) -> float | None:
+        return args.latency_rate or (half_of(c.key, c.key) if c.lang else rates[c.workload])
+
+    # Warm-up (not reported) of the latency runs: in both pinned runs of
+    # 2026-12-04 without it (one of the p99 pairs, one full) the first
+    # latency run after the throughput runs had the worst p99 of its
+    # contender's three (2,256 and 1,756 ms against 597-655), and the schedule always gives that slot to the same
+    # contender. The broker's deferred work from the throughput runs (their
+    # topics' deletion, file.delete.delay.ms 60 s) is a likely cause.
+    if latency_schedule and profile.latency_rounds > 1:
+        first = latency_schedule[0][0]
+        rate = latency_rate(first)
+        if rate is not None:
+            log(f"latency warm-up: {first.key} at {rate:,.0f} records/s for {profile.latency_seconds}s")
+            try:
+                h.latency_run(first, rate, Result(first), "latency warm-up", 99)
+            except Exception as e:
+                log(f"  latency warm-up failed: {e}")
     for c, round_ in latency_schedule:
-        rate = args.latency_rate or (half_of(c.key, c.key) if c.lang else rates[c.workload])
+        rate = latency_rate(c)
         r = results[c.key]
         name = "latency run" if round_ is None or profile.latency_rounds == 1 else f"latency run {round_ + 1}"
         if rate is None:
@@ -802,6 +909,7 @@ def main() -> int:
         "profile": profile.__dict__,
         "elapsed_seconds": elapsed,
         "rates": rates,
+        "pinning": h.pinning.__dict__ if h.pinning else None,
         "inputs": {k: {x: v for x, v in s.items() if x in ("count", "invalid", "expected_outputs", "late", "accounts")} for k, (_, s) in inputs.items()},
         "skipped": args.skipped,
         "results": [
@@ -897,7 +1005,7 @@ def report(raw: dict, args: argparse.Namespace, chart: Path | None) -> str:
         "Rust wallet's (enrich: Onceflow enrich's) median maximum; the JS and Python wallets cannot sustain that, "
         "so they are offered half of their own maximum, on a smaller input. The Onceflow wallet and enrich (EOS) "
         "and their raw loops: the run with the median p99 of their latency runs, which alternate (the p99 targets "
-        "compare them). CPU and RSS: the contender's process "
+        "compare them). " + pinning_text(raw.get("pinning")) + " CPU and RSS: the contender's process "
         "only (from /proc), CPU counted from its first visible output to its last.",
         "",
         "Pageviews and fraud: records/s are input records, views and payments (not the table's accounts), that "
