@@ -11,6 +11,7 @@ table is still written).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import shlex
@@ -184,6 +185,27 @@ class Harness:
         except OSError as e:
             raise RuntimeError(f"pinning the broker: cannot read its PID from {pid_file}: {e}") from e
         subprocess.run(["taskset", "-a", "-p", "-c", cpus, pid], check=True, stdout=subprocess.DEVNULL)
+
+    @contextlib.contextmanager
+    def pinned(self):
+        """A latency run's pinning (see [`Pinning`]): the broker and the load
+        tools on the load CPUs for the duration, the broker back on every CPU
+        after it (throughput runs are unpinned)."""
+        pin = self.pinning
+        if not pin:
+            yield
+            return
+        self.pin_broker(pin.load)
+        self.load_cpus = pin.load
+        try:
+            yield
+        finally:
+            self.load_cpus = None
+            try:
+                self.pin_broker(",".join(map(str, sorted(os.sched_getaffinity(0)))))
+            except (RuntimeError, subprocess.CalledProcessError) as e:
+                # Logged, not raised: it would hide the run's own error.
+                log(f"  could not unpin the broker: {e}")
 
     def topics(self, prefix: str, workload: str) -> dict[str, str]:
         if workload == "wallet":
@@ -576,6 +598,13 @@ class Harness:
     def latency_run(
         self, c: Contender, rate: float, result: Result, name: str = "latency run", run: int = 0
     ) -> None:
+        """One run at `rate` offered records/s, pinned (see [`Harness.pinned`])."""
+        with self.pinned():
+            self.paced_run(c, rate, result, name, run)
+
+    def paced_run(
+        self, c: Contender, rate: float, result: Result, name: str, run: int
+    ) -> None:
         # Topics, state directory and group of their own per run: a second
         # run on the first's would start from its state.
         prefix = f"l{run}-{c.key}-{self.run_id}"
@@ -589,34 +618,7 @@ class Harness:
             # A fresh table too, filled before the contender starts.
             accounts = f"{prefix}-accounts"
             self.fill_accounts(accounts)
-        pin = self.pinning
-        if pin:
-            self.pin_broker(pin.load)
-            self.load_cpus = pin.load
-        try:
-            self.paced_run(c, rate, result, name, run, input_topic, out, kind, accounts)
-        finally:
-            if pin:
-                self.load_cpus = None
-                try:
-                    # Throughput runs are unpinned: every CPU this harness has.
-                    self.pin_broker(",".join(map(str, sorted(os.sched_getaffinity(0)))))
-                except (RuntimeError, subprocess.CalledProcessError) as e:
-                    log(f"  could not unpin the broker: {e}")
-
-    def paced_run(
-        self,
-        c: Contender,
-        rate: float,
-        result: Result,
-        name: str,
-        run: int,
-        input_topic: str,
-        out: dict[str, str],
-        kind: str,
-        accounts: str | None,
-    ) -> None:
-        proc = self.start(c, input_topic, out, f"l{run}", accounts, cpus=self.pinning.contender if self.pinning else None)
+        proc = self.start(c, input_topic, out, f"l{run}", accounts, cpus=self.pinning and self.pinning.contender)
         primer = 200
         try:
             if accounts:
@@ -873,9 +875,10 @@ def main() -> int:
     # Warm-up (not reported) of the latency runs: in both pinned runs of
     # 2026-12-04 without it (one of the p99 pairs, one full) the first
     # latency run after the throughput runs had the worst p99 of its
-    # contender's three (2,256 and 1,756 ms against 597-655), and the schedule always gives that slot to the same
-    # contender. The broker's deferred work from the throughput runs (their
-    # topics' deletion, file.delete.delay.ms 60 s) is a likely cause.
+    # contender's three (2,256 and 1,756 ms against 597-655), and the
+    # schedule always gives that slot to the same contender. The broker's
+    # deferred work from the throughput runs (their topics' deletion,
+    # file.delete.delay.ms 60 s) is a likely cause.
     if latency_schedule and profile.latency_rounds > 1:
         first = latency_schedule[0][0]
         rate = latency_rate(first)
