@@ -140,8 +140,13 @@ const DECIMAL_I64 = /^[+-]?[0-9]+$/;
 /** Rust's i64::from_str on bytes: an optional sign, then ASCII digits only. */
 function parseI64(value) {
   // Decoded natively (not UTF-8: not digits either, as for Rust).
-  const text = decodeUtf8(value);
-  if (text !== undefined && DECIMAL_I64.test(text)) {
+  let text;
+  try {
+    text = utf8Decoder.decode(value);
+  } catch {
+    return undefined;
+  }
+  if (DECIMAL_I64.test(text)) {
     const n = BigInt(text[0] === '+' ? text.slice(1) : text);
     if (n >= I64_MIN && n <= I64_MAX) return n;
   }
@@ -198,9 +203,15 @@ export class Store {
 
   /** The value as a BigInt stored in decimal text (as putI64 writes it), or undefined. */
   getI64(key) {
-    const k = bytes(key);
-    const value = this.get(k);
-    if (value === undefined) return undefined;
+    // get's work inline: in an interpreter every call counts.
+    const k = typeof key === 'string' ? encoder.encode(key) : key;
+    let value;
+    try {
+      value = stateGet(this.name, k);
+    } catch (error) {
+      throw stateError(error);
+    }
+    if (value === undefined || value === null) return undefined;
     const n = parseI64(value);
     if (n !== undefined) return n;
     throw new RecordError(
@@ -210,7 +221,11 @@ export class Store {
 
   put(key, value) {
     try {
-      statePut(this.name, bytes(key), bytes(value));
+      statePut(
+        this.name,
+        typeof key === 'string' ? encoder.encode(key) : key,
+        typeof value === 'string' ? encoder.encode(value) : value,
+      );
     } catch (error) {
       throw stateError(error);
     }
@@ -608,10 +623,11 @@ export class Context {
   /** Emits to the topic the manifest maps `alias` to; undefined key/value = null/tombstone. */
   emit(alias, key, value, headers = NO_HEADERS) {
     try {
+      // bytes() inline: in an interpreter every call counts.
       outputEmit(
         alias,
-        key === undefined ? undefined : bytes(key),
-        value === undefined ? undefined : bytes(value),
+        typeof key === 'string' ? encoder.encode(key) : key,
+        typeof value === 'string' ? encoder.encode(value) : value,
         headers.length === 0 ? NO_HEADERS : headers.map(([k, v]) => ({ key: k, value: bytes(v) })),
       );
     } catch (error) {

@@ -53,6 +53,7 @@ from wit_world.imports import state as _state
 from wit_world.imports import windows as _windows
 from wit_world.imports.types import (
     Header,
+    Record as _WitRecord,
     OutputError_TooLarge,
     OutputError_UnknownAlias,
     ProcessError,
@@ -87,27 +88,26 @@ class Error(Exception):
         self.message = message
 
 
-@dataclass
-class Record:
-    """One input record (the WIT `record`, with `bytes` for keys and values)."""
+def _key_str(self) -> str:
+    """The key as UTF-8 text; `Error` (the Rust SDK's message) when it
+    is null or not UTF-8."""
+    return _record_text(self.key, "key")
 
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: Optional[bytes]
-    value: Optional[bytes]
-    headers: Sequence[Header]
 
-    def key_str(self) -> str:
-        """The key as UTF-8 text; `Error` (the Rust SDK's message) when it
-        is null or not UTF-8."""
-        return _record_text(self.key, "key")
+def _value_str(self) -> str:
+    """The value as UTF-8 text; `Error` when it is absent (a tombstone)
+    or not UTF-8."""
+    return _record_text(self.value, "value")
 
-    def value_str(self) -> str:
-        """The value as UTF-8 text; `Error` when it is absent (a tombstone)
-        or not UTF-8."""
-        return _record_text(self.value, "value")
+
+# One input record: the bindings' own class (the WIT `record`: topic,
+# partition, offset, timestamp, key, value, headers, with `bytes` for keys and
+# values), with the two methods above. The SDK hands the processor the
+# records as the bindings made them, rather than copying each into a class of
+# its own (a Python call per record, in an interpreter).
+Record = _WitRecord
+Record.key_str = _key_str
+Record.value_str = _value_str
 
 
 def _record_text(data: Optional[bytes], what: str) -> str:
@@ -176,11 +176,11 @@ def _state_call(call):
 
 def _parse_i64(value: bytes) -> Optional[int]:
     """Rust's i64::from_str: an optional sign, then ASCII digits only."""
-    text = value.decode("ascii", errors="replace")
-    digits = text[1:] if text[:1] in ("+", "-") else text
-    # isdigit on ASCII text: 0-9 only (a non-ASCII byte decoded to U+FFFD).
-    if digits and digits.isascii() and digits.isdigit():
-        number = int(text)
+    digits = value[1:] if value[:1] in (b"+", b"-") else value
+    # bytes.isdigit: not empty, ASCII 0-9 only (int() alone would also take
+    # spaces and underscores).
+    if digits.isdigit():
+        number = int(value)
         if I64_MIN <= number <= I64_MAX:
             return number
     return None
@@ -209,8 +209,12 @@ class Store:
 
     def get_i64(self, key: Bytes) -> Optional[int]:
         """The value as an integer in decimal text (as `put_i64` writes it)."""
-        key = _bytes(key)
-        value = self.get(key)
+        # get's work inline: in an interpreter every call counts.
+        key = key if type(key) is bytes else _bytes(key)
+        try:
+            value = _state.get(self.name, key)
+        except Err as err:
+            raise _state_error(err) from None
         if value is None:
             return None
         number = _parse_i64(value)
@@ -228,7 +232,12 @@ class Store:
             raise _state_error(err) from None
 
     def put_i64(self, key: Bytes, value: int) -> None:
-        self.put(key, str(value))
+        try:
+            _state.put(
+                self.name, key if type(key) is bytes else _bytes(key), str(value).encode("utf-8")
+            )
+        except Err as err:
+            raise _state_error(err) from None
 
     def delete(self, key: Bytes) -> None:
         _state_call(lambda: _state.delete(self.name, _bytes(key)))
@@ -605,8 +614,8 @@ class Context:
         try:
             _output.emit(
                 alias,
-                None if key is None else _bytes(key),
-                None if value is None else _bytes(value),
+                key if key is None or type(key) is bytes else _bytes(key),
+                value if value is None or type(value) is bytes else _bytes(value),
                 [Header(key=k, value=_bytes(v)) for k, v in headers] if headers else [],
             )
         except Err as err:
@@ -678,11 +687,8 @@ def export(
             for index, r in enumerate(batch):
                 _context.begin_record(index)
                 ctx.index = index
-                record = Record(
-                    r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers
-                )
                 try:
-                    process(ctx, record)
+                    process(ctx, r)
                 except Error as error:
                     raise Err(ProcessError(record_index=index, message=error.message)) from None
                 except Exception as error:

@@ -199,11 +199,13 @@ fn assert_identical(expected: &[u8], actual: &[u8], label: &str, reference: &str
     panic!("{label}: output differs from {reference}\n{first_difference}");
 }
 
-/// The JS import glue `onceflow build` writes (host/src/build/js_glue.mjs):
+/// The JS glue `onceflow build` writes (host/src/build/js_glue.mjs):
 /// Uint8Arrays of both realms, empty and absent keys and values, plain
-/// arrays and headers (the generated functions), and every error a fast
-/// path decodes, each with the SDK's message. expected.jsonl is what the
-/// unmodified componentize-js glue printed for the same input.
+/// arrays and headers (the generated functions), arguments larger than the
+/// fast paths' reused area, the records the export glue lifts (every field,
+/// headers, no key), and every error a fast path decodes, each with the
+/// SDK's message. expected.jsonl is what the unmodified componentize-js glue
+/// printed for the same input, in batches of 1 and of 100 alike.
 #[test]
 fn js_import_glue_passes_every_argument_and_error_as_the_generated_glue_did() {
     let manifest = build_guest("tests/guests/glue-js/onceflow.toml");

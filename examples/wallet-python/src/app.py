@@ -147,6 +147,7 @@ def _parse_constant(name):
 _decoder = json.JSONDecoder(
     parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
 )
+_scan_once = _decoder.scan_once
 _BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 
 
@@ -156,7 +157,15 @@ def parse_json(raw):
     text = raw.decode("utf-8")  # strict, as Rust's from_utf8
     if len(text) >= 2 * (MAX_DEPTH + 1) and text.count("[") + text.count("{") > MAX_DEPTH:
         check_depth(text)
-    value = _decoder.decode(text)
+    # The scanner itself when the text is one value with nothing around it;
+    # decode (two Python calls and two regular expressions more) otherwise,
+    # which also raises the error for text that is not JSON.
+    try:
+        value, end = _scan_once(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):
+        value = _decoder.decode(text)
     if "\\u" in text:
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")

@@ -7,6 +7,9 @@ import { exportProcessor, RecordError } from './onceflow.js';
 const decoder = new TextDecoder();
 const text = (bytes) => (bytes === undefined ? '(none)' : decoder.decode(bytes));
 
+const SIZES = [10, 3000, 40000, 70000, 100];
+const pattern = (size) => 'abcdefghijklmnopqrstuvwxyz'.repeat(Math.ceil(size / 26)).slice(0, size);
+
 function run(ctx, record) {
   const kv = ctx.store('kv');
   const command = text(record.value);
@@ -36,6 +39,21 @@ function run(ctx, record) {
       return;
     case 'large': { // a value past the host's limit: too-large, its u64 decoded
       kv.put('big', new Uint8Array(1024 * 1024 + 1));
+      return;
+    }
+    case 'record-fields': { // what the export glue lifted: every field, headers too
+      const headers = record.headers.map((h) => `${h.key}=${text(h.value)}`).join(',');
+      const fields = `${record.topic}|${record.partition}|${record.offset}|${record.timestamp}|${text(record.key)}|${headers}`;
+      ctx.emit('out', 'fields', fields);
+      return;
+    }
+    case 'sizes': { // arguments past the glue's reused area, and past its largest
+      for (const size of SIZES) kv.put(`size-${size}`, pattern(size));
+      for (const size of SIZES) {
+        const back = kv.get(`size-${size}`);
+        ctx.emit('out', `size-${size}`, `${back.length} ${text(back) === pattern(size)}`);
+      }
+      ctx.emit('out', 'emitted-70000', kv.get('size-70000'));
       return;
     }
     case 'unknown-store-get':
