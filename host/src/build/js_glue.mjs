@@ -120,15 +120,16 @@ const [
   // realm from these bindings' (whose Uint8Arrays the export glue hands it).
   const ContentBytes = contentGlobal.Uint8Array;
   const Failure = ComponentError;
-  let view = new DataView(memory.buffer);
 
-  // Byte and word views of the memory, for the calls made on every record:
-  // an element read is cheaper in the interpreter than a DataView call (a
-  // property lookup and a native call). Renewed by fresh() after anything
-  // that may have grown the memory (a realloc): the buffer is then another.
-  let buffer = memory.buffer;
-  let u8 = new Bytes(buffer);
-  let u32 = new Uint32Array(buffer, 0, buffer.byteLength >>> 2);
+  // Views of the memory by byte, 32-bit and 64-bit word (every field the
+  // fast paths read is aligned to its size): an element read is cheaper in
+  // the interpreter than a DataView call (a property lookup and a native
+  // call). fresh() renews them after anything that may have grown the
+  // memory (a realloc): its buffer is then another.
+  let buffer;
+  let u8;
+  let u32;
+  let i64;
 
   function fresh() {
     const now = memory.buffer;
@@ -136,14 +137,8 @@ const [
       buffer = now;
       u8 = new Bytes(now);
       u32 = new Uint32Array(now, 0, now.byteLength >>> 2);
+      i64 = new BigInt64Array(now, 0, now.byteLength >>> 3);
     }
-  }
-
-  /** A view of the memory as it is now (a realloc may have grown it). */
-  function dv() {
-    const buffer = memory.buffer;
-    if (view.buffer !== buffer) view = new DataView(buffer);
-    return view;
   }
 
   // The arguments of an import call go into one area, reused by the next
@@ -176,23 +171,23 @@ const [
     return value instanceof ContentBytes || value instanceof Bytes;
   }
 
+  // The error paths below run after fresh(), as the fast paths call them.
   function text(ret) {
-    const v = dv();
-    const ptr = v.getUint32(ret + 16, true);
-    const len = v.getUint32(ret + 20, true);
-    const out = decoder.decode(new Bytes(memory.buffer, ptr, len));
+    const ptr = u32[(ret + 16) >>> 2];
+    const len = u32[(ret + 20) >>> 2];
+    const out = decoder.decode(u8.subarray(ptr, ptr + len));
     if (len !== 0) dealloc(ptr, len, 1);
     return out;
   }
 
   function limit(ret) {
-    return BigInt.asUintN(64, BigInt(dv().getBigInt64(ret + 16, true)));
+    return BigInt.asUintN(64, i64[(ret + 16) >>> 3]);
   }
 
   /** Decodes a state-error result at ret, frees it and throws it. */
   function stateError(ret) {
     let error;
-    switch (dv().getUint8(ret + 8, true)) {
+    switch (u8[ret + 8]) {
       case 0: error = { tag: 'unknown-store', val: text(ret) }; break;
       case 1: error = { tag: 'too-large', val: limit(ret) }; break;
       case 2: error = { tag: 'read-only', val: text(ret) }; break;
@@ -205,7 +200,7 @@ const [
   /** Decodes an output-error result at ret, frees it and throws it. */
   function outputError(ret) {
     let error;
-    switch (dv().getUint8(ret + 8, true)) {
+    switch (u8[ret + 8]) {
       case 0: error = { tag: 'unknown-alias', val: text(ret) }; break;
       case 1: error = { tag: 'too-large', val: limit(ret) }; break;
     }
@@ -294,10 +289,7 @@ const [
    */
   function liftRecords(base, len) {
     if (base % 8 !== 0) throw new TypeError('list pointer [' + base + '] is not aligned to 8');
-    const buffer = memory.buffer;
-    const u8 = new Bytes(buffer);
-    const u32 = new Uint32Array(buffer, 0, buffer.byteLength >>> 2);
-    const i64 = new BigInt64Array(buffer, 0, buffer.byteLength >>> 3);
+    fresh();
     const records = [];
     for (let i = 0; i < len; i++) {
       const at = base + i * 64;
