@@ -298,6 +298,7 @@ const [
       const topicLen = u32[w + 1];
       const topic = decoder.decode(u8.subarray(topicPtr, topicPtr + topicLen));
       if (topicLen !== 0) dealloc(topicPtr, topicLen, 1);
+      // Key and value inline, not through a helper: a call costs 2-3 k fuel.
       let key;
       if (u8[at + 32] !== 0) {
         const ptr = u32[w + 9];
