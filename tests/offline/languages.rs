@@ -222,6 +222,48 @@ fn js_import_glue_passes_every_argument_and_error_as_the_generated_glue_did() {
     }
 }
 
+/// The JS glue's argument area is taken afresh in every export call and left
+/// to ComponentizeJS, which frees what its `realloc` gave when the call
+/// returns; so are arguments past the area's 64 KiB. 1,000 calls that each
+/// put 10 KB and 70 KB must then run in 16 MiB: were either kept from call
+/// to call, they would need ~80 MB, and the records past the limit would
+/// fail (dead letters, which `onceflow test` prints).
+#[test]
+fn js_glue_argument_areas_do_not_outlive_their_export_call() {
+    let manifest = build_guest("tests/guests/glue-js/onceflow.toml");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let component = repo().join("tests/guests/glue-js/target/onceflow/glue-js.wasm");
+    let text = std::fs::read_to_string(&manifest).expect("read the glue-js manifest");
+    let small: String = text
+        .lines()
+        .filter(|l| !l.starts_with("source "))
+        .map(|l| {
+            if l.starts_with("memory-mb ") {
+                "memory-mb = 16".to_owned()
+            } else if l.starts_with("component ") {
+                format!("component = \"{}\"", component.display())
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(small.contains("memory-mb = 16") && small.contains(&component.display().to_string()));
+    let small_manifest = dir.path().join("onceflow.toml");
+    std::fs::write(&small_manifest, small).expect("write the manifest");
+    let input = dir.path().join("area.jsonl");
+    let lines: String = (0..1000)
+        .map(|i| format!("{{\"topic\":\"commands\",\"key\":\"k{i}\",\"value\":\"area\"}}\n"))
+        .collect();
+    std::fs::write(&input, lines).expect("write the input");
+    let out = run_test(&small_manifest, &input, "1", "1");
+    assert!(
+        out.is_empty(),
+        "records failed under 16 MiB (memory kept from one export call to the next?): {}",
+        String::from_utf8_lossy(&out[..out.len().min(600)])
+    );
+}
+
 #[test]
 fn every_pageviews_prints_exactly_what_the_rust_pageviews_prints() {
     let reference = build_guest("examples/pageviews/onceflow.toml");

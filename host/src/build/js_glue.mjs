@@ -144,7 +144,9 @@ const [
   // The arguments of an import call go into one area, reused by the next
   // call: ComponentizeJS's realloc, reached from JavaScript, costs more than
   // the rest of an import call, and what it allocates lives until the export
-  // call returns (its post-call frees it). So the area is taken afresh in
+  // call returns (its post-call frees it; tests/offline/languages.rs,
+  // js_glue_argument_areas_do_not_outlive_their_export_call, fails if a
+  // componentize-js release stops doing so). So the area is taken afresh in
   // every export call (newCall), grows by doubling, and arguments larger than
   // AREA_MAX get an allocation of their own.
   const AREA_MAX = 65536;

@@ -8,6 +8,9 @@ const decoder = new TextDecoder();
 const text = (bytes) => (bytes === undefined ? '(none)' : decoder.decode(bytes));
 
 const SIZES = [10, 3000, 40000, 70000, 100];
+// Arguments in the glue's reused area, and past its 64 KiB largest.
+const IN_AREA = new Uint8Array(10000).fill(97);
+const PAST_AREA = new Uint8Array(70000).fill(98);
 const pattern = (size) => 'abcdefghijklmnopqrstuvwxyz'.repeat(Math.ceil(size / 26)).slice(0, size);
 
 function run(ctx, record) {
@@ -56,6 +59,10 @@ function run(ctx, record) {
       ctx.emit('out', 'emitted-70000', kv.get('size-70000'));
       return;
     }
+    case 'area': // no output: see js_glue_argument_areas_do_not_outlive_their_export_call
+      kv.put('area', IN_AREA);
+      kv.put('area', PAST_AREA);
+      return;
     case 'unknown-store-get':
       ctx.store('nope').get('k');
       return;
