@@ -1,15 +1,18 @@
 //! Shared by the benchmark's two binaries (see bench/README.md):
 //!
 //! - `raw-pipe`: a consume-transform-produce loop over rdkafka with
-//!   transactions and no Wasm and no state: the ceiling Onceflow is measured
-//!   against;
+//!   transactions and no Wasm: the ceiling Onceflow is measured against
+//!   (the wallet's balances kept in a map, with a changelog topic);
 //! - `bench-tool`: generates the input, waits for the outputs while
 //!   measuring throughput, latency, CPU and RSS, and checks the enrich
 //!   outputs.
 //!
-//! The transforms here do natively what `examples/wallet` (minus its state)
-//! and `examples/enrich` do in Wasm, with the same validation messages, so the
-//! raw loop writes the same number of records of the same size.
+//! The transforms here do natively what `examples/wallet` and
+//! `examples/enrich` do in Wasm, with the same validation messages, so the
+//! raw loop writes the same records ([`Balances`]: the wallet's, balances and
+//! changelog included).
+
+use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
@@ -84,11 +87,17 @@ fn json_string(text: &str) -> String {
     Value::from(text).to_string()
 }
 
-fn wallet(value: Option<&[u8]>) -> Result<Vec<Emit>, String> {
+/// A payment's fields, checked in the order `examples/wallet` checks them.
+fn payment(value: Option<&[u8]>) -> Result<(String, String, i64), String> {
     let mut fields = parse_object(value, "payment")?;
     let payment_id = string_field(&mut fields, "payment_id", "payment")?;
     let account = string_field(&mut fields, "account", "payment")?;
     let amount = int_field(&fields, "amount", "payment")?;
+    Ok((payment_id, account, amount))
+}
+
+fn wallet(value: Option<&[u8]>) -> Result<Vec<Emit>, String> {
+    let (payment_id, account, amount) = payment(value)?;
     let report = format!(
         r#"{{"account":{},"amount":{},"payment_id":{}}}"#,
         json_string(&account),
@@ -107,6 +116,77 @@ fn wallet(value: Option<&[u8]>) -> Result<Vec<Emit>, String> {
             value: value.unwrap_or_default().to_vec(),
         },
     ])
+}
+
+/// The wallet with its state, as `examples/wallet` (raw-pipe's
+/// `--changelog`): a balance per account in a map; per valid payment the
+/// balance report (output 0, the example's exact bytes) and the payment
+/// unchanged (output 1); at commit, the new balance of every account changed
+/// since the last one ([`Balances::changelog`]: decimal text, as the SDK's
+/// `put_i64` writes it), as Onceflow writes a store's changelog (one record
+/// per dirty key, at commit, on the task's partition) and as Kafka Streams'
+/// cached stores do.
+///
+/// The map lives in memory only: the loop never aborts a transaction or
+/// takes over partitions (one instance per group), so it never has to
+/// restore it.
+#[derive(Debug, Default)]
+pub struct Balances {
+    accounts: HashMap<String, i64>,
+    /// The accounts changed since the last [`Balances::changelog`], with the
+    /// input partition their payments came from.
+    dirty: HashMap<String, i32>,
+}
+
+impl Balances {
+    /// The records for one payment read from input partition `partition`, or
+    /// the dead-letter message (nothing changes then).
+    pub fn pay(&mut self, value: Option<&[u8]>, partition: i32) -> Result<Vec<Emit>, String> {
+        let (payment_id, account, amount) = payment(value)?;
+        let balance = self
+            .accounts
+            .get(&account)
+            .copied()
+            .unwrap_or(0)
+            .checked_add(amount)
+            .ok_or_else(|| {
+                format!("invalid payment: balance overflow for account \"{account}\"")
+            })?;
+        self.accounts.insert(account.clone(), balance);
+        if !self.dirty.contains_key(&account) {
+            self.dirty.insert(account.clone(), partition);
+        }
+        let report = format!(
+            r#"{{"account":{},"balance":{},"payment_id":{}}}"#,
+            json_string(&account),
+            balance,
+            json_string(&payment_id)
+        );
+        Ok(vec![
+            Emit {
+                output: 0,
+                key: account,
+                value: report.into_bytes(),
+            },
+            Emit {
+                output: 1,
+                key: payment_id,
+                value: value.unwrap_or_default().to_vec(),
+            },
+        ])
+    }
+
+    /// The changelog records for the accounts changed since the last call:
+    /// (partition, account, balance as decimal text).
+    pub fn changelog(&mut self) -> Vec<(i32, String, Vec<u8>)> {
+        self.dirty
+            .drain()
+            .map(|(account, partition)| {
+                let balance = self.accounts.get(&account).copied().unwrap_or(0);
+                (partition, account, balance.to_string().into_bytes())
+            })
+            .collect()
+    }
 }
 
 /// The sales region of a country, as in examples/enrich.
@@ -650,6 +730,60 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn balances_keep_the_running_sum_and_write_what_the_wallet_writes() {
+        let mut balances = Balances::default();
+        balances
+            .pay(Some(br#"{"payment_id":"p1","account":"a","amount":5}"#), 3)
+            .unwrap();
+        let second = balances
+            .pay(Some(br#"{"payment_id":"p2","account":"a","amount":-7}"#), 3)
+            .unwrap();
+        assert_eq!(
+            second,
+            vec![
+                Emit {
+                    output: 0,
+                    key: "a".into(),
+                    value: br#"{"account":"a","balance":-2,"payment_id":"p2"}"#.to_vec(),
+                },
+                Emit {
+                    output: 1,
+                    key: "p2".into(),
+                    value: br#"{"payment_id":"p2","account":"a","amount":-7}"#.to_vec(),
+                },
+            ]
+        );
+        balances
+            .pay(Some(br#"{"payment_id":"p3","account":"b","amount":1}"#), 0)
+            .unwrap();
+        // One record per account changed, its latest balance, then none.
+        let mut changelog = balances.changelog();
+        changelog.sort();
+        assert_eq!(
+            changelog,
+            vec![
+                (0, "b".into(), b"1".to_vec()),
+                (3, "a".into(), b"-2".to_vec())
+            ]
+        );
+        assert_eq!(balances.changelog(), vec![]);
+        // A payment that fails changes nothing.
+        let max = format!(
+            r#"{{"payment_id":"p4","account":"a","amount":{}}}"#,
+            i64::MAX
+        );
+        balances.pay(Some(b"{}"), 3).unwrap_err();
+        balances
+            .pay(Some(br#"{"payment_id":"p5","account":"a","amount":3}"#), 3)
+            .unwrap();
+        assert_eq!(
+            balances.pay(Some(max.as_bytes()), 3),
+            Err("invalid payment: balance overflow for account \"a\"".into())
+        );
+        assert_eq!(balances.changelog(), vec![(3, "a".into(), b"1".to_vec())]);
     }
 
     #[test]

@@ -1,7 +1,11 @@
 //! The ceiling: a consume-transform-produce loop straight on rdkafka, with
 //! Kafka transactions (exactly-once v2: `send_offsets_to_transaction` with
-//! the consumer's group metadata), no Wasm and no state. It commits every
-//! `--commit-interval-ms`, like Onceflow and Kafka Streams do.
+//! the consumer's group metadata) and no Wasm. It commits every
+//! `--commit-interval-ms`, like Onceflow and Kafka Streams do. With
+//! `--changelog` the wallet keeps its balances in a map and writes the
+//! records Onceflow's wallet writes, the changed balances to that topic at
+//! each commit included (`raw_pipe::Balances`); without it the wallet keeps
+//! no state.
 //!
 //! It is meant for one instance per group (the benchmark's case): it does not
 //! abort the open transaction on a rebalance. On SIGTERM/SIGINT it commits
@@ -14,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use raw_pipe::{Transform, dead_letter_headers};
+use raw_pipe::{Balances, Transform, dead_letter_headers};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
@@ -41,12 +45,21 @@ struct Args {
     transform: Transform,
     #[arg(long, default_value_t = 100)]
     commit_interval_ms: u64,
+    /// The wallet with its balances: a compacted topic with the input's
+    /// partition count, for the changed balances at each commit (on their
+    /// input's partition).
+    #[arg(long)]
+    changelog: Option<String>,
 }
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.changelog.is_some() && args.transform != Transform::Wallet {
+        bail!("--changelog keeps the wallet's balances: use it with --transform wallet");
+    }
+    let mut balances = args.changelog.as_ref().map(|_| Balances::default());
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
@@ -112,7 +125,11 @@ fn main() -> anyhow::Result<()> {
                     txn_started = Instant::now();
                 }
                 let timestamp = m.timestamp().to_millis();
-                match args.transform.apply(m.payload()) {
+                let result = match &mut balances {
+                    Some(balances) => balances.pay(m.payload(), m.partition()),
+                    None => args.transform.apply(m.payload()),
+                };
+                match result {
                     Ok(emits) => {
                         for e in emits {
                             let mut record = BaseRecord::to(&args.outputs[e.output])
@@ -170,7 +187,12 @@ fn main() -> anyhow::Result<()> {
         }
         if in_txn && txn_started.elapsed() >= interval {
             let started = Instant::now();
-            commit(&consumer, &producer, &mut next_offsets)?;
+            commit(
+                &consumer,
+                &producer,
+                &mut next_offsets,
+                changed(&args, &mut balances),
+            )?;
             let took = started.elapsed();
             commits += 1;
             commit_total += took;
@@ -179,7 +201,12 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if in_txn {
-        commit(&consumer, &producer, &mut next_offsets)?;
+        commit(
+            &consumer,
+            &producer,
+            &mut next_offsets,
+            changed(&args, &mut balances),
+        )?;
     }
     eprintln!(
         "raw-pipe: stopped after {processed} records, {commits} transactions, commit mean {:?} max {:?}",
@@ -189,11 +216,30 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The changelog records of this transaction: (topic, their records).
+type Changed<'a> = Option<(&'a str, Vec<(i32, String, Vec<u8>)>)>;
+
+fn changed<'a>(args: &'a Args, balances: &mut Option<Balances>) -> Changed<'a> {
+    Some((args.changelog.as_deref()?, balances.as_mut()?.changelog()))
+}
+
 fn commit(
     consumer: &BaseConsumer,
     producer: &BaseProducer,
     next_offsets: &mut HashMap<(String, i32), i64>,
+    changed: Changed<'_>,
 ) -> anyhow::Result<()> {
+    if let Some((topic, records)) = changed {
+        for (partition, key, value) in &records {
+            send(
+                producer,
+                BaseRecord::to(topic)
+                    .partition(*partition)
+                    .key(key)
+                    .payload(value),
+            )?;
+        }
+    }
     let mut offsets = TopicPartitionList::new();
     for ((topic, partition), offset) in next_offsets.drain() {
         offsets.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
