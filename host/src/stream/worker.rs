@@ -801,7 +801,11 @@ fn init_producer(
 ) -> Result<(), StreamError> {
     let started = Instant::now();
     let client_id = client_id(d, n);
-    abort_previous_quickly(&d.options, &client_id);
+    let topic = d.manifest.sources().first().map(|t| t.to_string());
+    abort_previous_quickly(&d.options, &client_id, topic.as_deref());
+    if let Some(topic) = &topic {
+        connect_first(producer, topic, ABORT_PROBE_WAIT);
+    }
     producer.init_transactions(TXN_CALL_TIMEOUT).map_err(
         |e| match kafka::authorization_failure(&e) {
             Some(code) => refused(d, n, code, None),
@@ -1327,11 +1331,12 @@ impl Core {
         }
         let options = self.d.options.clone();
         let worker = self.worker;
+        let topic = self.d.manifest.sources().first().map(|t| t.to_string());
         let spawned = std::thread::Builder::new()
             .name(format!("onceflow-fence-{worker}"))
             .spawn(move || {
                 for id in departed {
-                    fence(&options, worker, &id);
+                    fence(&options, worker, &id, topic.as_deref());
                 }
             });
         if let Err(e) = spawned {
@@ -2412,13 +2417,16 @@ fn parse_stream_time_metadata(
 /// Fences the transactional id `id` of another instance's worker (see
 /// `Core::start_fencing`): `init_transactions` under it bumps its epoch and
 /// aborts its open transaction.
-fn fence(options: &super::RunOptions, worker: u32, id: &str) {
+fn fence(options: &super::RunOptions, worker: u32, id: &str, topic: Option<&str>) {
     let started = Instant::now();
-    abort_previous_quickly(options, id);
+    abort_previous_quickly(options, id, topic);
     let fenced = producer_config(options, Some(id), &format!("{id}-fence"))
         .create::<BaseProducer>()
         .map_err(|e| e.to_string())
         .and_then(|p| {
+            if let Some(topic) = topic {
+                connect_first(&p, topic, ABORT_PROBE_WAIT);
+            }
             p.init_transactions(TXN_CALL_TIMEOUT)
                 .map_err(|e| e.to_string())
         });
@@ -2438,50 +2446,86 @@ fn fence(options: &super::RunOptions, worker: u32, id: &str) {
     }
 }
 
-/// How long [`abort_previous_quickly`]'s probe waits for its answer.
-const ABORT_PROBE_WAIT: Duration = Duration::from_millis(250);
+/// How long each of [`abort_previous_quickly`]'s probes waits for its
+/// answer, and how long it goes on probing at most.
+const ABORT_PROBE_WAIT: Duration = Duration::from_millis(150);
+const ABORT_PROBE_BUDGET: Duration = Duration::from_secs(3);
 
-/// Starts the abort of the open transaction of `transactional_id`'s
-/// previous incarnation (crashed, or a departed host's worker), so that
-/// the `init_transactions` that follows finds it done.
+/// Waits until the open transaction of `transactional_id`'s previous
+/// incarnation (crashed, or a departed host's worker) is aborted, so that
+/// the `init_transactions` that follows succeeds at its first request.
 ///
 /// An `InitProducerId` that meets an open transaction makes the
-/// coordinator abort it (a few milliseconds) and answers
-/// CONCURRENT_TRANSACTIONS; librdkafka asks again only after a fixed
-/// 500 ms (`rd_kafka_idemp_pid_timer_restart`, not configurable), and its
-/// coordinator lookup can cost another 500 ms: 0.5 to 1 s of every
-/// restart and failover (bench/README.md, "Recovery"). A throwaway
-/// producer sends that first request and is dropped after
-/// [`ABORT_PROBE_WAIT`]; the real `init_transactions` then succeeds at its
-/// first request. Fencing is unchanged: every `InitProducerId` bumps the
-/// epoch, and the caller's comes last. (Were the probe's request still in
-/// flight when it is dropped and handled after the caller's, the caller's
-/// producer would be fenced by it: its next transactional call fails, and
-/// the worker starts a new session, as for any fencing.)
-fn abort_previous_quickly(options: &super::RunOptions, transactional_id: &str) {
+/// coordinator abort it and answers CONCURRENT_TRANSACTIONS until the abort
+/// is complete (its markers written: a few milliseconds to most of a second
+/// on a busy broker); librdkafka asks again only after a fixed 500 ms
+/// (`rd_kafka_idemp_pid_timer_restart`, not configurable), so a restart
+/// would pay 0.5 s for every answer that came too early (0, 1 or 2 of them
+/// in the recovery benchmark: results/2026-12-05-recovery.md). Instead,
+/// throwaway producers ask, one after another, each dropped after
+/// [`ABORT_PROBE_WAIT`] unless it got its producer id (the abort is done,
+/// or nothing was open), for at most [`ABORT_PROBE_BUDGET`]; an answer the
+/// probes cannot help with (not authorized, say) ends them at once and
+/// the real `init_transactions` reports it. Fencing is unchanged: every
+/// successful `InitProducerId` bumps the epoch, and the caller's comes last.
+/// (Were a probe's request still in flight when it is dropped and handled
+/// after the caller's, the caller's producer would be fenced by it: its
+/// next transactional call fails, and the worker starts a new session, as
+/// for any fencing.)
+fn abort_previous_quickly(
+    options: &super::RunOptions,
+    transactional_id: &str,
+    topic: Option<&str>,
+) {
     let started = Instant::now();
-    let probe = match producer_config(
-        options,
-        Some(transactional_id),
-        &format!("{transactional_id}-probe"),
-    )
-    .create::<BaseProducer>()
-    {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::debug!(transactional_id, "no abort probe: {e}");
-            return;
+    let mut probes = 0;
+    let outcome = loop {
+        let probe = match producer_config(
+            options,
+            Some(transactional_id),
+            &format!("{transactional_id}-probe"),
+        )
+        .create::<BaseProducer>()
+        {
+            Ok(p) => p,
+            Err(e) => break Err(e),
+        };
+        probes += 1;
+        if let Some(topic) = topic {
+            connect_first(&probe, topic, ABORT_PROBE_WAIT);
+        }
+        let outcome = probe.init_transactions(ABORT_PROBE_WAIT);
+        drop(probe);
+        match outcome {
+            // A timeout, or CONCURRENT_TRANSACTIONS: the abort goes on.
+            Err(KafkaError::Transaction(e))
+                if e.is_retriable() && started.elapsed() < ABORT_PROBE_BUDGET => {}
+            outcome => break outcome,
         }
     };
-    let outcome = probe.init_transactions(ABORT_PROBE_WAIT);
-    drop(probe);
     tracing::debug!(
         transactional_id,
+        probes,
         ms = started.elapsed().as_millis() as u64,
-        // Ok: nothing was open. A timeout: the coordinator is aborting it.
+        // Ok: no transaction open (any more).
         outcome = ?outcome.err(),
-        "abort probe"
+        "abort probes"
     );
+}
+
+/// Connects a new producer to a broker (a metadata request for `topic`, one
+/// of the deployment's, waited for at most `timeout`) before its
+/// `init_transactions`. A producer connects only when it has something to
+/// send, and `init_transactions` called with no broker connection up finds
+/// no broker to ask for the transaction coordinator: it asks again on
+/// librdkafka's 500 ms coordinator-query timer (seen in the recovery
+/// benchmark: the real `init_transactions` returning 0.5 s after probes
+/// that had found the abort done). A failure here is left to
+/// `init_transactions` to report.
+fn connect_first<C: ProducerContext>(producer: &BaseProducer<C>, topic: &str, timeout: Duration) {
+    if let Err(e) = producer.client().fetch_metadata(Some(topic), timeout) {
+        tracing::debug!(topic, "no broker connection before init_transactions: {e}");
+    }
 }
 
 /// Databases a worker opens at once (see `Core::open_tasks`).
