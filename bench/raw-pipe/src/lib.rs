@@ -98,13 +98,25 @@ fn payment(value: Option<&[u8]>) -> Result<(String, String, i64), String> {
 
 fn wallet(value: Option<&[u8]>) -> Result<Vec<Emit>, String> {
     let (payment_id, account, amount) = payment(value)?;
+    Ok(wallet_records(payment_id, account, "amount", amount, value))
+}
+
+/// A wallet's two records for a payment: the account's report (output 0,
+/// `{"account":…,"<field>":<figure>,"payment_id":…}`) and the payment
+/// unchanged (output 1).
+fn wallet_records(
+    payment_id: String,
+    account: String,
+    field: &str,
+    figure: i64,
+    value: Option<&[u8]>,
+) -> Vec<Emit> {
     let report = format!(
-        r#"{{"account":{},"amount":{},"payment_id":{}}}"#,
+        r#"{{"account":{},"{field}":{figure},"payment_id":{}}}"#,
         json_string(&account),
-        amount,
         json_string(&payment_id)
     );
-    Ok(vec![
+    vec![
         Emit {
             output: 0,
             key: account,
@@ -115,7 +127,7 @@ fn wallet(value: Option<&[u8]>) -> Result<Vec<Emit>, String> {
             key: payment_id,
             value: value.unwrap_or_default().to_vec(),
         },
-    ])
+    ]
 }
 
 /// The wallet with its state, as `examples/wallet` (raw-pipe's
@@ -153,27 +165,14 @@ impl Balances {
                 format!("invalid payment: balance overflow for account \"{account}\"")
             })?;
         self.accounts.insert(account.clone(), balance);
+        // No key allocated per payment for an account already dirty (the
+        // baseline must not do more than it needs to).
         if !self.dirty.contains_key(&account) {
             self.dirty.insert(account.clone(), partition);
         }
-        let report = format!(
-            r#"{{"account":{},"balance":{},"payment_id":{}}}"#,
-            json_string(&account),
-            balance,
-            json_string(&payment_id)
-        );
-        Ok(vec![
-            Emit {
-                output: 0,
-                key: account,
-                value: report.into_bytes(),
-            },
-            Emit {
-                output: 1,
-                key: payment_id,
-                value: value.unwrap_or_default().to_vec(),
-            },
-        ])
+        Ok(wallet_records(
+            payment_id, account, "balance", balance, value,
+        ))
     }
 
     /// The changelog records for the accounts changed since the last call:
