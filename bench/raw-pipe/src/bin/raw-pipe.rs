@@ -59,7 +59,11 @@ fn main() -> anyhow::Result<()> {
     if args.changelog.is_some() && args.transform != Transform::Wallet {
         bail!("--changelog keeps the wallet's balances: use it with --transform wallet");
     }
-    let mut balances = args.changelog.as_ref().map(|_| Balances::default());
+    // With --changelog: its topic and the balances it records.
+    let mut stateful = args
+        .changelog
+        .clone()
+        .map(|topic| (topic, Balances::default()));
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
@@ -125,8 +129,8 @@ fn main() -> anyhow::Result<()> {
                     txn_started = Instant::now();
                 }
                 let timestamp = m.timestamp().to_millis();
-                let result = match &mut balances {
-                    Some(balances) => balances.pay(m.payload(), m.partition()),
+                let result = match &mut stateful {
+                    Some((_, balances)) => balances.pay(m.payload(), m.partition()),
                     None => args.transform.apply(m.payload()),
                 };
                 match result {
@@ -187,12 +191,7 @@ fn main() -> anyhow::Result<()> {
         }
         if in_txn && txn_started.elapsed() >= interval {
             let started = Instant::now();
-            commit(
-                &consumer,
-                &producer,
-                &mut next_offsets,
-                changed(&args, &mut balances),
-            )?;
+            commit(&consumer, &producer, &mut next_offsets, stateful.as_mut())?;
             let took = started.elapsed();
             commits += 1;
             commit_total += took;
@@ -201,12 +200,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if in_txn {
-        commit(
-            &consumer,
-            &producer,
-            &mut next_offsets,
-            changed(&args, &mut balances),
-        )?;
+        commit(&consumer, &producer, &mut next_offsets, stateful.as_mut())?;
     }
     eprintln!(
         "raw-pipe: stopped after {processed} records, {commits} transactions, commit mean {:?} max {:?}",
@@ -216,21 +210,15 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The changelog records of this transaction: (topic, their records).
-type Changed<'a> = Option<(&'a str, Vec<(i32, String, Vec<u8>)>)>;
-
-fn changed<'a>(args: &'a Args, balances: &mut Option<Balances>) -> Changed<'a> {
-    Some((args.changelog.as_deref()?, balances.as_mut()?.changelog()))
-}
-
 fn commit(
     consumer: &BaseConsumer,
     producer: &BaseProducer,
     next_offsets: &mut HashMap<(String, i32), i64>,
-    changed: Changed<'_>,
+    stateful: Option<&mut (String, Balances)>,
 ) -> anyhow::Result<()> {
-    if let Some((topic, records)) = changed {
-        for (partition, key, value) in &records {
+    // The changed balances' changelog records first, in this transaction.
+    if let Some((topic, balances)) = stateful {
+        for (partition, key, value) in &balances.changelog() {
             send(
                 producer,
                 BaseRecord::to(topic)
