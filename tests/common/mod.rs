@@ -116,3 +116,27 @@ pub fn input_line(topic: &str, key: &str, value: &str) -> String {
 pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
+
+/// CPU seconds (user and system, all threads) that process `pid` has used,
+/// from `/proc/<pid>/stat`: what a test calibrates a load by, so that the
+/// load costs the same share of any machine, faster or slower.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/stat: {e}"));
+    // The fields after the command name (which may hold spaces) start at
+    // the third, `state`; utime and stime are the 14th and 15th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| -> f64 {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("/proc/{pid}/stat has no field {}: {stat}", i + 3))
+    };
+    // SAFETY: sysconf reads a constant of the running system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / hz
+}

@@ -237,13 +237,19 @@ fn c_zombie_is_fenced() {
     // A wakes up believing it still owns its partitions.
     a.signal(libc::SIGCONT);
     w.wait_done(Duration::from_secs(300));
-    std::thread::sleep(Duration::from_secs(3));
+    // A learns it was replaced when it next commits or heartbeats: wait
+    // for that (before: 3 s, which a busy machine may not give it).
+    let refused = |log: &str| {
+        log.contains("fenced") || log.contains("assignment lost") || log.contains("must restart")
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !refused(&a.log_text()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let a_log = a.log_text();
     assert!(a.stop().success());
     assert!(b.stop().success());
-    let zombie_refused = a_log.contains("fenced")
-        || a_log.contains("assignment lost")
-        || a_log.contains("must restart");
+    let zombie_refused = refused(&a_log);
     assert!(
         zombie_refused,
         "A's late commit must be refused; A's log:\n{a_log}"
@@ -331,10 +337,14 @@ fn g_restart_replays_only_the_changelog_tail() {
     let crashed = host.log_text();
     let replayed_crash = restored_records(&crashed);
     figure("changelog_records_replayed_after_crash", replayed_crash);
+    // The tail is at most one committed transaction's changelog: one record
+    // per account it changed, so at most the 1,000 accounts (a fast machine
+    // fills a 100 ms transaction with payments to nearly all of them), where
+    // the history is every transaction's.
     assert!(
-        replayed_crash < 1_000,
-        "a crash replays only the unapplied tail, not the {} keys' history",
-        1_000
+        replayed_crash <= 1_000,
+        "a crash replays only the unapplied tail (one transaction's changes, at most the 1,000 \
+         accounts), not the history: {replayed_crash}"
     );
     assert!(host.stop().success());
     assert_exact(&w.verify(false), &produced, "restarts");

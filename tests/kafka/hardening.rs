@@ -314,6 +314,13 @@ fn h06_an_abort_outside_commit_does_not_stall() {
     // batch are in flight when it fails.
     w.produce(0, 20_000, 1_000, Some(20_000));
     let mut host = w.start("a", &[]);
+    // Timed from the assignment, not the spawn: a busy machine's start-up
+    // is not what this bounds.
+    let assigned = Instant::now() + Duration::from_secs(120);
+    while !host.log_text().contains("partitions assigned") && host.exited().is_none() {
+        assert!(Instant::now() < assigned, "no partitions assigned in 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let Some((status, took)) = wait_exit(&mut host, Duration::from_secs(120)) else {
         panic!("the host did not stop on the poison record within 120 s");
     };
@@ -324,9 +331,9 @@ fn h06_an_abort_outside_commit_does_not_stall() {
     );
     assert!(!status.success(), "the fail policy stops the deployment");
     // Before the fix the abort waited ~30 s for delivery reports nobody
-    // served, then failed.
+    // served, then failed; processing the 20,000 records takes a few.
     assert!(
-        took < Duration::from_secs(20),
+        took < Duration::from_secs(25),
         "the host took {took:?} to stop on the poison record:\n{}",
         tail(&log, 30)
     );
@@ -525,8 +532,14 @@ fn h01_a_recreated_changelog_is_not_trusted() {
     )
     .expect("purge");
     // Deleting a topic is asynchronous: the run recreates the changelog
-    // once the deletion is through.
-    std::thread::sleep(Duration::from_secs(3));
+    // once the deletion is through (waited for, not a fixed 3 s).
+    let deleted = Instant::now() + Duration::from_secs(120);
+    for topic in onceflow::stream::changelog_topics(&manifest) {
+        while cluster.topic_exists(&topic) {
+            assert!(Instant::now() < deleted, "{topic} was not deleted in 120 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
     let host = w.start("a", &[]);
     w.wait_done(Duration::from_secs(120));
     let log = host.log_text();
@@ -691,7 +704,21 @@ fn h02_restore_waits_for_the_changelog_high_watermark() {
     // whole changelog while the transaction is open.
     std::fs::remove_dir_all(w.dir.path().join("state-a")).expect("remove the local state");
     let host = w.start("a", &[]);
-    std::thread::sleep(Duration::from_secs(5));
+    // Commit once the restore waits on it (before: after a fixed 5 s, which
+    // a slow or busy machine could take just to start, rejoin and reach the
+    // restore, and the window was missed).
+    let waiting = Instant::now() + Duration::from_secs(180);
+    while !host
+        .log_text()
+        .contains("waiting for the previous owner's last transaction")
+    {
+        assert!(
+            Instant::now() < waiting,
+            "the restore never waited for the open transaction in 180 s:\n{}",
+            tail(&host.log_text(), 20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     txn.commit_transaction(Duration::from_secs(30))
         .expect("commit");
 

@@ -512,13 +512,16 @@ fn naive_sink(
         .unwrap();
     c.subscribe(&[topic]).unwrap();
     let mut batches = 0;
-    let mut idle = Instant::now();
+    // Idle from the last record, once one came: joining the group and the
+    // first fetch may take more than 3 s on a busy machine (2 minutes at most).
+    let give_up = Instant::now() + Duration::from_secs(120);
+    let mut last: Option<Instant> = None;
     loop {
         let mut rows: Vec<serde_json::Value> = Vec::new();
         let started = Instant::now();
         while rows.len() < 500 && started.elapsed() < Duration::from_millis(200) {
             if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
-                idle = Instant::now();
+                last = Some(Instant::now());
                 // (Poison skipped: this sink's failure is not the point.)
                 if let Some(v) = m
                     .payload()
@@ -542,7 +545,11 @@ fn naive_sink(
                 return;
             }
             c.commit_consumer_state(CommitMode::Sync).unwrap();
-        } else if crash_after.is_none() && idle.elapsed() > Duration::from_secs(3) {
+        } else if crash_after.is_none()
+            && last.map_or(Instant::now() > give_up, |t| {
+                t.elapsed() > Duration::from_secs(3)
+            })
+        {
             return;
         }
     }

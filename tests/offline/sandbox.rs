@@ -38,6 +38,13 @@ fn load(manifest: &str, fuel: bool) -> (Manifest, onceflow::sandbox::Processor) 
     m.errors = ErrorPolicy::DeadLetter {
         topic: "dlq".to_owned(),
     };
+    if fuel {
+        // Fuel is what must stop these guests: on a machine stalled past
+        // the manifest's 2 s deadline, a fuel-bound loop would end
+        // "exceeded the deadline" instead. A minute still ends a guest
+        // that fuel failed to stop.
+        m.limits.timeout_ms = 60_000;
+    }
     let bytes = std::fs::read(m.component_path()).unwrap();
     let sandbox = Sandbox::new(SandboxConfig {
         fuel,
@@ -197,8 +204,14 @@ fn deadline_stops_a_loop_when_fuel_is_off() {
         "{reason}"
     );
     assert_eq!(outputs[1].value.as_deref(), Some(&b"ok"[..]));
-    // Twice the deadline at most: once in the batch, once alone.
-    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    // The deadline stopped it (the reason says so), once in the batch and
+    // once alone: this bound only guards against a hang, since the epoch
+    // ticker itself runs late on a busy machine.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(120),
+        "the loop ran {:?}",
+        started.elapsed()
+    );
 }
 
 #[derive(Default)]
@@ -399,7 +412,7 @@ fn a_looping_record_burns_one_records_fuel_not_the_batchs() {
 
 /// A guest that calls `begin-record` for the same record in a loop gets no
 /// more fuel: it runs out of its budget. Before, every call refilled the
-/// fuel, and only the call's deadline (here 2 s; up to 10 minutes) stopped
+/// fuel, and only the call's deadline (here 60 s; up to 10 minutes) stopped
 /// it.
 #[test]
 fn begin_record_in_a_loop_does_not_refuel() {

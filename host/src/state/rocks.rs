@@ -314,24 +314,41 @@ mod tests {
             .unwrap();
         }
         let cf = p.db.cf_handle("a").unwrap();
-        let unflushed =
-            p.db.property_int_value_cf(&cf, "rocksdb.cur-size-all-mem-tables")
+        // What is in memory, and what a crash now would leave to replay at
+        // the next open: the logs. Flushes and the deletion of old logs run
+        // on RocksDB's background threads, which a busy machine may leave
+        // behind the writes: the bounds must hold once they catch up (a
+        // generous wait; without the bounds they never would).
+        let measure = || {
+            let unflushed =
+                p.db.property_int_value_cf(&cf, "rocksdb.cur-size-all-mem-tables")
+                    .unwrap()
+                    .unwrap();
+            let logs: u64 = std::fs::read_dir(dir.path())
                 .unwrap()
-                .unwrap();
+                .map(|e| e.unwrap())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+                .map(|e| e.metadata().unwrap().len())
+                .sum();
+            (unflushed, logs)
+        };
+        let within = |(unflushed, logs): (u64, u64)| {
+            unflushed <= 2 * WRITE_BUFFER_BYTES as u64 && logs <= 3 * WRITE_BUFFER_BYTES as u64
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let mut seen = measure();
+        while !within(seen) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            seen = measure();
+        }
+        let (unflushed, logs) = seen;
         // RocksDB's default memtable (64 MB) kept all of it in memory.
         assert!(
             unflushed <= 2 * WRITE_BUFFER_BYTES as u64,
             "{unflushed} bytes in memtables"
         );
-        // What a crash now would leave to replay at the next open: the
-        // logs. Without a bound on them every log stayed, the metadata's
+        // Without a bound on the logs every log stayed, the metadata's
         // memtable holding each one.
-        let logs: u64 = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap())
-            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
-            .map(|e| e.metadata().unwrap().len())
-            .sum();
         assert!(
             logs <= 3 * WRITE_BUFFER_BYTES as u64,
             "{logs} bytes of write-ahead log"
