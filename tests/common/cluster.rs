@@ -321,9 +321,20 @@ impl Cluster {
     /// as committed (stable), and the partitions' ends.
     pub fn progress(&self, group: &str, topic: &str) -> (i64, i64) {
         let c = self.committed_reader(group);
-        let md = c
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .expect("metadata");
+        // Retried: the drill calls this while its faults are on (a broker
+        // just restarted did not answer metadata for 10 s in one CI run),
+        // and its callers wait with deadlines of their own.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let md = loop {
+            match c.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+                Ok(md) => break md,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    eprintln!("progress of {group} on {topic}: metadata: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => panic!("metadata of {topic} for 120 s: {e}"),
+            }
+        };
         let mut tpl = TopicPartitionList::new();
         let mut end = 0;
         for p in md.topics()[0].partitions() {
