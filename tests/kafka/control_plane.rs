@@ -1088,10 +1088,11 @@ fn burn_records_per_feed(
     // something else while idle would otherwise leave nothing to measure).
     let burnt = (used - idle * at.elapsed().as_secs_f64()).max(used / 2.0);
     let per_record = burnt / f64::from(SAMPLE);
-    let feed = (1.5 * FEED_EVERY.as_secs_f64() / per_record).ceil();
+    let feed = (1.5 * FEED_EVERY.as_secs_f64() / per_record)
+        .ceil()
+        .clamp(1.0, 5_000.0) as u64;
     figure("cp_burn_record_cpu_ms", format!("{:.2}", per_record * 1e3));
     figure("cp_burn_host_idle_cores", format!("{idle:.3}"));
-    let feed = feed.clamp(1.0, 5_000.0) as u64;
     figure("cp_burn_records_per_feed", feed);
     feed
 }
