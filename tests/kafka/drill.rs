@@ -162,6 +162,8 @@ struct Outcome {
     duplicates: u64,
     /// The longest wait for committed progress after a fault.
     recovery_max: Duration,
+    /// The longest lag drain at the end of a round, the faults over.
+    drain_max: Duration,
     /// Availability problems: hosts that exited on their own, no progress
     /// after a fault, a lag that does not drain.
     findings: Vec<String>,
@@ -594,14 +596,57 @@ impl<'a> Drill<'a> {
             if since.elapsed() > PROGRESS_TIMEOUT {
                 let (committed, end) = self.cluster.progress(&self.w.app, &self.w.payments);
                 let stacks = self.host_stacks();
+                let state = self.stall_state();
                 self.finding(format!(
                     "no committed progress for {PROGRESS_TIMEOUT:?} after {after} (committed {committed} of {end}); \
-                     where the hosts' threads are:\n{stacks}"
+                     where the hosts' threads are:\n{stacks}{state}"
                 ));
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// What a stall looks like from outside: the group's members and
+    /// their partitions, the brokers' view of the wallet's transactional
+    /// ids, and each host's last log lines.
+    fn stall_state(&self) -> String {
+        let mut text = String::new();
+        let script = |args: &[&str]| {
+            let out = self.cluster.script(args);
+            let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+            s.push_str(&String::from_utf8_lossy(&out.stderr));
+            s
+        };
+        text.push_str("  the group (kafka-consumer-groups --describe --members --verbose):\n");
+        let group = script(&[
+            "groups",
+            "--describe",
+            "--members",
+            "--verbose",
+            "--group",
+            &self.w.app,
+        ]);
+        for line in group.lines().filter(|l| !l.trim().is_empty()) {
+            text.push_str(&format!("    {line}\n"));
+        }
+        text.push_str("  the wallet's transactional ids (kafka-transactions list):\n");
+        let list = script(&["transactions", "list"]);
+        for line in list.lines().filter(|l| {
+            l.starts_with("TransactionalId") || l.starts_with(&format!("{}-", self.w.app))
+        }) {
+            text.push_str(&format!("    {line}\n"));
+        }
+        for host in HOSTS {
+            let log = std::fs::read_to_string(self.w.dir.path().join(format!("{host}.log")))
+                .unwrap_or_default();
+            text.push_str(&format!("  host {host}'s last lines:\n"));
+            for line in tail(&log, 12).lines() {
+                let line: String = line.chars().take(300).collect();
+                text.push_str(&format!("    {line}\n"));
+            }
+        }
+        text
     }
 
     /// Where each host's threads are, by gdb (when the machine has it): the
@@ -674,6 +719,7 @@ impl<'a> Drill<'a> {
             // hosts, and counted as missing).
             let fed = self.next_id as i64;
             if end >= fed && committed >= end {
+                self.outcome.drain_max = self.outcome.drain_max.max(since.elapsed());
                 self.note(format!(
                     "lag drained in {:.1} s ({committed} committed)",
                     since.elapsed().as_secs_f64()
@@ -826,6 +872,10 @@ fn drill(
         "recovery_max_ms",
         outcome.recovery_max.as_millis(),
     );
+    // Before: 103.9 s and 105.1 s in rounds 2 and 3 of a local run, a
+    // restore client's stale metadata after a broker restart (worker.rs,
+    // RESTORER_RENEW_AFTER); scripts/drill holds it to a bound.
+    figure(guarantee, "drain_max_ms", outcome.drain_max.as_millis());
     let logs: String = HOSTS
         .iter()
         .map(|i| std::fs::read_to_string(w.dir.path().join(format!("{i}.log"))).unwrap_or_default())

@@ -64,6 +64,14 @@ pub struct RestoreStats {
 pub(crate) struct Restorer {
     reader: BaseConsumer<kafka::QuietContext>,
     probe: BaseConsumer<kafka::QuietContext>,
+    created: Instant,
+}
+
+impl Restorer {
+    /// How long ago these clients were created.
+    pub(crate) fn age(&self) -> Duration {
+        self.created.elapsed()
+    }
 }
 
 /// A restorer: assigned partitions only, never in a group, never
@@ -82,7 +90,11 @@ pub(crate) fn restorer(d: &Deployment) -> Result<Restorer, StreamError> {
         10,
         kafka::QuietContext::default(),
     )?;
-    Ok(Restorer { reader, probe })
+    Ok(Restorer {
+        reader,
+        probe,
+        created: Instant::now(),
+    })
 }
 
 /// Replays each store's changelog tail into the task's committed stores,

@@ -69,6 +69,16 @@ const RESTORE_SLICE: Duration = Duration::from_secs(5);
 /// How long a restore may keep failing on Kafka errors (a broker away)
 /// before the session restarts.
 const RESTORE_RETRY_LIMIT: Duration = Duration::from_secs(120);
+/// How long a restore may keep failing before its clients are replaced by
+/// new ones (at most once per this long). After a broker restart, a
+/// client's cached metadata can lack a changelog partition: librdkafka
+/// answers `UnknownPartition` from its cache, as a permanent error, without
+/// asking the brokers again, until the entry expires (`metadata.max.age.ms`,
+/// 15 minutes). In the network-fault drill a worker restored nothing for
+/// 103 s after a coordinator broker's SIGKILL and restart, until
+/// [`RESTORE_RETRY_LIMIT`] or a rebalance ended it; a new client asks the
+/// brokers afresh.
+const RESTORER_RENEW_AFTER: Duration = Duration::from_secs(2);
 
 /// Runs worker `n` until shutdown, restarting its session after errors that
 /// do not stop the deployment.
@@ -1406,6 +1416,9 @@ impl Core {
         let restoring = &self.d.metrics.restoring;
         restoring.fetch_add(partitions.len() as u64, Ordering::Relaxed);
         let started = Instant::now();
+        // Whether the restore clients are replaced before the next try
+        // (see RESTORER_RENEW_AFTER).
+        let mut renew = false;
         let mut done = TopicPartitionList::new();
         for p in &partitions {
             let left = RESTORE_SLICE.saturating_sub(started.elapsed());
@@ -1433,9 +1446,17 @@ impl Core {
                     .elapsed()
                     < RESTORE_RETRY_LIMIT =>
                 {
+                    let failing = self
+                        .restore_failing_since
+                        .get(p)
+                        .map_or(Duration::ZERO, Instant::elapsed);
+                    renew =
+                        failing >= RESTORER_RENEW_AFTER && restorer.age() >= RESTORER_RENEW_AFTER;
                     tracing::info!(
                         worker = self.worker,
                         partition = p,
+                        failing_ms = failing.as_millis() as u64,
+                        renewing_clients = renew,
                         "restore interrupted, trying again: {}",
                         error_chain(&e)
                     );
@@ -1469,6 +1490,10 @@ impl Core {
                     done.add_partition(topic, *p);
                 }
             }
+        }
+        if renew {
+            // A new pair is created at the next try.
+            self.restore_consumer = None;
         }
         if done.count() > 0 {
             consumer
