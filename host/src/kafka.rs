@@ -20,12 +20,16 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 
 use crate::types::{Header, InputRecord, OutputRecord};
 
+mod secrets;
+pub use secrets::{ConfigError, FILE_SECRETS, PASSWORD_ENV, extra_config, is_secret};
+
 /// How long metadata and admin calls may take.
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the cluster is, and the extra librdkafka properties (`-X k=v`) every
-/// client of this process gets.
-#[derive(Debug, Clone, Default)]
+/// client of this process gets. Its `Debug` shows secret values (see
+/// [`is_secret`]) as `[redacted]`.
+#[derive(Clone, Default)]
 pub struct Connection {
     /// Kafka bootstrap servers (`host:port,...`).
     pub bootstrap_servers: String,

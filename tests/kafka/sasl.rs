@@ -128,6 +128,24 @@ fn sasl_settings(ca: &Path, user: &str) -> Vec<String> {
     .collect()
 }
 
+/// The same, with the password in a file in `dir` (`-X
+/// sasl.password.file=`), out of the process list.
+fn sasl_file_settings(ca: &Path, dir: &Path, user: &str) -> Vec<String> {
+    let file = dir.join(format!("{user}.password"));
+    std::fs::write(&file, format!("{user}-secret\n")).expect("write the password file");
+    let literal = format!("sasl.password={user}-secret");
+    sasl_settings(ca, user)
+        .into_iter()
+        .map(|kv| {
+            if kv == literal {
+                format!("sasl.password.file={}", file.display())
+            } else {
+                kv
+            }
+        })
+        .collect()
+}
+
 fn as_strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -270,14 +288,16 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
     // rig through PLAINTEXT), run and verified through SASL_SSL as acme.
     let w = Wallet::in_tenant(cluster, "acme", "acme.", "sasl", "exactly_once_v2", 3);
     let produced = w.produce(0, 2_000, 50, Some(100));
-    let acme = sasl_settings(&certs.ca, "acme");
+    // acme's password from a file (issue 45, item 7): `run` and `verify`
+    // authenticate with it, and verify prints no warning.
+    let acme = sasl_file_settings(&certs.ca, certs_dir.path(), "acme");
     let host = w.start("a", &as_strs(&acme));
     w.wait_done(Duration::from_secs(90));
     assert!(host.stop().success(), "onceflow run exits 0 on SIGTERM");
     let checked = w.verify_cli_at(&cluster.host_bootstrap, &as_strs(&acme));
     println!(
         "$ onceflow verify --bootstrap-servers {} -X security.protocol=SASL_SSL \
-         -X sasl.mechanisms=SCRAM-SHA-512 -X sasl.username=acme -X sasl.password=... \
+         -X sasl.mechanisms=SCRAM-SHA-512 -X sasl.username=acme -X sasl.password.file=... \
          -X ssl.ca.location=ca.pem --input {} --echo {} --totals {} --dead-letter {}\n{}",
         cluster.host_bootstrap,
         w.payments,
@@ -293,6 +313,13 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
     // refused; the error says so and names the topic (it said "does not
     // exist" before).
     let log = refused_run(&w, &certs.ca, "intruder");
+    // A password given literally still works, with a warning naming the
+    // alternatives.
+    assert!(
+        log.contains("-X sasl.password=...: the value is visible")
+            && log.contains("-X sasl.password.file=PATH"),
+        "{log}"
+    );
     let topic_refused = format!(
         "error: topic {:?}: not authorized: the brokers refused Describe on it",
         w.payments
@@ -371,7 +398,21 @@ fn a_wallet_through_sasl_ssl_exactly_once_and_principals_without_acls_are_refuse
     let deployed = host.json(ACME, &["deploy", path(&w2.manifest)]);
     assert_eq!(deployed["version"], 1, "{deployed}");
     w2.wait_done(Duration::from_secs(120));
-    let checked = w2.verify_cli_at(&cluster.host_bootstrap, &as_strs(&acme));
+    // This time acme's password from the environment.
+    let no_password: Vec<String> = sasl_settings(&certs.ca, "acme")
+        .chunks(2)
+        .filter(|x_kv| !x_kv[1].starts_with("sasl.password="))
+        .flatten()
+        .cloned()
+        .collect();
+    let checked = crate::common::onceflow()
+        .env("ONCEFLOW_KAFKA_PASSWORD", "acme-secret")
+        .args(["verify", "--bootstrap-servers", &cluster.host_bootstrap])
+        .args(&no_password)
+        .args(["--input", &w2.payments, "--echo", &w2.audit])
+        .args(["--totals", &w2.balances, "--dead-letter", &w2.dlq])
+        .output()
+        .expect("run onceflow verify");
     println!(
         "$ onceflow deploy (through a host as User:onceflow over SASL_SSL), then verify\n{}",
         String::from_utf8_lossy(&checked.stdout)

@@ -269,7 +269,9 @@ pub struct KafkaArgs {
     #[arg(long, default_value = "classic", value_parser = ["classic", "consumer"])]
     pub group_protocol: String,
     /// Extra librdkafka property for every client, `key=value`
-    /// (repeatable).
+    /// (repeatable). Secrets: `-X sasl.password.file=PATH` (the file's
+    /// first line; also `ssl.key.password.file`, ...) or
+    /// ONCEFLOW_KAFKA_PASSWORD, not `-X sasl.password=`, which `ps` shows.
     #[arg(short = 'X', long = "kafka-config")]
     pub kafka_config: Vec<String>,
     /// How often to log throughput, commit latency and failures (ms).
@@ -282,16 +284,13 @@ pub struct KafkaArgs {
     pub state_cleanup_delay_ms: u64,
 }
 
-/// `-X key=value` pairs.
+/// `-X key=value` pairs, every subcommand's alike: secrets from
+/// `-X <key>.file=PATH` and `ONCEFLOW_KAFKA_PASSWORD`
+/// ([`onceflow::kafka::extra_config`], docs/kafka-security.md).
 pub fn kafka_config(pairs: &[String]) -> anyhow::Result<Vec<(String, String)>> {
-    pairs
-        .iter()
-        .map(|kv| {
-            kv.split_once('=')
-                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                .ok_or_else(|| usage(format!("-X {kv:?}: expected key=value")))
-        })
-        .collect()
+    let env_password = std::env::var(onceflow::kafka::PASSWORD_ENV).ok();
+    onceflow::kafka::extra_config(pairs, env_password)
+        .map_err(|e| usage(onceflow::types::error_chain(&e)))
 }
 
 impl KafkaArgs {
@@ -431,7 +430,9 @@ pub struct SinkArgs {
     #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
     pub bootstrap_servers: String,
     /// Extra librdkafka property for every client, `key=value`
-    /// (repeatable).
+    /// (repeatable). Secrets: `-X sasl.password.file=PATH` (the file's
+    /// first line; also `ssl.key.password.file`, ...) or
+    /// ONCEFLOW_KAFKA_PASSWORD, not `-X sasl.password=`, which `ps` shows.
     #[arg(short = 'X', long = "kafka-config")]
     pub kafka_config: Vec<String>,
     /// This instance's name in the group and in the progress table
@@ -469,7 +470,9 @@ pub struct VerifyArgs {
     #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
     pub bootstrap_servers: String,
     /// Extra librdkafka property for every client, `key=value`
-    /// (repeatable).
+    /// (repeatable). Secrets: `-X sasl.password.file=PATH` (the file's
+    /// first line; also `ssl.key.password.file`, ...) or
+    /// ONCEFLOW_KAFKA_PASSWORD, not `-X sasl.password=`, which `ps` shows.
     #[arg(short = 'X', long = "kafka-config")]
     pub kafka_config: Vec<String>,
     /// Input topic (JSON values).

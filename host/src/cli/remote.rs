@@ -117,9 +117,8 @@ impl Remote {
     fn hint(&self, e: &reqwest::Error) -> &'static str {
         let chain = error_chain(e).to_lowercase();
         let https = self.base.starts_with("https://");
-        if https && (chain.contains("certificate") || chain.contains("unknownissuer")) {
-            " (its certificate is not trusted: pass the CA that signed the host's --tls-cert \
-             with --ca-cert or ONCEFLOW_CA_CERT)"
+        if let Some(hint) = certificate_hint(&chain).filter(|_| https) {
+            hint
         } else if https && (chain.contains("wrong version") || chain.contains("corrupt message")) {
             " (it does not speak TLS: is the host serving http? then use http://)"
         } else if !https && e.is_request() && !e.is_connect() {
@@ -135,6 +134,34 @@ impl Remote {
 
     fn post<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.send(self.client.post(self.url(path)))
+    }
+}
+
+/// What to do about the server's certificate, from a failed connection's
+/// error chain (lowercase): rustls names what it refused
+/// (`CaUsedAsEndEntity`, `NotValidForName`, `UnknownIssuer`, ...).
+fn certificate_hint(chain: &str) -> Option<&'static str> {
+    if chain.contains("causedasendentity") {
+        // The CA is trusted (or is the certificate itself): passing it
+        // again cannot help.
+        Some(
+            " (the host's certificate is a CA certificate (CA:TRUE), which TLS clients refuse \
+             as a server's: give the host's --tls-cert a leaf certificate (CA:FALSE) signed by \
+             that CA, and clients the CA with --ca-cert; docs/operations.md has a recipe)",
+        )
+    } else if chain.contains("not valid for name") || chain.contains("notvalidforname") {
+        Some(
+            " (the host's certificate does not name the host in --server: use a name or \
+             address its subjectAltName holds, or give the host a certificate that names this \
+             one)",
+        )
+    } else if chain.contains("certificate") || chain.contains("unknownissuer") {
+        Some(
+            " (its certificate is not trusted: pass the CA that signed the host's --tls-cert \
+             with --ca-cert or ONCEFLOW_CA_CERT)",
+        )
+    } else {
+        None
     }
 }
 
@@ -658,6 +685,144 @@ pub fn query(name: &str, store: &str, key: &str, args: &RemoteArgs) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Serves one HTTPS connection on 127.0.0.1 with `chain` and `key`,
+    /// answering a request with `{}`; returns the port.
+    fn serve_once(
+        chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+        key: rustls::pki_types::PrivateKeyDer<'static>,
+    ) -> (u16, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().expect("accept");
+            let conn =
+                rustls::ServerConnection::new(std::sync::Arc::new(config)).expect("connection");
+            let mut tls = rustls::StreamOwned::new(conn, stream);
+            // A client that refuses the certificate aborts the handshake:
+            // the read fails, and that is the end.
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match tls.read(&mut buf) {
+                    Ok(n) if n > 0 => request.extend_from_slice(&buf[..n]),
+                    _ => return,
+                }
+            }
+            let _ = tls.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                  content-length: 2\r\nconnection: close\r\n\r\n{}",
+            );
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+        });
+        (port, server)
+    }
+
+    /// `GET /v1/deployments` from `https://127.0.0.1:port` trusting `ca`.
+    fn get_with_ca(port: u16, ca: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+        let remote = Remote::new(&RemoteArgs {
+            server: format!("https://127.0.0.1:{port}"),
+            ca_cert: Some(ca.to_path_buf()),
+            token: Some("t".to_owned()),
+            output: OutputFormat::Text,
+        })?;
+        remote.get("/v1/deployments")
+    }
+
+    /// A server whose certificate is a CA certificate (what
+    /// docs/operations.md's recipe used to make): the CLI, given that very
+    /// certificate with --ca-cert, is refused (`CaUsedAsEndEntity`) and told
+    /// to make a leaf, not to pass --ca-cert again.
+    #[test]
+    fn a_ca_certificate_as_the_servers_is_named_as_such() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params
+            .self_signed(&key)
+            .expect("self-signed CA certificate");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = dir.path().join("admin.pem");
+        std::fs::write(&ca, cert.pem()).expect("write");
+        let (port, server) = serve_once(
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        );
+        let e = get_with_ca(port, &ca).expect_err("a CA certificate as the server's is refused");
+        let shown = format!("{e:#}");
+        server.join().expect("server thread");
+        assert!(shown.contains("CaUsedAsEndEntity"), "{shown}");
+        assert!(
+            shown.contains("is a CA certificate") && shown.contains("leaf certificate"),
+            "{shown}"
+        );
+        assert!(!shown.contains("not trusted"), "{shown}");
+    }
+
+    /// docs/operations.md's test-certificate recipe, run as written (the
+    /// doc runner runs it too, but `openssl verify` accepts a CA
+    /// certificate as a server's): the CLI, given its CA, connects to a
+    /// server with its certificate and key.
+    #[test]
+    fn the_operations_docs_certificate_recipe_makes_a_certificate_the_cli_trusts() {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md");
+        let doc = std::fs::read_to_string(doc_path).expect("read docs/operations.md");
+        let recipe = doc
+            .split("```")
+            .find(|b| b.starts_with("sh\n") && b.contains("-out admin-ca.pem"))
+            .expect("docs/operations.md: the sh block that makes admin-ca.pem");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = std::process::Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &recipe["sh\n".len()..]])
+            .current_dir(dir.path())
+            .output()
+            .expect("run bash (and the openssl CLI)");
+        assert!(
+            out.status.success(),
+            "the recipe failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let chain = CertificateDer::pem_file_iter(dir.path().join("admin.pem"))
+            .expect("read admin.pem")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("admin.pem is PEM");
+        let key =
+            PrivateKeyDer::from_pem_file(dir.path().join("admin-key.pem")).expect("admin-key.pem");
+        let (port, server) = serve_once(chain, key);
+        let answer = get_with_ca(port, &dir.path().join("admin-ca.pem"));
+        server.join().expect("server thread");
+        let answer = answer.unwrap_or_else(|e| panic!("the recipe's certificate: {e:#}"));
+        assert_eq!(answer, serde_json::json!({}));
+    }
+
+    #[test]
+    fn certificate_hints_name_what_is_wrong() {
+        let ca_leaf = "invalid peer certificate: other(othererror(causedasendentity))";
+        let name = "invalid peer certificate: certificate not valid for name \"host-7\"; \
+                    certificate is only valid for ipaddress(127.0.0.1)";
+        let issuer = "invalid peer certificate: unknownissuer";
+        assert!(certificate_hint(ca_leaf).is_some_and(|h| h.contains("leaf")));
+        assert!(certificate_hint(name).is_some_and(|h| h.contains("subjectAltName")));
+        assert!(certificate_hint(issuer).is_some_and(|h| h.contains("--ca-cert")));
+        assert_eq!(certificate_hint("connection refused"), None);
+    }
 
     #[test]
     fn encodes_path_parts() {
