@@ -40,3 +40,5 @@ mod h_joins;
 mod i_copartition;
 #[path = "kafka/sink.rs"]
 mod j_sink;
+#[path = "kafka/sink_tenants.rs"]
+mod k_sink_tenants;

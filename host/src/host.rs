@@ -53,6 +53,10 @@ pub enum HostError {
     /// The Wasm engine could not be set up.
     #[error("cannot start the sandbox")]
     Sandbox(#[source] SandboxError),
+    /// A database connection offered to tenants' sinks may not be used (a
+    /// superuser, or a tenant's role that reaches more than its tables).
+    #[error("refusing to offer the sink connections (--sink-connections)")]
+    SinkConnections(#[source] crate::sink::SinkError),
     /// The admin API's certificate cannot be used.
     #[error("cannot serve the admin API over HTTPS")]
     Tls(#[source] TlsError),
@@ -107,6 +111,8 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         .map(ServerTls::load)
         .transpose()
         .map_err(HostError::Tls)?;
+    // Then the sink connections, before any Kafka work.
+    crate::sink::check_connections(&sink_connections).map_err(HostError::SinkConnections)?;
     tracing::info!(
         host = %run.instance_id,
         state_dir = %run.state_dir.display(),

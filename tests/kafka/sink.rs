@@ -566,7 +566,6 @@ fn b_a_tenants_sink_on_the_fleet() {
     let _g = serial();
     let cluster = Cluster::shared();
     let pg = Postgres::up();
-    let mut db = pg.client();
     let w = Wallet::in_tenant(cluster, "acme", "acme.", "fleetsink", "exactly_once_v2", 3);
     let produced = w.produce(0, 3_000, 100, Some(50));
     let host = w.start("a", &[]);
@@ -574,7 +573,30 @@ fn b_a_tenants_sink_on_the_fleet() {
     assert!(host.stop().success());
 
     let tag = w.name.replace(['-', '.'], "_");
-    let (audit, balances) = create_tables(&mut db, &tag);
+    // The operator's setup (docs/sink.md): acme's role and schema, its
+    // tables there, made by the superuser and granted to the role.
+    let out = pg.script(&["tenant", "acme"]);
+    assert!(
+        out.status.success(),
+        "scripts/postgres tenant acme: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut admin = {
+        let dir = pg.password_file.parent().expect("dir");
+        let pw = std::fs::read_to_string(dir.join("admin-password")).expect("admin-password");
+        let mut c: ::postgres::Config = pg.url.parse().expect("url");
+        c.user("onceflow").password(pw.trim());
+        c.connect(::postgres::NoTls)
+            .expect("connect as the superuser")
+    };
+    admin
+        .batch_execute("SET search_path = acme")
+        .expect("search_path");
+    let (audit, balances) = create_tables(&mut admin, &tag);
+    admin
+        .batch_execute("RESET search_path")
+        .expect("search_path");
+    let (audit, balances) = (format!("acme.{audit}"), format!("acme.{balances}"));
     let dlq = format!("{}.sink-dlq", w.payments);
     cluster.create_topics(&[(&dlq, 1)]);
     let connections = w.dir.path().join("connections.toml");
@@ -639,7 +661,7 @@ fn b_a_tenants_sink_on_the_fleet() {
 
     let expected = valid_ids(&[(0, 3_000)], 50);
     wait_rows(
-        &mut db,
+        &mut admin,
         &audit,
         expected.len() as i64,
         Duration::from_secs(120),
@@ -655,16 +677,16 @@ fn b_a_tenants_sink_on_the_fleet() {
     h.json(ACME, &["delete", &name]);
     h.stop();
 
-    let rows = count(&mut db, &format!("SELECT count(*) FROM {audit}"));
+    let rows = count(&mut admin, &format!("SELECT count(*) FROM {audit}"));
     let distinct = count(
-        &mut db,
+        &mut admin,
         &format!("SELECT count(DISTINCT payment_id) FROM {audit}"),
     );
     assert_eq!(
         (rows, distinct),
         (expected.len() as i64, expected.len() as i64)
     );
-    let table: BTreeMap<String, i64> = db
+    let table: BTreeMap<String, i64> = admin
         .query(&format!("SELECT account, balance FROM {balances}"), &[])
         .unwrap()
         .iter()
@@ -676,7 +698,7 @@ fn b_a_tenants_sink_on_the_fleet() {
     );
     // Its rows in the sink's tables are the tenant's: `<tenant>.<name>`.
     let owners = count(
-        &mut db,
+        &mut admin,
         &format!(
             "SELECT count(*) FROM onceflow_sink_progress WHERE sink = 'acme.{name}' AND owner = 'h1'"
         ),
@@ -686,7 +708,8 @@ fn b_a_tenants_sink_on_the_fleet() {
         "the progress rows of both topics' 3 partitions, owned by h1"
     );
     figure("fleet_sink_payments_verified", expected.len());
-    db.batch_execute(&format!("DROP TABLE {audit}, {balances}"))
+    admin
+        .batch_execute(&format!("DROP TABLE {audit}, {balances}"))
         .unwrap();
     pg.down();
 }

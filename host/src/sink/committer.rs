@@ -209,8 +209,9 @@ impl Committer {
                 }
                 Err(BatchError::Database(e)) => {
                     return Err(SinkError::Database {
-                        what: format!("applying a batch: {}", db::pg_message(&e)),
-                        source: Box::new(e),
+                        what: "applying a batch".to_owned(),
+                        // Redacted: the tenant sees this (a sink's status).
+                        source: db::pg_message(&e).into(),
                     });
                 }
                 Err(BatchError::Fatal(e)) => return Err(e),
@@ -237,8 +238,9 @@ impl Committer {
                 }
                 Err(BatchError::Database(e)) => {
                     return Err(SinkError::Database {
-                        what: format!("claiming partitions: {}", db::pg_message(&e)),
-                        source: Box::new(e),
+                        what: "claiming partitions".to_owned(),
+                        // Redacted: the tenant sees this (a sink's status).
+                        source: db::pg_message(&e).into(),
                     });
                 }
             }
@@ -314,8 +316,9 @@ impl Committer {
                 }
                 Err(BatchError::Database(e)) => {
                     return Err(SinkError::Database {
-                        what: format!("forwarding dead letters: {}", db::pg_message(&e)),
-                        source: Box::new(e),
+                        what: "forwarding dead letters".to_owned(),
+                        // Redacted: the tenant sees this (a sink's status).
+                        source: db::pg_message(&e).into(),
                     });
                 }
                 Err(BatchError::Fenced(_)) => return Ok(()),

@@ -43,6 +43,13 @@ pub struct PostgresConfig {
     /// The schema of the sink's own tables (`onceflow_sink_progress`,
     /// `onceflow_sink_markers`, `onceflow_sink_dead_letters`).
     pub schema: String,
+    /// The role the routes' statements run under (`SET LOCAL ROLE`), with
+    /// its schema first on the `search_path`; `None`: the connection's user
+    /// (a sink of the operator's own). On the fleet, the tenant's role
+    /// (`db/roles.rs`).
+    pub role: Option<String>,
+    /// The tenant whose role `role` is (on the fleet), for messages.
+    pub tenant: Option<String>,
 }
 
 /// One topic and what its records become.
@@ -119,6 +126,7 @@ struct RawPostgres {
     password_file: Option<PathBuf>,
     #[serde(default = "default_schema")]
     schema: String,
+    role: Option<String>,
 }
 
 fn default_schema() -> String {
@@ -235,6 +243,9 @@ impl SinkConfig {
             ));
         }
         check_identifier(&raw.postgres.schema).map_err(|m| invalid("postgres.schema", m))?;
+        if let Some(role) = &raw.postgres.role {
+            check_identifier(role).map_err(|m| invalid("postgres.role", m))?;
+        }
         if raw.batch.max_records == 0 || raw.batch.max_records > 100_000 {
             return Err(invalid(
                 "batch.max-records",
@@ -378,6 +389,8 @@ impl SinkConfig {
                             "missing: mode \"sql\" runs a statement".to_owned(),
                         )
                     })?;
+                    super::sql_check::check(&statement)
+                        .map_err(|refusal| invalid(&at("sql"), refusal.to_string()))?;
                     let params = r.params.clone().unwrap_or_default();
                     for p in &params {
                         if p.starts_with('$') && !SPECIAL_PARAMS.contains(&p.as_str()) {
@@ -416,6 +429,8 @@ impl SinkConfig {
                 connection: raw.postgres.connection,
                 password_file: raw.postgres.password_file,
                 schema: raw.postgres.schema,
+                role: raw.postgres.role,
+                tenant: None,
             },
             routes,
             dead_letter_topic: raw.dead_letter_topic,
@@ -454,8 +469,19 @@ impl SinkConfig {
                     list_or_none(&offered)
                 )
             })?;
+        if self.postgres.role.is_some() {
+            return Err(format!(
+                "postgres.role: not on the fleet: your statements run under your role on \
+                 connection {wanted:?}, which the operator names; remove it"
+            ));
+        }
         self.postgres.connection = c.connection.clone();
         self.postgres.password_file = c.password_file.clone();
+        if let Some(schema) = &c.schema {
+            self.postgres.schema = schema.clone();
+        }
+        self.postgres.role = Some(c.role_of(tenant));
+        self.postgres.tenant = Some(tenant.to_owned());
         self.name = format!("{tenant}.{}", self.name);
         self.group = Some(self.name.clone());
         Ok(self)
@@ -514,11 +540,39 @@ pub struct Connections(Vec<NamedConnection>);
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct NamedConnection {
-    name: String,
-    connection: String,
+pub(crate) struct NamedConnection {
+    pub(crate) name: String,
+    pub(crate) connection: String,
     password_file: Option<PathBuf>,
-    tenants: Vec<String>,
+    pub(crate) tenants: Vec<String>,
+    /// Where Onceflow's tables live on this connection (owned by the
+    /// connection's user); default: the sink.toml's `postgres.schema`.
+    schema: Option<String>,
+    /// Each tenant's role (its statements run under it); default: the
+    /// tenant's name.
+    #[serde(default)]
+    roles: std::collections::BTreeMap<String, String>,
+}
+
+impl NamedConnection {
+    /// The role tenant `tenant`'s statements run under.
+    pub(crate) fn role_of(&self, tenant: &str) -> String {
+        self.roles
+            .get(tenant)
+            .cloned()
+            .unwrap_or_else(|| tenant.to_owned())
+    }
+
+    /// The connection as a sink's `[postgres]`.
+    pub(crate) fn as_config(&self) -> PostgresConfig {
+        PostgresConfig {
+            connection: self.connection.clone(),
+            password_file: self.password_file.clone(),
+            schema: self.schema.clone().unwrap_or_else(default_schema),
+            role: None,
+            tenant: None,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -558,6 +612,18 @@ impl Connections {
                     "holds a password in clear: give `password-file` instead".to_owned(),
                 ));
             }
+            if let Some(schema) = &c.schema {
+                check_identifier(schema).map_err(|m| invalid(at("schema"), m))?;
+            }
+            for (tenant, role) in &c.roles {
+                check_identifier(role).map_err(|m| invalid(at(&format!("roles.{tenant}")), m))?;
+                if !c.tenants.contains(tenant) {
+                    return Err(invalid(
+                        at(&format!("roles.{tenant}")),
+                        format!("{tenant:?} is not in `tenants`: add it there, or remove its role"),
+                    ));
+                }
+            }
         }
         let mut all = raw.postgres;
         for c in &mut all {
@@ -568,6 +634,11 @@ impl Connections {
             }
         }
         Ok(Connections(all))
+    }
+
+    /// Every connection.
+    pub(crate) fn all(&self) -> &[NamedConnection] {
+        &self.0
     }
 
     /// The names offered to `tenant`.

@@ -35,7 +35,12 @@ use postgres::{Client, NoTls, Statement, Transaction};
 use serde_json::Value;
 
 use super::SinkError;
-use super::config::{Apply, SinkConfig, quote};
+use super::config::{Apply, PostgresConfig, SinkConfig, quote};
+
+mod redact;
+pub(crate) mod roles;
+
+pub(crate) use redact::pg_message;
 
 /// One record of a batch, parsed.
 #[derive(Debug, Clone)]
@@ -132,6 +137,59 @@ pub(crate) struct Db {
     s: Statements,
 }
 
+/// `SET LOCAL ROLE` to the tenant's role with its schema first on the
+/// `search_path`, and back (`db/roles.rs`); empty when the routes run as the
+/// connection's user.
+struct AsTenant {
+    enter: String,
+    leave: String,
+}
+
+impl AsTenant {
+    fn of(config: &SinkConfig) -> AsTenant {
+        match &config.postgres.role {
+            Some(role) => {
+                let r = roles::quote_ident(role);
+                AsTenant {
+                    enter: format!("SET LOCAL ROLE {r}; SET LOCAL search_path = {r}, public"),
+                    leave: "SET LOCAL ROLE NONE; SET LOCAL search_path TO DEFAULT".to_owned(),
+                }
+            }
+            None => AsTenant {
+                enter: String::new(),
+                leave: String::new(),
+            },
+        }
+    }
+
+    fn enter(&self, t: &mut Transaction<'_>) -> Result<(), postgres::Error> {
+        if self.enter.is_empty() {
+            return Ok(());
+        }
+        t.batch_execute(&self.enter)
+    }
+
+    fn leave(&self, t: &mut Transaction<'_>) -> Result<(), postgres::Error> {
+        if self.leave.is_empty() {
+            return Ok(());
+        }
+        t.batch_execute(&self.leave)
+    }
+}
+
+/// Onceflow's tables in `schema`, quoted.
+pub(crate) fn own_tables(schema: &str) -> Vec<String> {
+    let schema = quote(schema);
+    [
+        "onceflow_sink_progress",
+        "onceflow_sink_markers",
+        "onceflow_sink_dead_letters",
+    ]
+    .iter()
+    .map(|t| format!("{schema}.{t}"))
+    .collect()
+}
+
 /// The sink's own statements, with the schema filled in.
 struct Statements {
     progress: String,
@@ -144,8 +202,9 @@ impl Db {
     /// route's statement (a missing table or column is named here, before
     /// any record is read).
     pub(crate) fn connect(config: &SinkConfig) -> Result<Db, SinkError> {
-        let password = read_password(config)?;
-        let client = open(config, password.as_deref())?;
+        let password = read_password(&config.postgres)?;
+        let mut client = open(&config.postgres, password.as_deref())?;
+        let user = roles::check_sink_role(&mut client)?;
         let schema = quote(&config.postgres.schema);
         let mut db = Db {
             client,
@@ -159,6 +218,11 @@ impl Db {
             },
         };
         db.create_tables()?;
+        if let Some(role) = &config.postgres.role {
+            let tenant = config.postgres.tenant.as_deref().unwrap_or(&config.name);
+            let tables = own_tables(&config.postgres.schema);
+            roles::check_tenant_role(&mut db.client, tenant, role, &user, &tables)?;
+        }
         db.prepare_routes()?;
         Ok(db)
     }
@@ -166,7 +230,7 @@ impl Db {
     /// Opens a new connection after a transient failure, with the same
     /// prepared statements.
     pub(crate) fn reconnect(&mut self) -> Result<(), SinkError> {
-        self.client = open(&self.config, self.password.as_deref())?;
+        self.client = open(&self.config.postgres, self.password.as_deref())?;
         self.prepare_routes()
     }
 
@@ -176,9 +240,23 @@ impl Db {
             markers,
             dead_letters,
         } = &self.s;
+        // No lock a tenant could hold (an advisory lock is anyone's): the
+        // tables are created when missing, and a race between two sinks
+        // creating them at once is retried.
+        let present: bool = self
+            .client
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+                 AND to_regclass($3) IS NOT NULL",
+                &[progress, markers, dead_letters],
+            )
+            .map_err(|e| db_error("looking for the sink's tables", e))?
+            .get(0);
+        if present {
+            return Ok(());
+        }
         let ddl = format!(
-            "SELECT pg_advisory_xact_lock(7245821);
-             CREATE TABLE IF NOT EXISTS {progress} (
+            "CREATE TABLE IF NOT EXISTS {progress} (
                sink text NOT NULL, topic text NOT NULL, kafka_partition int NOT NULL,
                next_offset bigint, owner_epoch bigint NOT NULL, owner text NOT NULL,
                updated_at timestamptz NOT NULL DEFAULT now(),
@@ -199,36 +277,61 @@ impl Db {
              CREATE INDEX IF NOT EXISTS onceflow_sink_dead_letters_unforwarded
                ON {dead_letters} (sink, id) WHERE NOT forwarded;"
         );
-        let mut t = self
-            .client
-            .transaction()
-            .map_err(|e| db_error("starting a transaction", e))?;
-        t.batch_execute(&ddl).map_err(|e| {
-            db_error(
-                format!(
-                    "creating the sink's tables in schema {:?} (the user needs CREATE on it)",
-                    self.config.postgres.schema
-                ),
-                e,
-            )
-        })?;
-        t.commit()
-            .map_err(|e| db_error("creating the sink's tables", e))
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = self
+                .client
+                .transaction()
+                .and_then(|mut t| t.batch_execute(&ddl).and_then(|()| t.commit()));
+            match result {
+                Ok(()) => return Ok(()),
+                // Another sink created them meanwhile (a unique violation
+                // in the catalog, or "already exists").
+                Err(e)
+                    if attempt < 5
+                        && e.code()
+                            .is_some_and(|c| ["23505", "42P07", "42710"].contains(&c.code())) =>
+                {
+                    std::thread::sleep(Duration::from_millis(50 * attempt));
+                }
+                Err(e) => {
+                    return Err(db_error(
+                        format!(
+                            "creating the sink's tables in schema {:?} (the connection's user \
+                             needs CREATE on it; docs/sink.md, \"The operator's setup\")",
+                            self.config.postgres.schema
+                        ),
+                        e,
+                    ));
+                }
+            }
+        }
     }
 
     fn prepare_routes(&mut self) -> Result<(), SinkError> {
         let mut prepared = Vec::new();
+        let as_tenant = AsTenant::of(&self.config);
+        // Under the tenant's role: its tables, its schema, its privileges.
+        let mut t = self
+            .client
+            .transaction()
+            .map_err(|e| db_error("starting a transaction", e))?;
+        as_tenant
+            .enter(&mut t)
+            .map_err(|e| db_error("switching to the tenant's role", e))?;
         for (i, route) in self.config.routes.iter().enumerate() {
             let (apply, delete) = route_sql(&route.apply);
             let what = |e: postgres::Error| SinkError::Route {
                 route: i,
                 topic: route.topic.clone(),
                 message: format!(
-                    "{}: create the table, or fix the route (docs/sink.md)",
-                    pg_message(&e)
+                    "{}: create the table, grant it to the route's role, or fix the route \
+                     (docs/sink.md)",
+                    prepare_message(&e)
                 ),
             };
-            let apply = self.client.prepare(&apply).map_err(what)?;
+            let apply = t.prepare(&apply).map_err(what)?;
             if let Apply::Sql { params, .. } = &route.apply {
                 if apply.params().len() != params.len() {
                     return Err(SinkError::Route {
@@ -257,11 +360,13 @@ impl Db {
                 }
             }
             let delete = match delete {
-                Some(sql) => Some(self.client.prepare(&sql).map_err(what)?),
+                Some(sql) => Some(t.prepare(&sql).map_err(what)?),
                 None => None,
             };
             prepared.push(Prepared { apply, delete });
         }
+        t.commit()
+            .map_err(|e| db_error("preparing the routes' statements", e))?;
         self.prepared = prepared;
         Ok(())
     }
@@ -332,6 +437,7 @@ impl Db {
         let config = &self.config;
         let s = &self.s;
         let prepared = &self.prepared;
+        let as_tenant = AsTenant::of(config);
         let mut t = self.client.transaction().map_err(BatchError::Database)?;
         let mut done = Applied {
             slow,
@@ -433,7 +539,9 @@ impl Db {
                     Some(d) => dead.push(conflict(item, d)),
                 }
             }
-            // 4. The effects.
+            // 4. The effects, under the tenant's role; back to the sink's
+            //    for its own tables.
+            as_tenant.enter(&mut t).map_err(BatchError::Database)?;
             for (r, prep) in prepared.iter().enumerate() {
                 let of_route: Vec<&Item> = new.iter().copied().filter(|i| i.route == r).collect();
                 if of_route.is_empty() {
@@ -442,6 +550,7 @@ impl Db {
                 apply_route(&mut t, &config.routes[r].apply, prep, &of_route, &mut dead)
                     .map_err(BatchError::Database)?;
             }
+            as_tenant.leave(&mut t).map_err(BatchError::Database)?;
             // Records the route refused (a missing key column, a tombstone
             // where none is allowed, a parameter that does not convert)
             // were not applied: their markers go, so that a corrected event
@@ -474,13 +583,18 @@ impl Db {
                 }
                 let route = item.route;
                 let mut own_dead = Vec::new();
-                match apply_route(
+                as_tenant.enter(&mut sp).map_err(BatchError::Database)?;
+                let applied = apply_route(
                     &mut sp,
                     &config.routes[route].apply,
                     &prepared[route],
                     &[item],
                     &mut own_dead,
-                ) {
+                )
+                .and_then(|()| as_tenant.leave(&mut sp));
+                // A failed statement's savepoint is rolled back with the
+                // role switch in it: the sink's role is back either way.
+                match applied {
                     Ok(()) if own_dead.is_empty() => {
                         sp.commit().map_err(BatchError::Database)?;
                         done.applied += 1;
@@ -591,25 +705,22 @@ impl Db {
     }
 }
 
-/// Opens a connection, named in `pg_stat_activity` as the sink.
-fn open(config: &SinkConfig, password: Option<&str>) -> Result<Client, SinkError> {
-    let mut c: postgres::Config =
-        config
-            .postgres
-            .connection
-            .parse()
-            .map_err(|e| SinkError::Database {
-                what: format!(
-                    "postgres.connection {:?} is not a connection string",
-                    config.postgres.connection
-                ),
-                source: Box::new(e),
-            })?;
+/// Opens a connection, named `onceflow-sink` in `pg_stat_activity`: every
+/// role sees other sessions' names, so a sink's name (its tenant's) is not
+/// in it; its log says which backend it is.
+pub(crate) fn open(config: &PostgresConfig, password: Option<&str>) -> Result<Client, SinkError> {
+    let mut c: postgres::Config = config.connection.parse().map_err(|e| SinkError::Database {
+        what: format!(
+            "postgres.connection {:?} is not a connection string",
+            config.connection
+        ),
+        source: Box::new(e),
+    })?;
     if let Some(p) = password {
         c.password(p);
     }
     if c.get_application_name().is_none() {
-        c.application_name(&format!("onceflow-sink-{}", config.name));
+        c.application_name("onceflow-sink");
     }
     if c.get_options().is_none() {
         // A transaction left open by an instance that stopped mid-batch
@@ -621,19 +732,27 @@ fn open(config: &SinkConfig, password: Option<&str>) -> Result<Client, SinkError
     if c.get_connect_timeout().is_none() {
         c.connect_timeout(Duration::from_secs(10));
     }
-    c.connect(NoTls).map_err(|e| {
+    let mut client = c.connect(NoTls).map_err(|e| {
         db_error(
             format!(
                 "connecting to PostgreSQL ({}); check the server, the user and the password",
-                config.postgres.connection
+                config.connection
             ),
             e,
         )
-    })
+    })?;
+    if let Ok(row) = client.query_one("SELECT pg_backend_pid()", &[]) {
+        tracing::info!(
+            backend_pid = row.get::<_, i32>(0),
+            role = ?config.role,
+            "connected to PostgreSQL"
+        );
+    }
+    Ok(client)
 }
 
-fn read_password(config: &SinkConfig) -> Result<Option<String>, SinkError> {
-    if let Some(f) = &config.postgres.password_file {
+pub(crate) fn read_password(config: &PostgresConfig) -> Result<Option<String>, SinkError> {
+    if let Some(f) = &config.password_file {
         let text = std::fs::read_to_string(f).map_err(|source| SinkError::PasswordFile {
             path: f.clone(),
             source,
@@ -650,8 +769,9 @@ fn db_error(what: impl Into<String>, e: postgres::Error) -> SinkError {
     }
 }
 
-/// The server's message (and its detail), or the client's.
-pub(crate) fn pg_message(e: &postgres::Error) -> String {
+/// The server's message (and its detail), or the client's, unredacted:
+/// for a statement being prepared (no record's value is in it yet).
+fn prepare_message(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(d) => match d.detail() {
             Some(detail) => format!("{} ({})", d.message(), detail),

@@ -18,11 +18,15 @@
 //!
 //! This module owns the Kafka side (the consumer, the dead-letter
 //! producer) and the loop; `config.rs` reads `sink.toml`; `db.rs` owns the
-//! PostgreSQL client. docs/sink.md is the user's guide.
+//! PostgreSQL client; `db/roles.rs` checks who runs what (the sink's role owns
+//! Onceflow's tables, a tenant's statements run under the tenant's role);
+//! `sql_check.rs` checks a `sql` route's statement; `db/redact.rs` takes the
+//! values out of PostgreSQL's messages. docs/sink.md is the user's guide.
 
 mod committer;
 pub mod config;
 mod db;
+pub mod sql_check;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -40,6 +44,7 @@ use sha2::{Digest, Sha256};
 use committer::{BatchDone, BatchJob, Committer, DeadLetterContext, Job};
 use config::Identity;
 pub use config::{Connections, SinkConfig};
+pub use db::roles::check_connections;
 use db::{Db, Item};
 
 use crate::kafka::{self, Connection, KafkaError, QuietContext};
@@ -229,8 +234,11 @@ pub fn run_postgres(
     options: SinkOptions,
     shutdown: Arc<AtomicBool>,
 ) -> Result<SinkReport, SinkError> {
-    check_topics(&config, &options.kafka)?;
+    // The database first: a connection that may not be used (a superuser,
+    // a tenant's role that could reach more than its tables) is refused
+    // before any Kafka work.
     let db = Db::connect(&config)?;
+    check_topics(&config, &options.kafka)?;
     let topics: Vec<&str> = config.routes.iter().map(|r| r.topic.as_str()).collect();
     kafka::wait_for_topics(
         &options.kafka,
