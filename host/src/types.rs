@@ -457,4 +457,11 @@ pub struct UsageRecord {
     /// What it counts.
     #[serde(flatten)]
     pub usage: Usage,
+    /// A sink's record only (`sink:<sink>:<row id>`): a sink forwards its
+    /// usage from the database after the batch committed there, at least
+    /// once, so a record may come twice; the reader counts an id once.
+    /// A worker's record has none: it is written in the transaction it
+    /// counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }

@@ -317,6 +317,56 @@ impl Cluster {
             .expect("consumer")
     }
 
+    /// Records and bytes (keys, values, headers) committed in `topic`, read
+    /// independently of the host: what usage must agree with.
+    pub fn records_and_bytes(&self, topic: &str) -> (u64, u64) {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::{Headers, Message};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", "usage-check")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let partitions = md.topics()[0].partitions().len();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions as i32 {
+            tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+                .expect("partition");
+        }
+        consumer.assign(&tpl).expect("assign");
+        let (mut records, mut bytes, mut ended) = (0u64, 0u64, 0usize);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while ended < partitions {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "reading {topic} took over 60 s"
+            );
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    records += 1;
+                    let headers = m.headers().map_or(0, |h| {
+                        h.iter()
+                            .map(|x| x.key.len() + x.value.map_or(0, <[u8]>::len))
+                            .sum()
+                    });
+                    bytes += (m.key().map_or(0, <[u8]>::len)
+                        + m.payload().map_or(0, <[u8]>::len)
+                        + headers) as u64;
+                }
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => ended += 1,
+                Some(Err(e)) => panic!("reading {topic}: {e}"),
+                None => {}
+            }
+        }
+        (records, bytes)
+    }
+
     /// The next offset to read of every partition of `topic` for `group`,
     /// as committed (stable), and the partitions' ends.
     pub fn progress(&self, group: &str, topic: &str) -> (i64, i64) {

@@ -394,53 +394,6 @@ fn committed_records(topic: &str) -> i64 {
     common::txn_probe::TxnProbe::new(cluster(), topic).committed_end()
 }
 
-/// Records and bytes (keys, values, headers) committed in `topic`, read
-/// independently of the host: what usage must agree with.
-fn topic_records_and_bytes(topic: &str) -> (u64, u64) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Headers, Message};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &cluster().bootstrap)
-        .set("group.id", "usage-check")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    let partitions = md.topics()[0].partitions().len();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
-            .expect("partition");
-    }
-    consumer.assign(&tpl).expect("assign");
-    let (mut records, mut bytes, mut ended) = (0u64, 0u64, 0usize);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while ended < partitions {
-        assert!(Instant::now() < deadline, "reading {topic} took over 60 s");
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                records += 1;
-                let headers = m.headers().map_or(0, |h| {
-                    h.iter()
-                        .map(|x| x.key.len() + x.value.map_or(0, <[u8]>::len))
-                        .sum()
-                });
-                bytes += (m.key().map_or(0, <[u8]>::len)
-                    + m.payload().map_or(0, <[u8]>::len)
-                    + headers) as u64;
-            }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => ended += 1,
-            Some(Err(e)) => panic!("reading {topic}: {e}"),
-            None => {}
-        }
-    }
-    (records, bytes)
-}
-
 /// Produces `n` payments in chunks, spread over `over`.
 fn produce_paced(w: &Wallet, first: u64, n: u64, over: Duration) -> Produced {
     let chunks = (over.as_millis() / 250).max(1) as u64;
@@ -538,10 +491,10 @@ fn a_two_hosts_one_killed_and_a_late_host() {
         .and_then(|d| d.iter().find(|x| x["deployment"] == w.name.as_str()))
         .unwrap_or_else(|| panic!("no usage for {}: {usage}", w.name))
         .clone();
-    let (inputs, input_bytes) = topic_records_and_bytes(&w.payments);
+    let (inputs, input_bytes) = cluster().records_and_bytes(&w.payments);
     let outputs: u64 = [&w.audit, &w.balances, &w.dlq]
         .iter()
-        .map(|t| topic_records_and_bytes(t).0)
+        .map(|t| cluster().records_and_bytes(t).0)
         .sum();
     let counted = |field: &str| row[field].as_u64().unwrap_or(0);
     for (field, independent) in [

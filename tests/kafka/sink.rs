@@ -674,6 +674,41 @@ fn b_a_tenants_sink_on_the_fleet() {
             .is_some_and(|d| d.iter().any(|x| x["name"] == name.as_str())),
         "{listed}"
     );
+    // Billed (issue 45): the sink's usage in `onceflow usage`, against the
+    // topics it read, counted independently. Before: no row for the sink.
+    let (audit_records, audit_bytes) = cluster.records_and_bytes(&w.audit);
+    let (balance_records, balance_bytes) = cluster.records_and_bytes(&w.balances);
+    let (dead, _) = cluster.records_and_bytes(&dlq);
+    let (records_in, bytes_in) = (audit_records + balance_records, audit_bytes + balance_bytes);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let row = loop {
+        let usage = h.json(ACME, &["usage"]);
+        let row = usage["deployments"]
+            .as_array()
+            .and_then(|d| d.iter().find(|x| x["deployment"] == name.as_str()))
+            .cloned();
+        let counted = row
+            .as_ref()
+            .map_or(0, |r| r["records_in"].as_u64().unwrap_or(0));
+        if counted >= records_in || Instant::now() > deadline {
+            break row.unwrap_or_else(|| panic!("no usage for the sink {name}: {usage}"));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let counted = |field: &str| row[field].as_u64().unwrap_or(0);
+    for (field, independent) in [
+        ("records_in", records_in),
+        ("bytes_in", bytes_in),
+        ("dead_letters", dead),
+        // Every record read was applied: no duplicate, no dead letter.
+        ("records_out", records_in - dead),
+    ] {
+        figure(
+            &format!("fleet_sink_usage_{field}"),
+            format!("{} (independently: {independent})", counted(field)),
+        );
+        assert_eq!(counted(field), independent, "sink usage {field}: {row}");
+    }
     h.json(ACME, &["delete", &name]);
     h.stop();
 

@@ -244,6 +244,7 @@ key = ["account"]
             pause_after_commit: Duration::ZERO,
             lose_commit_answers: 0,
             metrics: metrics.clone(),
+            usage: None,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();

@@ -124,6 +124,8 @@ pub fn cmd_sink_postgres(a: SinkArgs) -> anyhow::Result<ExitCode> {
         pause_after_commit: Duration::from_millis(a.fault_pause_after_commit_ms),
         lose_commit_answers: a.fault_lose_commit_answers,
         metrics: Default::default(),
+        // A sink of its own is not billed: no fleet.
+        usage: None,
     };
     let shutdown = on_signals()?;
     onceflow::kafka::wait_for_brokers(

@@ -279,6 +279,15 @@ impl Fleet {
             pause_after_commit: Duration::ZERO,
             lose_commit_answers: 0,
             metrics,
+            usage: self
+                .options
+                .usage_topic
+                .clone()
+                .map(|topic| sink::UsageTarget {
+                    topic,
+                    tenant: record.tenant.clone(),
+                    deployment: record.name.clone(),
+                }),
         };
         sink::run_postgres(config, options, shutdown)?;
         Ok(())

@@ -9,6 +9,11 @@
 //! count committed work exactly once, whatever crashed meanwhile. The topic
 //! is the record of truth; `/metrics` shows the same counters per host
 //! process (they restart at 0 with it).
+//!
+//! A tenant's PostgreSQL sink commits in its database, not in Kafka: its
+//! batch transaction records the batch's usage in a table of its own, and
+//! the sink forwards those rows here afterwards (`sink/committer.rs`), at
+//! least once, each with its row's id; an id read twice counts once.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -38,6 +43,9 @@ impl ControlPlane {
             return Ok(totals);
         }
         let prefix = tenant.map(|t| format!("{t}/"));
+        // Sinks' records forwarded twice (a crash between the send and
+        // the database's note that it was sent).
+        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
         kafka::read_to_end(
             &consumer,
             1,
@@ -57,6 +65,11 @@ impl ControlPlane {
                 else {
                     return ControlFlow::Continue(());
                 };
+                if let Some(id) = &record.id
+                    && !seen.insert(id.clone())
+                {
+                    return ControlFlow::Continue(());
+                }
                 if record.ts_ms >= since_ms && tenant.is_none_or(|t| t == record.tenant) {
                     *totals
                         .entry((record.tenant, record.deployment))

@@ -19,7 +19,7 @@ use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext}
 use super::db::{self, Applied, BatchError, Claim, Db, DeadLetter, Item, Unforwarded};
 use super::{SinkConfig, SinkError, SinkOptions, lock, show};
 use crate::kafka::{self, KafkaError, Outgoing};
-use crate::types::Header;
+use crate::types::{Header, Usage, UsageRecord};
 
 /// What the loop asks of the committer.
 pub(super) enum Job {
@@ -32,6 +32,8 @@ pub(super) enum Job {
     Batch(Box<BatchJob>),
     /// Delete markers past the retention.
     Expire,
+    /// Forward the usage rows not forwarded yet (a fleet host's sink).
+    ForwardUsage,
 }
 
 /// A batch and the epochs it was read under.
@@ -85,7 +87,12 @@ pub(super) struct Committer {
     pub options: SinkOptions,
     /// How many COMMIT answers the `lose_commit_answers` fault dropped.
     pub lost_answers: u32,
+    /// When usage was last forwarded (at most once a second).
+    pub usage_forwarded: Instant,
 }
+
+/// How often a billed sink forwards its usage rows while it runs.
+const USAGE_EVERY: Duration = Duration::from_secs(1);
 
 impl Committer {
     /// Runs jobs until the loop drops its sender. A failed job is answered
@@ -106,6 +113,9 @@ impl Committer {
                         if done.applied.dead > 0 {
                             self.forward_dead_letters()?;
                         }
+                        if self.usage_forwarded.elapsed() >= USAGE_EVERY {
+                            self.forward_usage()?;
+                        }
                         Ok(done)
                     });
                     let _ = reply.send(result);
@@ -115,7 +125,23 @@ impl Committer {
                     Ok(n) => tracing::info!(markers = n, "expired markers past the retention"),
                     Err(e) => tracing::warn!("expiring markers: {}", db::pg_message(&e)),
                 },
+                Job::ForwardUsage => {
+                    if let Err(e) = self.forward_usage() {
+                        // Left in the database: forwarded at the next try.
+                        tracing::warn!(
+                            "forwarding the sink's usage: {}",
+                            crate::types::error_chain(&e)
+                        );
+                    }
+                }
             }
+        }
+        // Stopping: what the last batches used.
+        if let Err(e) = self.forward_usage() {
+            tracing::warn!(
+                "forwarding the sink's usage: {}",
+                crate::types::error_chain(&e)
+            );
         }
     }
 
@@ -318,6 +344,88 @@ impl Committer {
                     return Err(SinkError::Database {
                         what: "forwarding dead letters".to_owned(),
                         // Redacted: the tenant sees this (a sink's status).
+                        source: db::pg_message(&e).into(),
+                    });
+                }
+                Err(BatchError::Fenced(_)) => return Ok(()),
+            }
+        }
+    }
+}
+
+impl Committer {
+    /// Sends the usage rows recorded in the database to the usage topic,
+    /// then marks them forwarded (at least once: a crash between the two
+    /// sends them again, each with its row's id, which the reader counts
+    /// once). Nothing without a usage target (a sink of its own).
+    pub(super) fn forward_usage(&mut self) -> Result<(), SinkError> {
+        self.usage_forwarded = Instant::now();
+        let Some(target) = self.options.usage.clone() else {
+            return Ok(());
+        };
+        let producer = &self.producer;
+        let host = self.options.instance_id.clone();
+        let sink = self.config.name.clone();
+        let key = format!("{}/{}", target.tenant, target.deployment);
+        loop {
+            let mut send = |rows: &[db::UsageRow]| -> Result<(), SinkError> {
+                for row in rows {
+                    let record = UsageRecord {
+                        tenant: target.tenant.clone(),
+                        deployment: target.deployment.clone(),
+                        host: host.clone(),
+                        ts_ms: row.ts_ms,
+                        usage: Usage {
+                            records_in: row.records_in.max(0) as u64,
+                            bytes_in: row.bytes_in.max(0) as u64,
+                            records_out: row.records_out.max(0) as u64,
+                            dead_letters: row.dead_letters.max(0) as u64,
+                            ..Usage::default()
+                        },
+                        id: Some(format!("sink:{sink}:{}", row.id)),
+                    };
+                    let value = serde_json::to_vec(&record).map_err(|e| SinkError::Database {
+                        what: "encoding a usage record".to_owned(),
+                        source: Box::new(e),
+                    })?;
+                    kafka::send(
+                        producer,
+                        Outgoing {
+                            topic: &target.topic,
+                            partition: None,
+                            key: Some(key.as_bytes()),
+                            value: Some(&value),
+                            headers: &[],
+                            timestamp: None,
+                        },
+                    )
+                    .map_err(|e| {
+                        KafkaError::client(format!("sending usage to {}", target.topic), e)
+                    })?;
+                }
+                kafka::drain(producer, Duration::from_secs(60)).map_err(|e| {
+                    KafkaError::client(format!("flushing usage to {}", target.topic), e)
+                })?;
+                match lock(&producer.context().failed).take() {
+                    Some(e) => Err(KafkaError::client(
+                        format!("sending usage to {}", target.topic),
+                        e,
+                    )
+                    .into()),
+                    None => Ok(()),
+                }
+            };
+            match self.db.forward_usage(&mut send) {
+                Ok(0) => return Ok(()),
+                Ok(n) => tracing::debug!(rows = n, "sink usage forwarded"),
+                Err(BatchError::Fatal(e)) => return Err(e),
+                Err(BatchError::Database(e)) if db::is_transient(&e) => {
+                    tracing::warn!("forwarding the sink's usage: {}", db::pg_message(&e));
+                    return Ok(());
+                }
+                Err(BatchError::Database(e)) => {
+                    return Err(SinkError::Database {
+                        what: "forwarding the sink's usage".to_owned(),
                         source: db::pg_message(&e).into(),
                     });
                 }

@@ -50,6 +50,8 @@ pub(crate) struct Item {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
+    /// Bytes of key, value and headers (billed as bytes in).
+    pub bytes: u64,
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     /// The value as JSON (an object), or why it cannot be applied.
@@ -135,6 +137,9 @@ pub(crate) struct Db {
     password: Option<String>,
     prepared: Vec<Prepared>,
     s: Statements,
+    /// Whether each batch transaction records its usage (a fleet host's
+    /// sink: [`Db::bill_usage`]).
+    bill: bool,
 }
 
 /// `SET LOCAL ROLE` to the tenant's role with its schema first on the
@@ -184,6 +189,7 @@ pub(crate) fn own_tables(schema: &str) -> Vec<String> {
         "onceflow_sink_progress",
         "onceflow_sink_markers",
         "onceflow_sink_dead_letters",
+        "onceflow_sink_usage",
     ]
     .iter()
     .map(|t| format!("{schema}.{t}"))
@@ -195,6 +201,19 @@ struct Statements {
     progress: String,
     markers: String,
     dead_letters: String,
+    usage: String,
+}
+
+/// A batch's usage recorded in the database, not yet in `_onceflow.usage`.
+#[derive(Debug)]
+pub(crate) struct UsageRow {
+    pub id: i64,
+    /// When its batch committed (ms since the epoch, the database's clock).
+    pub ts_ms: i64,
+    pub records_in: i64,
+    pub bytes_in: i64,
+    pub records_out: i64,
+    pub dead_letters: i64,
 }
 
 impl Db {
@@ -215,7 +234,9 @@ impl Db {
                 progress: format!("{schema}.onceflow_sink_progress"),
                 markers: format!("{schema}.onceflow_sink_markers"),
                 dead_letters: format!("{schema}.onceflow_sink_dead_letters"),
+                usage: format!("{schema}.onceflow_sink_usage"),
             },
+            bill: false,
         };
         db.create_tables()?;
         if let Some(role) = &config.postgres.role {
@@ -225,6 +246,12 @@ impl Db {
         }
         db.prepare_routes()?;
         Ok(db)
+    }
+
+    /// Records each batch's usage in the batch's transaction, for
+    /// [`Db::forward_usage`].
+    pub(crate) fn bill_usage(&mut self) {
+        self.bill = true;
     }
 
     /// Opens a new connection after a transient failure, with the same
@@ -239,6 +266,7 @@ impl Db {
             progress,
             markers,
             dead_letters,
+            usage,
         } = &self.s;
         // No lock a tenant could hold (an advisory lock is anyone's): the
         // tables are created when missing, and a race between two sinks
@@ -247,8 +275,8 @@ impl Db {
             .client
             .query_one(
                 "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
-                 AND to_regclass($3) IS NOT NULL",
-                &[progress, markers, dead_letters],
+                 AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL",
+                &[progress, markers, dead_letters, usage],
             )
             .map_err(|e| db_error("looking for the sink's tables", e))?
             .get(0);
@@ -275,7 +303,15 @@ impl Db {
                forwarded boolean NOT NULL DEFAULT false,
                created_at timestamptz NOT NULL DEFAULT now());
              CREATE INDEX IF NOT EXISTS onceflow_sink_dead_letters_unforwarded
-               ON {dead_letters} (sink, id) WHERE NOT forwarded;"
+               ON {dead_letters} (sink, id) WHERE NOT forwarded;
+             CREATE TABLE IF NOT EXISTS {usage} (
+               id bigserial PRIMARY KEY, sink text NOT NULL,
+               records_in bigint NOT NULL, bytes_in bigint NOT NULL,
+               records_out bigint NOT NULL, dead_letters bigint NOT NULL,
+               forwarded boolean NOT NULL DEFAULT false,
+               created_at timestamptz NOT NULL DEFAULT now());
+             CREATE INDEX IF NOT EXISTS onceflow_sink_usage_unforwarded
+               ON {usage} (sink, id) WHERE NOT forwarded;"
         );
         let mut attempt = 0;
         loop {
@@ -435,6 +471,7 @@ impl Db {
         before_commit: &dyn Fn(),
     ) -> Result<Applied, BatchError> {
         let config = &self.config;
+        let bill = self.bill;
         let s = &self.s;
         let prepared = &self.prepared;
         let as_tenant = AsTenant::of(config);
@@ -496,6 +533,10 @@ impl Db {
                 !behind
             })
             .collect();
+
+        // What the batch uses (billed, 5b): these records, once.
+        let fresh_records = fresh.len() as i64;
+        let fresh_bytes: u64 = fresh.iter().map(|i| i.bytes).sum();
 
         // 3. Markers: what cannot be applied, what was applied before.
         let mut dead: Vec<DeadLetter> = Vec::new();
@@ -619,6 +660,28 @@ impl Db {
             done.dead = dead.len() as u64;
         }
 
+        // 5b. What the batch used (a fleet host's sink): every record at or
+        //     past its partition's position counts once, since the position
+        //     moves past it in this same transaction; forwarded to Kafka
+        //     after the commit.
+        if bill && fresh_records > 0 {
+            t.execute(
+                &format!(
+                    "INSERT INTO {} (sink, records_in, bytes_in, records_out, dead_letters) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                    s.usage
+                ),
+                &[
+                    &config.name,
+                    &fresh_records,
+                    &(fresh_bytes as i64),
+                    &(done.applied as i64),
+                    &(done.dead as i64),
+                ],
+            )
+            .map_err(BatchError::Database)?;
+        }
+
         // 6. The positions.
         let nexts: Vec<i64> = parts.values().copied().collect();
         t.execute(
@@ -690,10 +753,69 @@ impl Db {
         Ok(ids.len() as u64)
     }
 
+    /// Usage rows recorded but not yet forwarded to Kafka, oldest first,
+    /// handed to `send`, then marked forwarded in the same transaction
+    /// (as dead letters are: a crash between the two sends them again,
+    /// and the reader counts an id once).
+    pub(crate) fn forward_usage(
+        &mut self,
+        send: &mut dyn FnMut(&[UsageRow]) -> Result<(), SinkError>,
+    ) -> Result<u64, BatchError> {
+        let mut t = self.client.transaction().map_err(BatchError::Database)?;
+        let rows = t
+            .query(
+                &format!(
+                    "SELECT id, (extract(epoch FROM created_at) * 1000)::bigint, records_in, \
+                     bytes_in, records_out, dead_letters FROM {} WHERE sink = $1 AND NOT \
+                     forwarded ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED",
+                    self.s.usage
+                ),
+                &[&self.config.name],
+            )
+            .map_err(BatchError::Database)?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let usage: Vec<UsageRow> = rows
+            .iter()
+            .map(|r| UsageRow {
+                id: r.get(0),
+                ts_ms: r.get(1),
+                records_in: r.get(2),
+                bytes_in: r.get(3),
+                records_out: r.get(4),
+                dead_letters: r.get(5),
+            })
+            .collect();
+        send(&usage).map_err(BatchError::Fatal)?;
+        let ids: Vec<i64> = usage.iter().map(|u| u.id).collect();
+        t.execute(
+            &format!(
+                "UPDATE {} SET forwarded = true WHERE id = ANY($1)",
+                self.s.usage
+            ),
+            &[&ids],
+        )
+        .map_err(BatchError::Database)?;
+        t.commit().map_err(BatchError::Database)?;
+        Ok(ids.len() as u64)
+    }
+
     /// Deletes up to 10,000 markers older than the retention; returns how
     /// many.
     pub(crate) fn expire_markers(&mut self) -> Result<u64, postgres::Error> {
         let hours = self.config.marker_retention_hours as f64;
+        // Forwarded usage rows past the same retention go too (the usage
+        // topic holds them).
+        self.client.execute(
+            &format!(
+                "DELETE FROM {u} WHERE ctid IN (SELECT ctid FROM {u} WHERE sink = $1 AND \
+                 forwarded AND created_at < now() - make_interval(hours => $2::float8::int) \
+                 LIMIT 10000)",
+                u = self.s.usage
+            ),
+            &[&self.config.name, &hours],
+        )?;
         self.client.execute(
             &format!(
                 "DELETE FROM {m} WHERE ctid IN (SELECT ctid FROM {m} WHERE sink = $1 AND \
@@ -1260,6 +1382,7 @@ mod tests {
 
     fn item(topic: &str, partition: i32, offset: i64) -> Item {
         Item {
+            bytes: 0,
             route: 0,
             topic: topic.into(),
             partition,

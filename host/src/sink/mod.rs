@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::producer::BaseProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
@@ -132,6 +132,23 @@ pub struct SinkOptions {
     /// Counters (records, commits and their latency, dead letters, fenced
     /// partitions): a fleet host's status and `/metrics` of the sink.
     pub metrics: Arc<Metrics>,
+    /// On a fleet host: where the sink's work is billed (`onceflow
+    /// usage`); none for a sink of its own (`onceflow sink postgres`).
+    pub usage: Option<UsageTarget>,
+}
+
+/// Where a fleet host's sink bills its committed work, and whose it is:
+/// each batch transaction records its records, bytes and dead letters in
+/// the sink's usage table (`db.rs`), forwarded to `topic` afterwards
+/// (`committer.rs`), keyed `<tenant>/<deployment>` as a deployment's.
+#[derive(Debug, Clone)]
+pub struct UsageTarget {
+    /// `_onceflow.usage`.
+    pub topic: String,
+    /// The sink's tenant.
+    pub tenant: String,
+    /// The sink's name in its tenant (its deployment's).
+    pub deployment: String,
 }
 
 /// What a sink instance did, in total.
@@ -237,7 +254,10 @@ pub fn run_postgres(
     // The database first: a connection that may not be used (a superuser,
     // a tenant's role that could reach more than its tables) is refused
     // before any Kafka work.
-    let db = Db::connect(&config)?;
+    let mut db = Db::connect(&config)?;
+    if options.usage.is_some() {
+        db.bill_usage();
+    }
     check_topics(&config, &options.kafka)?;
     let topics: Vec<&str> = config.routes.iter().map(|r| r.topic.as_str()).collect();
     kafka::wait_for_topics(
@@ -286,9 +306,11 @@ pub fn run_postgres(
         config: config.clone(),
         options: options.clone(),
         lost_answers: 0,
+        usage_forwarded: Instant::now(),
     };
-    // Letters a crash left unforwarded.
+    // Letters and usage a crash left unforwarded.
     committer.forward_dead_letters()?;
+    committer.forward_usage()?;
     let (jobs, queue) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("sink-committer".into())
@@ -336,6 +358,7 @@ impl Sink<'_> {
         let mut first_at: Option<Instant> = None;
         let mut reported = Instant::now();
         let mut last_expiry = Instant::now();
+        let mut last_usage = Instant::now();
         while !shutdown.load(Ordering::Relaxed) {
             self.take_changes()?;
             self.finish_in_flight(false)?;
@@ -378,6 +401,12 @@ impl Sink<'_> {
             if last_expiry.elapsed() >= Duration::from_secs(60) {
                 last_expiry = Instant::now();
                 self.send(Job::Expire)?;
+            }
+            // Usage left behind by the last batches (the committer forwards
+            // after a batch at most once a second).
+            if self.options.usage.is_some() && last_usage.elapsed() >= Duration::from_secs(5) {
+                last_usage = Instant::now();
+                self.send(Job::ForwardUsage)?;
             }
         }
         self.take_changes()?;
@@ -520,11 +549,22 @@ impl Sink<'_> {
             Some(v) => Sha256::digest(v).to_vec(),
             None => vec![0; 32],
         };
+        // What usage counts as bytes in, as for a deployment's input:
+        // key, value and headers.
+        let header_bytes: usize = m.headers().map_or(0, |hs| {
+            hs.iter()
+                .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+                .sum()
+        });
+        let bytes = (m.key().map_or(0, <[u8]>::len)
+            + value.as_ref().map_or(0, Vec::len)
+            + header_bytes) as u64;
         Some(Item {
             route: route_index,
             topic: at.0,
             partition: at.1,
             offset: m.offset(),
+            bytes,
             key: m.key().map(<[u8]>::to_vec),
             value,
             json,

@@ -1823,6 +1823,7 @@ impl Core {
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_millis() as i64),
                     usage,
+                    id: None,
                 };
                 let key = format!("{}/{}", m.tenant, m.name);
                 let value = serde_json::to_vec(&record).unwrap_or_default();
