@@ -633,6 +633,14 @@ fn b_a_tenants_sink_on_the_fleet() {
         "no-topic.toml",
         sink_toml("analytics", &w.balances).replace(&dlq, &format!("{dlq}-missing")),
     );
+    // The wallet's changelog exists (it ran above): before, a sink whose
+    // dead letters went into it deployed, and the wallet's next restore
+    // would have taken them for balances (issue 45).
+    let changelog = format!("{}-balances-changelog", w.app);
+    let into_changelog = write(
+        "into-changelog.toml",
+        sink_toml("analytics", &w.balances).replace(&dlq, &changelog),
+    );
 
     let fleet = Fleet::new();
     let mut h = fleet.spawn_host(
@@ -654,6 +662,13 @@ fn b_a_tenants_sink_on_the_fleet() {
     let refused = h.refused(ACME, &["deploy", path(&no_topic)]);
     assert!(
         refused.contains("dead-letter-topic: no such topic"),
+        "{refused}"
+    );
+    let refused = h.refused(ACME, &["deploy", path(&into_changelog)]);
+    assert!(
+        refused.contains(&format!(
+            "dead-letter-topic: topic {changelog:?} is reserved"
+        )) && refused.contains("-changes"),
         "{refused}"
     );
     let deployed = h.json(ACME, &["deploy", path(&good)]);

@@ -21,6 +21,12 @@
 //! unauthenticated 120 MB uploads took a host from 55 MB to 874 MB). Bodies
 //! are then read up to their limit (413 naming it), and at most
 //! [`UPLOADS_PER_TENANT`] uploads of one tenant are read at a time.
+//!
+//! Operations block (Kafka, wasmtime) and run on the blocking pool, each
+//! tenant's on at most [`OPERATIONS_PER_TENANT`] of its threads, in a
+//! queue of the tenant's own ([`WAITING_PER_TENANT`] long; 429 past it):
+//! one tenant's burst never queues another tenant's call. Log reads have
+//! slots of their own ([`LOG_READS_PER_TENANT`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -106,7 +112,7 @@ impl IntoResponse for ApiError {
 type ApiResult<T> = Result<T, ApiError>;
 
 /// Runs a fleet operation on the blocking pool (Kafka and wasmtime calls
-/// block).
+/// block). Tenants' operations go through [`TenantWork`] instead.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, FleetError> + Send + 'static,
 ) -> ApiResult<T> {
@@ -116,6 +122,81 @@ async fn blocking<T: Send + 'static>(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("handler failed: {e}"),
         )),
+    }
+}
+
+/// Blocking operations (upload checks, deploy, sink deploy, pause, resume,
+/// delete, query) one tenant may have running at once on a host.
+pub const OPERATIONS_PER_TENANT: usize = 8;
+/// A tenant's operations past those that may wait for one of its slots;
+/// any more are answered 429 at once.
+pub const WAITING_PER_TENANT: usize = 32;
+/// How long an operation waits for one of its tenant's slots before 429.
+const OPERATION_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The blocking pool, shared fairly: each tenant's operations run on at
+/// most [`OPERATIONS_PER_TENANT`] of its threads, and wait for one of
+/// those in a queue of the tenant's own (before, they queued in the pool's
+/// one queue, so one burst of 800 refused sink deploys from one tenant made
+/// another's `pause` take 142.5 s instead of 6 ms). A slot is held until
+/// the operation ends, even when its client went away.
+struct TenantWork {
+    /// Running, per tenant.
+    running: TenantSlots,
+    /// Running or waiting, per tenant.
+    admitted: TenantSlots,
+    /// How long one waits for a running slot.
+    wait: std::time::Duration,
+}
+
+impl Default for TenantWork {
+    fn default() -> Self {
+        Self::new(OPERATIONS_PER_TENANT, WAITING_PER_TENANT, OPERATION_WAIT)
+    }
+}
+
+impl TenantWork {
+    fn new(running: usize, waiting: usize, wait: std::time::Duration) -> Self {
+        Self {
+            running: TenantSlots::new(running),
+            admitted: TenantSlots::new(running + waiting),
+            wait,
+        }
+    }
+
+    /// Runs `tenant`'s operation `f` on the blocking pool once one of the
+    /// tenant's slots is free; 429 at once when the tenant already has as
+    /// many operations running and waiting as it may, or after waiting
+    /// [`OPERATION_WAIT`] for a slot.
+    async fn run<T: Send + 'static>(
+        &self,
+        tenant: &str,
+        f: impl FnOnce() -> Result<T, FleetError> + Send + 'static,
+    ) -> ApiResult<T> {
+        let (running, queued) = (self.running.slots, self.admitted.slots - self.running.slots);
+        let place = self.admitted.of(tenant).try_acquire_owned().map_err(|_| {
+            tracing::debug!(%tenant, "operation refused: its slots and queue are full");
+            ApiError::from(FleetError::Busy(format!(
+                "too many requests in flight for tenant {tenant:?} on this host ({running} \
+                     running, {queued} waiting): wait for them to finish, then retry"
+            )))
+        })?;
+        let slot =
+            match tokio::time::timeout(self.wait, self.running.of(tenant).acquire_owned()).await {
+                Ok(Ok(slot)) => slot,
+                _ => {
+                    return Err(ApiError::from(FleetError::Busy(format!(
+                        "tenant {tenant:?} has had {running} operations running on this host for \
+                     {} s: wait for them to finish, then retry",
+                        self.wait.as_secs()
+                    ))));
+                }
+            };
+        blocking(move || {
+            let _held = (slot, place);
+            f()
+        })
+        .await
     }
 }
 
@@ -340,6 +421,7 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .route("/v1/deployments/{name}/state/{store}", get(query))
         .route("/v1/usage", get(usage))
         .layer(Extension(Arc::new(Uploads::default())))
+        .layer(Extension(Arc::new(TenantWork::default())))
         .layer(Extension(Arc::new(LogReads::default())))
         .with_state(fleet)
 }
@@ -412,26 +494,34 @@ async fn metrics(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResu
 async fn upload(
     State(fleet): State<Arc<Fleet>>,
     Extension(uploads): Extension<Arc<Uploads>>,
+    Extension(work): Extension<Arc<TenantWork>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
     let _slot = uploads.enter(&tenant.name).await?;
     let body = read_body(&headers, body, MAX_ARTIFACT_BYTES, "the component").await?;
-    let uploaded = blocking(move || fleet.upload(&tenant, &body)).await?;
+    let uploaded = work
+        .run(&tenant.name.clone(), move || fleet.upload(&tenant, &body))
+        .await?;
     Ok((StatusCode::CREATED, axum::Json(uploaded)).into_response())
 }
 
 /// `PUT /v1/deployments/{name}`.
 async fn deploy(
     State(fleet): State<Arc<Fleet>>,
+    Extension(work): Extension<Arc<TenantWork>>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
     let req: DeployRequest = deploy_body(&headers, body, "the deploy request").await?;
-    let done = blocking(move || fleet.deploy(&tenant, &name, req)).await?;
+    let done = work
+        .run(&tenant.name.clone(), move || {
+            fleet.deploy(&tenant, &name, req)
+        })
+        .await?;
     Ok(deployed(done))
 }
 
@@ -463,13 +553,18 @@ fn deployed((deployed, summary): (Deployed, DeploymentSummary)) -> Response {
 /// resumed and deleted as any deployment).
 async fn deploy_sink(
     State(fleet): State<Arc<Fleet>>,
+    Extension(work): Extension<Arc<TenantWork>>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
     let req: SinkDeployRequest = deploy_body(&headers, body, "the sink deploy request").await?;
-    let done = blocking(move || fleet.deploy_sink(&tenant, &name, &req.config)).await?;
+    let done = work
+        .run(&tenant.name.clone(), move || {
+            fleet.deploy_sink(&tenant, &name, &req.config)
+        })
+        .await?;
     Ok(deployed(done))
 }
 
@@ -490,39 +585,51 @@ async fn describe(
 
 async fn pause(
     State(fleet): State<Arc<Fleet>>,
+    Extension(work): Extension<Arc<TenantWork>>,
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    set_desired(fleet, headers, name, Desired::Paused).await
+    set_desired(fleet, &work, headers, name, Desired::Paused).await
 }
 
 async fn resume(
     State(fleet): State<Arc<Fleet>>,
+    Extension(work): Extension<Arc<TenantWork>>,
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    set_desired(fleet, headers, name, Desired::Running).await
+    set_desired(fleet, &work, headers, name, Desired::Running).await
 }
 
 async fn set_desired(
     fleet: Arc<Fleet>,
+    work: &TenantWork,
     headers: HeaderMap,
     name: String,
     desired: Desired,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let summary = blocking(move || fleet.set_desired(&tenant, &name, desired)).await?;
+    let summary = work
+        .run(&tenant.name.clone(), move || {
+            fleet.set_desired(&tenant, &name, desired)
+        })
+        .await?;
     Ok(axum::Json(summary).into_response())
 }
 
 async fn delete(
     State(fleet): State<Arc<Fleet>>,
+    Extension(work): Extension<Arc<TenantWork>>,
     Path(name): Path<String>,
     Query(params): Query<DeleteParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let deleted = blocking(move || fleet.delete(&tenant, &name, params.purge_state)).await?;
+    let deleted = work
+        .run(&tenant.name.clone(), move || {
+            fleet.delete(&tenant, &name, params.purge_state)
+        })
+        .await?;
     Ok(axum::Json(deleted).into_response())
 }
 
@@ -565,11 +672,183 @@ async fn usage(
 
 async fn query(
     State(fleet): State<Arc<Fleet>>,
+    Extension(work): Extension<Arc<TenantWork>>,
     Path((name, store)): Path<(String, String)>,
     Query(params): Query<QueryParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
-    let answer = blocking(move || fleet.query(&tenant, &name, &store, &params.key)).await?;
+    let answer = work
+        .run(&tenant.name.clone(), move || {
+            fleet.query(&tenant, &name, &store, &params.key)
+        })
+        .await?;
     Ok(axum::Json(answer).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Condvar;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// What the burst's operations block on, as on a slow Kafka call,
+    /// until it opens.
+    #[derive(Default)]
+    struct Gate {
+        open: Mutex<bool>,
+        opened: Condvar,
+    }
+
+    impl Gate {
+        fn pass(&self) {
+            let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+            while !*open {
+                open = self.opened.wait(open).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+
+        fn open(&self) {
+            *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            self.opened.notify_all();
+        }
+    }
+
+    /// How each tenant's operation gets to the blocking pool: what the
+    /// handlers call.
+    async fn call<T: Send + 'static>(
+        work: &TenantWork,
+        tenant: &str,
+        f: impl FnOnce() -> Result<T, FleetError> + Send + 'static,
+    ) -> ApiResult<T> {
+        work.run(tenant, f).await
+    }
+
+    /// Polls `done` every 5 ms until it holds or `guard` (a hang guard)
+    /// passed; whether it held.
+    async fn until(guard: Duration, done: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        while !done() {
+            if start.elapsed() > guard {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
+    /// Issue 45: one burst of 800 refused sink deploys from `evil` made
+    /// acme's `pause` take 142.5 s: every tenant's operations queued in
+    /// the blocking pool's one queue. Here evil's 800 operations block
+    /// until acme's one has finished (or a hang guard passed); acme's must
+    /// finish first, and evil must have had no more than its slots running
+    /// and its queue waiting. The pool is as small as two tenants' slots
+    /// and a few more (the host's is 512), so the burst overflows it as
+    /// 800 overflowed 512.
+    #[test]
+    fn one_tenants_burst_does_not_queue_anothers_operation() {
+        const BURST: usize = 800;
+        const GUARD: Duration = Duration::from_secs(60);
+        let pool = 2 * OPERATIONS_PER_TENANT + 4;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(pool)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        // Waiting operations wait past the hang guard: none gives up.
+        let work = Arc::new(TenantWork::new(
+            OPERATIONS_PER_TENANT,
+            WAITING_PER_TENANT,
+            3 * GUARD,
+        ));
+        let gate = Arc::new(Gate::default());
+        let (running, most_running, busy) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        runtime.block_on(async {
+            let burst: Vec<_> = (0..BURST)
+                .map(|_| {
+                    let (work, gate) = (Arc::clone(&work), Arc::clone(&gate));
+                    let (running, most_running, busy) = (
+                        Arc::clone(&running),
+                        Arc::clone(&most_running),
+                        Arc::clone(&busy),
+                    );
+                    tokio::spawn(async move {
+                        let answer = call(&work, "evil", move || {
+                            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                            most_running.fetch_max(now, Ordering::SeqCst);
+                            gate.pass();
+                            running.fetch_sub(1, Ordering::SeqCst);
+                            Err::<(), _>(FleetError::Refused("refused sink deploy".to_owned()))
+                        })
+                        .await;
+                        let status = answer.map_or_else(|e| e.status, |()| StatusCode::OK);
+                        if status == StatusCode::TOO_MANY_REQUESTS {
+                            busy.fetch_add(1, Ordering::SeqCst);
+                        }
+                        status
+                    })
+                })
+                .collect();
+            let filled = until(GUARD, || {
+                running.load(Ordering::SeqCst) >= OPERATIONS_PER_TENANT
+            })
+            .await;
+            assert!(filled, "evil's operations never started");
+
+            let asked = Instant::now();
+            let work2 = Arc::clone(&work);
+            let pause = tokio::spawn(async move { call(&work2, "acme", || Ok("paused")).await });
+            let before_release = until(GUARD, || pause.is_finished()).await;
+            let pause_ms = asked.elapsed().as_secs_f64() * 1000.0;
+            let evil_running = running.load(Ordering::SeqCst);
+            // Every one of evil's calls has been answered 429 or holds a
+            // place, so the count below does not depend on when the gate
+            // opens.
+            let expected_busy = BURST - OPERATIONS_PER_TENANT - WAITING_PER_TENANT;
+            until(GUARD, || busy.load(Ordering::SeqCst) >= expected_busy).await;
+            let busy_before_release = busy.load(Ordering::SeqCst);
+            gate.open();
+            let paused = pause.await.expect("acme's task");
+            let mut ran = 0;
+            for call in burst {
+                if call.await.expect("evil's task") == StatusCode::FORBIDDEN {
+                    ran += 1;
+                }
+            }
+            let busy = busy.load(Ordering::SeqCst);
+            println!("FIGURE admin_neighbour_pause_ms {pause_ms:.1}");
+            println!("FIGURE admin_burst_calls {BURST}");
+            println!("FIGURE admin_burst_running_at_pause {evil_running}");
+            println!(
+                "FIGURE admin_burst_most_running {}",
+                most_running.load(Ordering::SeqCst)
+            );
+            println!("FIGURE admin_burst_ran {ran}");
+            println!("FIGURE admin_burst_refused_429 {busy}");
+            println!("FIGURE admin_burst_refused_429_before_release {busy_before_release}");
+            assert!(
+                before_release,
+                "acme's pause was queued behind evil's burst: it finished only after evil's \
+                 {BURST} operations were let go ({pause_ms:.0} ms, {evil_running} of evil's \
+                 running on a pool of {pool})"
+            );
+            assert_eq!(
+                paused.map_err(|e| e.message).expect("acme's pause"),
+                "paused"
+            );
+            assert_eq!(
+                most_running.load(Ordering::SeqCst),
+                OPERATIONS_PER_TENANT,
+                "evil's operations running at once"
+            );
+            assert_eq!(ran, OPERATIONS_PER_TENANT + WAITING_PER_TENANT);
+            assert_eq!(busy, expected_busy);
+        });
+    }
 }

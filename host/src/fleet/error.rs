@@ -46,11 +46,12 @@ pub enum FleetError {
     #[error("{0}")]
     Invalid(String),
     /// The deployment would use a Kafka name (changelog topic,
-    /// transactional ids) that another deployment owns.
+    /// transactional ids, dead-letter topic) that another deployment owns.
     #[error(
         "deployment {deployment} conflicts with {other}: {conflicts}. Names are joined with '-' \
          into Kafka names, so the two would share state (a purge of one deletes the other's) \
-         or fence each other's transactions: rename the deployment or the store"
+         or fence each other's transactions, and an output into another's dead-letter topic \
+         would forge its dead letters: rename the deployment, the store or the output's topic"
     )]
     NameConflict {
         /// The deployment refused (`<tenant>/<name>`).

@@ -2,7 +2,7 @@
 //! takes the authenticated tenant and returns a typed answer
 //! ([`crate::api`]) or a [`FleetError`] whose variant decides the HTTP
 //! status. They block (Kafka, wasmtime): the admin API runs them on its
-//! blocking pool.
+//! blocking pool, within each tenant's slots (`admin::TenantWork`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -20,6 +20,7 @@ use crate::api::{
 use crate::api::{UsageReport, UsageRow};
 use crate::manifest::Manifest;
 use crate::sandbox::ProcessorPolicy;
+use crate::sink::SinkConfig;
 use crate::stream::{self, changelog, names};
 use crate::task::processor_policy;
 use crate::types::Usage;
@@ -216,7 +217,9 @@ impl Fleet {
     }
 
     /// Deploys a tenant's PostgreSQL sink (`config`: its `sink.toml`): its
-    /// topics must be in the tenant's namespace, and its connection one
+    /// topics must be in the tenant's namespace and none a name Onceflow
+    /// reserves (`names::Reserved`: changelogs, `_onceflow.*`), and its
+    /// connection one
     /// this host offers the tenant (`onceflow host --sink-connections`).
     /// Every host runs it, as it runs processors; the consumer group
     /// `<tenant>.<name>` shares the partitions.
@@ -235,15 +238,7 @@ impl Fleet {
             });
         }
         let sink = self.sink_of(&tenant.name, name, config)?;
-        for (key, topic) in sink.topics() {
-            if !topic.starts_with(&tenant.topic_prefix) {
-                return Err(FleetError::Refused(format!(
-                    "{key}: topic {topic:?} is outside your namespace: tenant {:?} may only use \
-                     topics starting with {:?}",
-                    tenant.name, tenant.topic_prefix
-                )));
-            }
-        }
+        check_sink_topics(tenant, &sink)?;
         crate::sink::check_topics(&sink, self.control.connection())?;
         let lock = self.admission_lock(&tenant.name);
         let _admitting = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -567,6 +562,28 @@ impl Fleet {
     }
 }
 
+/// Refuses a sink whose topics (its routes and its dead-letter topic) are
+/// outside the tenant's namespace, or are names Onceflow reserves
+/// (`names::Reserved`). Before, a sink could read a changelog, or send its
+/// dead letters into one, which the next restore of that store would take
+/// for state.
+fn check_sink_topics(tenant: &Tenant, sink: &SinkConfig) -> Result<(), FleetError> {
+    let topics = sink.topics();
+    for (key, topic) in &topics {
+        if !topic.starts_with(&tenant.topic_prefix) {
+            return Err(FleetError::Refused(format!(
+                "{key}: topic {topic:?} is outside your namespace: tenant {:?} may only use \
+                 topics starting with {:?}",
+                tenant.name, tenant.topic_prefix
+            )));
+        }
+    }
+    match names::first_reserved(topics) {
+        Some(refusal) => Err(FleetError::Refused(format!("sink.toml: {refusal}"))),
+        None => Ok(()),
+    }
+}
+
 /// Rounded to one decimal, for people.
 fn tenth(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
@@ -626,5 +643,86 @@ fn summary(r: &DeploymentRecord, statuses: &[HostStatus]) -> DeploymentSummary {
         commits_per_s: tenth(live.iter().map(|s| s.commits_per_s).sum()),
         hosts,
         manifest: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::tenancy::{Tenants, hash_token};
+
+    fn acme() -> Tenant {
+        let tenants = Tenants::parse(&format!(
+            "[[tenant]]\nname = \"acme\"\ntoken-sha256 = \"{}\"\n",
+            hash_token("t")
+        ))
+        .expect("valid tenants.toml");
+        tenants.get("acme").expect("acme").clone()
+    }
+
+    fn sink(dead_letter_topic: &str, topic: &str) -> SinkConfig {
+        SinkConfig::parse(
+            &format!(
+                "name = \"s\"\ndead-letter-topic = \"{dead_letter_topic}\"\n[postgres]\n\
+                 connection = \"analytics\"\n[[routes]]\ntopic = \"{topic}\"\nmode = \"insert\"\n\
+                 table = \"audit\"\ncolumns = [\"id\"]\n"
+            ),
+            std::path::Path::new("sink.toml"),
+        )
+        .expect("a valid sink.toml")
+    }
+
+    /// Issue 45: a sink's dead-letter topic could be a changelog (the
+    /// sink's dead letters became the store's state at its next restore),
+    /// and its routes could read one. Before, both deployed.
+    #[test]
+    fn a_sinks_topics_may_not_be_reserved_names() {
+        let acme = acme();
+        check_sink_topics(&acme, &sink("acme.dlq", "acme.audit")).expect("its own topics");
+        let e = check_sink_topics(&acme, &sink("acme.wallet-balances-changelog", "acme.audit"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dead-letter-topic: topic \"acme.wallet-balances-changelog\" is reserved")
+                && e.contains("\"acme.wallet-balances-changes\""),
+            "{e}"
+        );
+        let e = check_sink_topics(&acme, &sink("acme.dlq", "acme.wallet-balances-changelog"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("routes[0].topic: topic \"acme.wallet-balances-changelog\" is reserved"),
+            "{e}"
+        );
+        assert!(matches!(
+            check_sink_topics(&acme, &sink("acme.dlq", "acme.x-changelog")),
+            Err(FleetError::Refused(_))
+        ));
+        // The namespace comes first: `_onceflow.*` is outside every
+        // tenant's prefix.
+        let e = check_sink_topics(&acme, &sink("_onceflow.usage", "acme.audit"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside your namespace"), "{e}");
+    }
+
+    /// `names::Reserved` covers every topic the fleet keeps for itself.
+    #[test]
+    fn the_fleets_own_topics_are_reserved() {
+        use super::super::registry;
+        for topic in [
+            registry::DEPLOYMENTS_TOPIC.to_owned(),
+            registry::ARTIFACTS_TOPIC.to_owned(),
+            registry::GRANTS_TOPIC.to_owned(),
+            registry::STATUS_TOPIC.to_owned(),
+            registry::USAGE_TOPIC.to_owned(),
+            registry::logs_topic("acme"),
+        ] {
+            assert_eq!(
+                names::Reserved::of(&topic),
+                Some(names::Reserved::Internal),
+                "{topic}"
+            );
+        }
     }
 }

@@ -48,6 +48,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::manifest::Manifest;
+use crate::stream::names;
 
 /// Why `tenants.toml` cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -441,29 +442,19 @@ impl Tenant {
                 m.tenant, self.name, self.name
             ));
         }
-        let named = m
-            .inputs
-            .iter()
-            .map(|t| ("inputs", t.as_str()))
-            .chain(m.tables.iter().map(|(_, t)| ("tables", t.as_str())))
-            .chain(m.outputs.values().map(|t| ("outputs", t.as_str())))
-            .chain(
-                m.errors
-                    .dead_letter_topic()
-                    .map(|t| ("errors.dead-letter-topic", t)),
-            );
-        for (key, topic) in named {
+        let named = names::named_topics(m);
+        for (key, topic) in &named {
             if !topic.starts_with(&self.topic_prefix) {
                 return Err(format!(
                     "{key}: topic {topic:?} is outside your namespace: tenant {:?} may only use topics starting with {:?}",
                     self.name, self.topic_prefix
                 ));
             }
-            if topic.ends_with("-changelog") {
-                return Err(format!(
-                    "{key}: topic {topic:?} looks like a state changelog: names ending in \"-changelog\" are reserved for the host"
-                ));
-            }
+        }
+        // Reads too: a changelog is read by its own tasks only (query a
+        // store with `onceflow query`).
+        if let Some(refusal) = names::first_reserved(named) {
+            return Err(refusal);
         }
         let q = &self.quotas;
         if m.limits.memory_mb > q.memory_mb {
@@ -620,7 +611,22 @@ worker-threads = {threads}
         let e = acme
             .admit(&manifest("acme", "acme.in", "acme.x-changelog", 1), 1, &[])
             .unwrap_err();
-        assert!(e.contains("reserved"), "{e}");
+        assert!(
+            e.starts_with("outputs.out: topic \"acme.x-changelog\" is reserved"),
+            "{e}"
+        );
+        // Reads too, each refusal naming its key.
+        let e = acme
+            .admit(&manifest("acme", "acme.x-changelog", "acme.out", 1), 1, &[])
+            .unwrap_err();
+        assert!(e.starts_with("inputs: topic \"acme.x-changelog\""), "{e}");
+        let mut table = manifest("acme", "acme.in", "acme.out", 1);
+        table.tables = vec![("t".into(), "acme.w-s-changelog".into())];
+        let e = acme.admit(&table, 1, &[]).unwrap_err();
+        assert!(
+            e.starts_with("tables.t: topic \"acme.w-s-changelog\""),
+            "{e}"
+        );
         let others = [
             Existing {
                 name: "a".into(),
