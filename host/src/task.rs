@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::manifest::{ErrorPolicy, LateRecords, Manifest};
-use crate::sandbox::{CallFailure, Guest, Processor, ProcessorPolicy, SandboxError};
+use crate::sandbox::{
+    CallFailure, Guest, INIT_FUEL, Lineage, Processor, ProcessorPolicy, SandboxError,
+};
 use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch, window};
 use crate::types::{
     AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord, StoreAccessError,
@@ -123,6 +125,8 @@ pub fn processor_policy(m: &Manifest) -> ProcessorPolicy {
     ProcessorPolicy {
         memory_bytes: (m.limits.memory_mb as usize) << 20,
         fuel_per_record: m.limits.fuel_per_record,
+        // No manifest key yet: every processor gets the sandbox's default.
+        init_fuel: INIT_FUEL,
         timeout: Duration::from_millis(m.limits.timeout_ms),
         log_lines_per_second: m.limits.log_lines_per_second,
         config: m.config.clone(),
@@ -292,6 +296,19 @@ impl TaskEffects {
         put
     }
 
+    /// A delete, counted against the call's [`MAX_CALL_BYTES`] as a put is:
+    /// the host holds each deleted key until the commit, whether or not
+    /// the key existed (before: one record deleting 1,500 absent 1 MB keys
+    /// took the host to 2.9 GB).
+    fn forget(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
+        if !self.spend(key.len() as u64) {
+            return Err(AccessError::Refused(StoreAccessError::TooLarge(
+                MAX_CALL_BYTES,
+            )));
+        }
+        self.state.delete(store, key)
+    }
+
     /// Windows of `store` decoded from the raw entries in `[start, end)`,
     /// starting in `[from, to]` and not expired at `now`, until `limit` are
     /// found.
@@ -353,7 +370,7 @@ impl Effects for TaskEffects {
     }
     fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
         self.writable(store)?;
-        self.state.delete(store, key)
+        self.forget(store, key)
     }
     fn scan_prefix(
         &mut self,
@@ -401,7 +418,7 @@ impl Effects for TaskEffects {
     }
     fn window_delete(&mut self, store: &str, w: WindowKey) -> Result<(), AccessError> {
         self.retention(store)?;
-        self.state.delete(store, window::encode(&w.key, w.start))
+        self.forget(store, window::encode(&w.key, w.start))
     }
     fn window_fetch(
         &mut self,
@@ -483,7 +500,11 @@ pub struct Task {
     processor: Processor,
     config: TaskConfig,
     guest: Option<Guest>,
+    /// What outlives an instance: the log's rate limit, init's fuel.
+    lineage: Lineage,
     effects: Box<dyn Effects>,
+    /// Fuel to bill: the calls' and the inits' (every new instance's, after
+    /// a trap too).
     fuel_used: u64,
     /// The largest record timestamp seen, counting records not committed
     /// yet.
@@ -516,6 +537,7 @@ impl Task {
         let state = TaskState::new(&local, committed).limit_bytes(config.state_limit_bytes);
         Self {
             partition,
+            lineage: processor.lineage(partition),
             processor,
             config,
             guest: None,
@@ -959,7 +981,10 @@ impl Task {
         if self.guest.as_ref().is_none_or(Guest::is_poisoned) {
             // Drop the old instance first: only one lives at a time.
             self.guest = None;
-            self.guest = Some(self.processor.instantiate(self.partition)?);
+            let made = self.processor.instantiate_in(&mut self.lineage);
+            // Billed whether init succeeded or not.
+            self.fuel_used += self.lineage.take_init_fuel();
+            self.guest = Some(made?);
         }
         Ok(self.guest.as_mut().expect("instantiated above"))
     }
@@ -1029,9 +1054,18 @@ impl Task {
     }
 
     /// Fuel the guest burned since the last call of this (0 with metering
-    /// off), including calls that failed.
+    /// off), including calls that failed and every instance's
+    /// instantiation and `init`.
     pub fn take_fuel_used(&mut self) -> u64 {
         std::mem::take(&mut self.fuel_used)
+    }
+
+    /// How long the guest's calls were parked for the tenant's CPU share
+    /// since the last call of this (`Processor::with_cpu_meter`).
+    pub fn take_parked(&mut self) -> Duration {
+        self.guest
+            .as_mut()
+            .map_or(Duration::ZERO, Guest::take_parked)
     }
 
     fn poison(

@@ -1993,6 +1993,56 @@ fn k_https_token_rotation_and_reload() {
     h.json(ACME_NEXT, &["list"]);
     h.json(GLOBEX, &["list"]);
 
+    // A tenant removed from tenants.toml: its deployments stop at their
+    // next commit boundary, and start again from their committed offsets
+    // when it is put back. Before: they ran on, with no CPU share at all
+    // (1.77 cores), and only the token was revoked.
+    let removed = hostile(fleet.dir.path(), "initech", "removed");
+    h.json(INITECH, &["deploy", path(&removed.manifest)]);
+    let out = removed.input.replace("hostile-in-", "hostile-out-");
+    let producer = common::cluster::plain_producer(cluster());
+    common::cluster::send(&producer, &removed.input, "k", "ordinary");
+    wait_for("initech's first output", Duration::from_secs(90), || {
+        cluster().records_and_bytes(&out).0 >= 1
+    });
+    let with_initech = tenants_toml(&format!("\"{}\"", hash(ACME_NEXT)));
+    let initech_at = with_initech
+        .find("[[tenant]]\nname = \"initech\"")
+        .expect("initech in tenants.toml");
+    let written = Instant::now();
+    fleet.write_tenants(&with_initech[..initech_at]);
+    let stopped = |h: &HostProc| {
+        h.log_text()
+            .lines()
+            .any(|l| l.contains(" stopped deployment=") && l.contains(&removed.name))
+    };
+    wait_for(
+        "the removed tenant's deployment to stop",
+        Duration::from_secs(60),
+        || stopped(&h),
+    );
+    figure(
+        "removed_tenant_stopped_s",
+        format!("{:.1}", written.elapsed().as_secs_f64()),
+    );
+    assert!(
+        h.log_text()
+            .contains("the tenant is not in tenants.toml any more"),
+        "{}",
+        h.log_text()
+    );
+    let err = h.refused(INITECH, &["list"]);
+    assert!(err.contains("HTTP 401"), "{err}");
+    // Sent while it is stopped: processed once it is back.
+    common::cluster::send(&producer, &removed.input, "k", "ordinary");
+    fleet.write_tenants(&with_initech);
+    wait_for(
+        "the restored tenant's deployment to process what came meanwhile",
+        Duration::from_secs(90),
+        || cluster().records_and_bytes(&out).0 >= 2,
+    );
+    h.json(INITECH, &["delete", &removed.name]);
+
     // A bad edit is logged and ignored: the tenants in force stay.
     fleet.write_tenants("[[tenant]]\nname = \"acme\"\n");
     wait_for("the bad edit to be logged", Duration::from_secs(30), || {

@@ -33,6 +33,16 @@ fn error_of(o: &OutputRecord) -> Option<String> {
 /// Loads a guest with its manifest switched to dead-letter (topic `dlq`), so
 /// every failure's reason is visible in the outputs.
 fn load(manifest: &str, fuel: bool) -> (Manifest, onceflow::sandbox::Processor) {
+    load_edited(manifest, fuel, |_| {})
+}
+
+/// [`load`], with the manifest edited before the processor is loaded (its
+/// limits and `[config]` are the processor's).
+fn load_edited(
+    manifest: &str,
+    fuel: bool,
+    edit: impl FnOnce(&mut Manifest),
+) -> (Manifest, onceflow::sandbox::Processor) {
     let path = build_guest(manifest);
     let mut m = Manifest::load(&path).unwrap();
     m.errors = ErrorPolicy::DeadLetter {
@@ -45,6 +55,7 @@ fn load(manifest: &str, fuel: bool) -> (Manifest, onceflow::sandbox::Processor) 
         // that fuel failed to stop.
         m.limits.timeout_ms = 60_000;
     }
+    edit(&mut m);
     let bytes = std::fs::read(m.component_path()).unwrap();
     let sandbox = Sandbox::new(SandboxConfig {
         fuel,
@@ -450,6 +461,26 @@ fn a_record_cannot_fill_the_hosts_memory_with_outputs() {
     assert!(reason.contains("limit of 64 MiB"), "{reason}");
 }
 
+/// Deletes count against a call's 64 MiB as puts do (issue 45): the host
+/// holds each deleted key until the commit, whether or not it existed.
+/// Before, one record deleting 1,500 absent 1 MiB keys took the host to
+/// 2.9 GB; here 100 of them (100 MiB) are refused past 64 MiB and the
+/// record goes to the dead letters, the next one proceeds.
+#[test]
+fn a_record_cannot_fill_the_hosts_memory_with_deletes() {
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    let records = [
+        record("hostile-in", 0, "a", "forgets:100"),
+        record("hostile-in", 1, "b", "ok"),
+    ];
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let outputs = run(&mut runner, &records, 10);
+    let topics: Vec<&str> = outputs.iter().map(|o| &*o.topic).collect();
+    assert_eq!(topics, ["dlq", "hostile-out"], "{topics:?}");
+    let reason = error_of(&outputs[0]).expect("a reason");
+    assert!(reason.contains("limit of 64 MiB"), "{reason}");
+}
+
 /// A failed call's records are run again (around the failing one) on a
 /// fresh instance: memory that saw them once (a guest's globals) never sees
 /// them twice. Here the calls fail on writes the host refused (past a call's
@@ -591,4 +622,335 @@ fn state_past_limits_state_mb_is_refused_and_deletes_make_room() {
             "batch size {batch_size}"
         );
     }
+}
+
+/// Counts a guest's log lines (those containing `needle`) and the lines the
+/// rate limit dropped.
+struct CountLines {
+    needle: &'static str,
+    lines: std::sync::atomic::AtomicU64,
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl LogSink for CountLines {
+    fn line(&self, _: &LogLabels, line: &GuestLogLine) {
+        if line.message.contains(self.needle) {
+            self.lines
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    fn dropped(&self, _: &LogLabels, count: u64) {
+        self.dropped
+            .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Issue 45: a guest that logs a flood and then traps gets a fresh instance,
+/// and had a fresh rate limit with it: at 40 lines/s a tenant wrote ~3,500
+/// lines/s into its log topic. The limit belongs to the task now, so it holds
+/// across the instances a trap throws away. Here 20 records log 50 lines
+/// each, each followed by a trapping record, at 5 lines/s: before, every
+/// instance got its own 5 (100 lines in well under a second).
+#[test]
+fn the_log_rate_limit_holds_across_traps() {
+    use std::sync::atomic::Ordering::Relaxed;
+    const PER_SECOND: u32 = 5;
+    const PAIRS: usize = 20;
+    let (manifest, processor) = load_edited("tests/guests/hostile/onceflow.toml", true, |m| {
+        m.limits.log_lines_per_second = PER_SECOND;
+    });
+    let sink = Arc::new(CountLines {
+        needle: "hostile log line",
+        lines: Default::default(),
+        dropped: Default::default(),
+    });
+    let processor = processor.with_log_sink(sink.clone());
+    let records: Vec<_> = (0..PAIRS)
+        .flat_map(|i| ["logs:50", "panic"].map(|v| (i, v)))
+        .enumerate()
+        .map(|(n, (i, v))| record("hostile-in", n as i64, &format!("k{i}"), v))
+        .collect();
+    let started = std::time::Instant::now();
+    let mut runner = OfflineRunner::new(processor, &manifest);
+    let outputs = run(&mut runner, &records, records.len());
+    drop(runner);
+    let elapsed = started.elapsed();
+    assert_eq!(
+        outputs.iter().filter(|o| error_of(o).is_some()).count(),
+        PAIRS,
+        "every panic is dead-lettered"
+    );
+    let (lines, dropped) = (sink.lines.load(Relaxed), sink.dropped.load(Relaxed));
+    // The limiter's window is one second: in `elapsed` it lets through at
+    // most PER_SECOND lines per started second.
+    let bound = u64::from(PER_SECOND) * (elapsed.as_secs() + 1);
+    println!(
+        "FIGURE log_lines_across_traps {lines} lines delivered in {:.1} ms at a limit of \
+         {PER_SECOND}/s (at most {bound}); {dropped} dropped",
+        elapsed.as_secs_f64() * 1e3,
+    );
+    assert!(
+        lines <= bound,
+        "{lines} lines in {elapsed:?} at {PER_SECOND}/s (at most {bound}): the rate limit \
+         restarted with each new instance"
+    );
+    // The dropped lines are counted, not lost (the count also holds the
+    // panic messages the SDK logs, which the sink does not count as lines).
+    assert!(
+        lines + dropped >= 50 * PAIRS as u64,
+        "{lines} delivered + {dropped} dropped of {} lines",
+        50 * PAIRS
+    );
+}
+
+/// Issue 45: `late-record` messages had no size cap: a guest limited to
+/// 64 MiB made the host hold 64 messages of 20 MB for one call (1.40 GB).
+/// They are cut like log lines now (8 KiB, saying so). Here 64 records each
+/// report themselves late with a 1 MB message in one call: before, the host
+/// held 64 MB of messages after it.
+#[test]
+fn late_record_messages_are_capped_like_log_lines() {
+    use onceflow::types::{Effects, NoEffects};
+    const RECORDS: usize = 64;
+    const MESSAGE: usize = 1_000_000;
+    let (_, processor) = load("tests/guests/hostile/onceflow.toml", true);
+    let mut guest = processor.instantiate(0).expect("the hostile guest starts");
+    let batch: Vec<_> = (0..RECORDS)
+        .map(|i| record("hostile-in", i as i64, "k", &format!("late:{MESSAGE}")))
+        .collect();
+    let times = vec![None; RECORDS];
+    let mut effects: Box<dyn Effects> = Box::new(NoEffects);
+    guest
+        .process(&batch, &times, &mut effects)
+        .expect("reporting late records is no failure");
+    let late = guest.take_late();
+    assert_eq!(late.len(), RECORDS, "one report per record");
+    let held: usize = late.iter().map(|(_, m)| m.len()).sum();
+    println!(
+        "FIGURE late_record_bytes_held {held} bytes for {RECORDS} messages of {MESSAGE} bytes"
+    );
+    for (_, message) in &late {
+        assert!(
+            message.len() <= 8 * 1024 + 64,
+            "a late-record message of {} bytes was kept whole",
+            message.len()
+        );
+        assert!(
+            message.ends_with("(cut at 8192 bytes)"),
+            "a cut message says so: …{:?}",
+            &message[message.len().saturating_sub(40)..]
+        );
+    }
+    assert!(held <= RECORDS * (8 * 1024 + 64), "{held} bytes held");
+}
+
+/// A task for partition 0 of the hostile guest over memory stores.
+fn hostile_task(m: &Manifest, processor: onceflow::sandbox::Processor) -> onceflow::task::Task {
+    use onceflow::state::MemoryPartition;
+    use onceflow::task::{Task, TaskConfig};
+    Task::new(
+        0,
+        processor,
+        TaskConfig::from_manifest(m),
+        Box::new(MemoryPartition::default()),
+    )
+}
+
+/// Issue 45: fuel spent in `init` was never billed, and each trap re-runs
+/// `init` on a fresh instance: 10 trapping records cost 50.5 s of CPU and
+/// were billed 133,651 fuel. Now every instance's init is billed, the
+/// re-runs after traps included. Here init burns `BURN` iterations (at least
+/// one unit of fuel each) and 10 records trap: before, the task billed only
+/// the records' own fuel.
+#[test]
+fn init_fuel_is_billed_and_a_trap_does_not_buy_a_free_rerun() {
+    use onceflow::task::BatchOutcome;
+    const BURN: u64 = 2_000_000;
+    const RECORDS: i64 = 10;
+    let (m, processor) = load_edited("tests/guests/hostile/onceflow.toml", true, |m| {
+        m.config.push(("burn-init".to_owned(), BURN.to_string()));
+    });
+    let billed = |value: &str| -> u64 {
+        let mut task = hostile_task(&m, processor.clone());
+        let batch: Vec<_> = (0..RECORDS)
+            .map(|i| record("hostile-in", i, &format!("k{i}"), value))
+            .collect();
+        let mut outcome = BatchOutcome::default();
+        task.process_batch(&batch, &mut outcome)
+            .expect("the batch completes");
+        task.take_fuel_used()
+    };
+    let trapping = billed("panic");
+    let normal = billed("ok");
+    println!(
+        "FIGURE init_fuel_billed {RECORDS} trapping records: {trapping} fuel; \
+         {RECORDS} normal records: {normal} fuel (init burns >= {BURN} per instance)"
+    );
+    assert!(
+        normal >= BURN,
+        "{normal} fuel billed for {RECORDS} records and one init of >= {BURN}: init is not billed"
+    );
+    // Each trapping record meets a fresh instance at least once: its init is
+    // billed each time.
+    assert!(
+        trapping >= RECORDS as u64 * BURN,
+        "{trapping} fuel billed for {RECORDS} traps, each followed by an init of >= {BURN}: \
+         the re-run inits were free"
+    );
+}
+
+/// `init` has its own fuel limit (`sandbox::INIT_FUEL`), not a 1000-record
+/// batch's: an init that never ends is stopped there, says which limit it
+/// hit, and what it burned is billed. Before, the hostile guest's init got
+/// 1000 x 5 M = 5 G fuel, its error named the per-record limit, and none of
+/// it was billed.
+#[test]
+fn an_endless_init_is_stopped_at_inits_own_limit_and_billed() {
+    use onceflow::sandbox::INIT_FUEL;
+    use onceflow::task::BatchOutcome;
+    let (m, processor) = load_edited("tests/guests/hostile/onceflow.toml", true, |m| {
+        m.config
+            .push(("burn-init".to_owned(), u64::MAX.to_string()));
+    });
+    let mut task = hostile_task(&m, processor);
+    let started = std::time::Instant::now();
+    let err = task
+        .process_batch(
+            &[record("hostile-in", 0, "k", "ok")],
+            &mut BatchOutcome::default(),
+        )
+        .expect_err("init never ends");
+    let billed = task.take_fuel_used();
+    println!(
+        "FIGURE endless_init {billed} fuel billed in {:.2} s: {err}",
+        started.elapsed().as_secs_f64()
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("init ran out of fuel") && message.contains(&INIT_FUEL.to_string()),
+        "{message}"
+    );
+    assert!(
+        (INIT_FUEL..=INIT_FUEL + 1_000_000).contains(&billed),
+        "billed {billed} for an init stopped at {INIT_FUEL}"
+    );
+}
+
+/// The calling thread's CPU time.
+fn thread_cpu() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// A thread's CPU time from `/proc/self/task/<tid>/stat` (utime + stime,
+/// in clock ticks), readable from another thread.
+fn task_cpu(tid: i32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // After the command's closing parenthesis: state is field 3, utime 14.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz.max(1.0))
+}
+
+/// Issue 45: a tenant's CPU share was charged after each call, so one
+/// long call ran at full speed before its first wait: at `cpu-share = 10`
+/// on 2 cores, calls of 64 records each took 1.20 cores (the cap: 0.20).
+/// Now the call's CPU is charged at every epoch tick while it runs, and
+/// the call is parked there while the share is spent. A sampler reads the
+/// calling thread's CPU time every 20 ms; in no half-second window of the
+/// call may it take more than its share, plus the budget's burst. The call
+/// is sized by what its records cost on this machine (about 0.75 s of CPU),
+/// and the bound is in CPU time, so it holds on any machine.
+#[test]
+fn a_long_call_is_held_to_its_tenants_cpu_share_while_it_runs() {
+    use onceflow::stream::cpu::{BURST, CpuBudget};
+    use onceflow::task::BatchOutcome;
+    use std::time::{Duration, Instant};
+    const RATE: f64 = 0.25;
+    const WINDOW: f64 = 0.5;
+    const ITERATIONS: u64 = 20_000_000;
+    let (m, processor) = load_edited("tests/guests/hostile/onceflow.toml", false, |m| {
+        m.limits.timeout_ms = 600_000;
+        m.processing.max_batch_records = 100_000;
+    });
+    let burn = |offset: i64| record("hostile-in", offset, "k", &format!("burn:{ITERATIONS}"));
+    // What one record costs here, unthrottled (the instance's init first).
+    let mut free = hostile_task(&m, processor.clone());
+    free.process_batch(&[burn(0)], &mut BatchOutcome::default())
+        .expect("a burn record");
+    let started = thread_cpu();
+    free.process_batch(&[burn(1), burn(2)], &mut BatchOutcome::default())
+        .expect("burn records");
+    let per_record = (thread_cpu() - started).as_secs_f64() / 2.0;
+    let n = ((0.75 / per_record).ceil() as i64).clamp(2, 100_000);
+
+    let budget = Arc::new(CpuBudget::new(Some(RATE)));
+    let mut task = hostile_task(&m, processor.with_cpu_meter(budget));
+    task.process_batch(&[burn(0)], &mut BatchOutcome::default())
+        .expect("a burn record");
+    task.take_parked();
+    let batch: Vec<InputRecord> = (1..=n).map(burn).collect();
+    // SAFETY: gettid has no memory effects.
+    let tid = unsafe { libc::gettid() };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(cpu) = task_cpu(tid) {
+                    samples.push((Instant::now(), cpu));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            samples
+        })
+    };
+    let wall0 = Instant::now();
+    let mut outcome = BatchOutcome::default();
+    let called = task.process_batch(&batch, &mut outcome);
+    let wall = wall0.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let samples = sampler.join().expect("the sampler");
+    called.expect("one call of burn records");
+    assert_eq!(outcome.outputs.len() as i64, n, "every record burnt");
+    let parked = task.take_parked().as_secs_f64();
+    // The most CPU the call took in any window of WINDOW seconds.
+    let mut busiest: f64 = 0.0;
+    for (i, (at, cpu)) in samples.iter().enumerate() {
+        if let Some((_, later)) = samples[i..]
+            .iter()
+            .find(|(t, _)| t.duration_since(*at).as_secs_f64() >= WINDOW)
+        {
+            busiest = busiest.max(later - cpu);
+        }
+    }
+    let busiest_rate = busiest / WINDOW;
+    println!(
+        "FIGURE cpu_share_in_call records {n} ({:.2} ms each) in {wall:.2} s, parked {parked:.2} s; \
+         busiest {WINDOW} s window: {busiest_rate:.2} of a core at a share of {RATE}",
+        per_record * 1e3,
+    );
+    assert!(
+        samples.len() >= 10 && wall >= 2.0 * WINDOW,
+        "too few samples ({}) in {wall:.2} s to judge",
+        samples.len()
+    );
+    // The share, the burst the budget may save up, and a clock tick (the
+    // stat file counts in 10 ms ticks) at each end of the window.
+    let allowed = RATE + (RATE * BURST.as_secs_f64() + 0.04) / WINDOW;
+    assert!(
+        busiest_rate <= allowed,
+        "the call took {busiest_rate:.2} of a core in its busiest {WINDOW} s, over its share of \
+         {RATE} (at most {allowed:.2}): the share is not charged while the call runs"
+    );
 }

@@ -110,6 +110,9 @@ pub struct Fleet {
     artifact_grace: Duration,
     /// The database connections this host offers tenants' sinks.
     sink_connections: RwLock<Arc<Connections>>,
+    /// Deployments held back because their tenant is not in tenants.toml
+    /// (logged once each, when it happens).
+    held: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Fleet {
@@ -138,6 +141,7 @@ impl Fleet {
             cpu_budgets: Mutex::default(),
             artifact_grace,
             sink_connections: RwLock::default(),
+            held: Mutex::default(),
         })
     }
 
@@ -180,9 +184,10 @@ impl Fleet {
             .clone()
     }
 
-    /// Puts new tenants in force (`tenants.toml` changed). Deployments keep
-    /// running: a tenant removed from the file can no longer call the API,
-    /// and what it deployed runs until the operator deletes it.
+    /// Puts new tenants in force (`tenants.toml` changed). A tenant removed
+    /// from the file can no longer call the API, and its deployments stop
+    /// at their next commit boundary (`reconciler.rs`); they start again,
+    /// from their committed offsets and stores, if it is put back.
     pub fn replace_tenants(&self, tenants: Tenants) {
         // Under the budgets' lock, which cpu_budget reads the tenants under:
         // a budget made meanwhile gets either the old share and then the

@@ -116,6 +116,10 @@ impl Fleet {
             .map(|r| (r.key(), r))
             .collect();
         let mut running = self.running();
+        // A tenant removed from tenants.toml: its deployments stop (before,
+        // they ran on, with no CPU share at all: 1.77 cores).
+        let tenants = self.tenants();
+        let known = |tenant: &str| tenants.get(tenant).is_some();
 
         // Collect finished threads.
         for (key, r) in running.iter_mut() {
@@ -156,10 +160,19 @@ impl Fleet {
                 d.desired == Desired::Running
                     && d.version == r.record.version
                     && d.updated_ms == r.record.updated_ms
+                    && known(&d.tenant)
             });
             let retry_failed = matches!(r.state, RunState::Failed(_)) && !keep;
             if !keep && r.thread.is_some() {
                 if r.state != RunState::Stopping {
+                    if !known(&r.record.tenant) {
+                        tracing::info!(
+                            deployment = %key,
+                            tenant = %r.record.tenant,
+                            "the tenant is not in tenants.toml any more: its deployment stops; \
+                             it starts again if the tenant is put back"
+                        );
+                    }
                     tracing::info!(deployment = %key, version = r.record.version, "stopping at the next commit boundary");
                     r.state = RunState::Stopping;
                     r.shutdown.store(true, Ordering::Relaxed);
@@ -182,8 +195,20 @@ impl Fleet {
         }
 
         // Start what should run and does not.
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|key| desired.get(key).is_some_and(|d| !known(&d.tenant)));
         for (key, d) in &desired {
             if d.desired != Desired::Running || running.contains_key(key) {
+                continue;
+            }
+            if !known(&d.tenant) {
+                if held.insert(key.clone()) {
+                    tracing::info!(
+                        deployment = %key,
+                        tenant = %d.tenant,
+                        "not started: the tenant is not in tenants.toml"
+                    );
+                }
                 continue;
             }
             let r = self.start(d.clone());

@@ -121,6 +121,8 @@ pub struct HostState {
     /// expiring at once (stream time jumped) is still emitted once; the
     /// task sweeps expired windows only after its punctuations.
     pub(crate) in_punctuate: bool,
+    /// The call's deadline and its tenant's CPU share (`clock.rs`).
+    pub(crate) clock: super::clock::CallClock,
 }
 
 impl HostState {
@@ -404,9 +406,11 @@ impl context::Host for HostState {
 
     fn late_record(&mut self, index: u32, message: String) -> Result<()> {
         // Only records of the batch, once each (the task ignores reports
-        // made in `punctuate`).
+        // made in `punctuate`), and the message cut like a log line: the
+        // host keeps at most a call's records x 8 KiB of them (a guest of
+        // 64 MiB made it hold 64 x 20 MB before).
         if (index as usize) < self.batch.len() && !self.late.iter().any(|(i, _)| *i == index) {
-            self.late.push((index, message));
+            self.late.push((index, super::log::cut(&message)));
         }
         Ok(())
     }

@@ -1,6 +1,11 @@
 //! Guest logging: the `log` import and captured stdout/stderr, labelled and
-//! rate-limited per instance. Logging is not transactional: a line written
+//! rate-limited per task: the instances of one task share one [`GuestLog`]
+//! (their [`super::Lineage`]), so a trap, which replaces the instance, does
+//! not restart the limit. Logging is not transactional: a line written
 //! during a batch that is retried appears twice.
+//!
+//! Lines are cut at [`MAX_LINE`] bytes, and so are the messages of
+//! `late-record` ([`cut`]): the host keeps no guest text longer than that.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -87,9 +92,9 @@ impl LogSink for TracingSink {
     }
 }
 
-/// Longest line kept; longer lines are cut (a guest must not make the host
-/// buffer without bound).
-const MAX_LINE: usize = 8 * 1024;
+/// Longest line kept, in bytes; longer lines are cut (a guest must not make
+/// the host buffer without bound). `late-record` messages too.
+pub const MAX_LINE: usize = 8 * 1024;
 
 struct Inner {
     labels: LogLabels,
@@ -103,14 +108,14 @@ struct Inner {
     last_error: Option<String>,
 }
 
-/// An instance's log: clone it freely, all clones share the limiter.
+/// A task's log: clone it freely, all clones share the limiter.
 #[derive(Clone)]
 pub struct GuestLog {
     inner: Arc<Mutex<Inner>>,
 }
 
 impl GuestLog {
-    /// A log for one instance, allowing `per_second` lines a second.
+    /// A log for one task's instances, allowing `per_second` lines a second.
     pub fn new(labels: LogLabels, sink: Arc<dyn LogSink>, per_second: u32) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner {
@@ -131,10 +136,16 @@ impl GuestLog {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A new instance starts logging: the previous one's last error does not
+    /// explain this one's traps (the rate limit goes on).
+    pub fn start_instance(&self) {
+        self.lock().last_error = None;
+    }
+
     /// A line from the `log` import.
     pub fn write(&self, level: LogLevel, message: &str) {
         let mut inner = self.lock();
-        let message = truncate(message);
+        let message = cut(message);
         if level == LogLevel::Error {
             inner.last_error = Some(message.clone());
         }
@@ -161,7 +172,7 @@ impl GuestLog {
         let mut start = 0;
         while let Some(nl) = buf[start..].iter().position(|&b| b == b'\n') {
             let line = String::from_utf8_lossy(&buf[start..start + nl]);
-            let message = truncate(line.trim_end_matches('\r'));
+            let message = cut(line.trim_end_matches('\r'));
             if source == LogSource::Stderr {
                 inner.last_error = Some(message.clone());
             }
@@ -195,7 +206,7 @@ impl GuestLog {
                 } else {
                     LogLevel::Info
                 };
-                let message = truncate(&String::from_utf8_lossy(&buf));
+                let message = cut(&String::from_utf8_lossy(&buf));
                 inner.emit(GuestLogLine {
                     level,
                     source,
@@ -237,7 +248,9 @@ impl Inner {
     }
 }
 
-fn truncate(s: &str) -> String {
+/// `s`, cut at [`MAX_LINE`] bytes (on a character boundary) with a note
+/// that says so.
+pub fn cut(s: &str) -> String {
     if s.len() <= MAX_LINE {
         return s.to_owned();
     }
@@ -276,5 +289,33 @@ mod tests {
         assert_eq!(*dropped, 3);
         assert_eq!(log.take_last_error().as_deref(), Some("six"));
         assert_eq!(log.take_last_error(), None);
+    }
+
+    /// The instances of a task share its log: a new one (after a trap) gets
+    /// no fresh allowance, and no stale last error.
+    #[test]
+    fn the_limit_goes_on_across_instances() {
+        let sink = Arc::new(Collect::default());
+        let log = GuestLog::new(LogLabels::default(), sink.clone(), 2);
+        log.write(LogLevel::Error, "one");
+        log.start_instance();
+        assert_eq!(log.take_last_error(), None, "the last instance's error");
+        log.write(LogLevel::Info, "two");
+        log.start_instance();
+        log.write(LogLevel::Info, "three");
+        log.flush();
+        let (lines, dropped) = &*sink.0.lock().unwrap();
+        assert_eq!(lines, &["one", "two"]);
+        assert_eq!(*dropped, 1);
+    }
+
+    #[test]
+    fn a_cut_line_says_so_and_keeps_whole_characters() {
+        let long = "é".repeat(MAX_LINE);
+        let c = cut(&long);
+        let note = format!("… (cut at {MAX_LINE} bytes)");
+        assert!(c.ends_with(&note), "{}", &c[c.len() - 40..]);
+        assert!(c.len() <= MAX_LINE + note.len());
+        assert_eq!(cut("short"), "short");
     }
 }

@@ -15,7 +15,9 @@
 //! The sandbox knows nothing of Kafka or RocksDB: a guest's state and output
 //! go to an [`Effects`] the caller supplies for each call.
 
+mod clock;
 mod host;
+mod lineage;
 pub mod log;
 pub mod policy;
 mod wasi;
@@ -31,8 +33,10 @@ use wasmtime::component::{
 };
 use wasmtime::{Config, Engine, Store, Trap};
 
+pub use self::clock::CpuMeter;
 pub use self::host::HostFailure;
 use self::host::{HostState, MemoryLimiter, RecordCoords, WitProcessError};
+pub use self::lineage::Lineage;
 use self::log::{GuestLog, LogLabels, LogSink};
 pub use self::policy::{ComponentInterface, Grant, PolicyError};
 pub use self::wasi::record_seed;
@@ -42,6 +46,17 @@ use crate::types::{Effects, InputRecord, NoEffects};
 /// records accumulated (closing 300 windows at once took 150 M fuel in
 /// JavaScript, 1.4 M in Rust).
 pub const PUNCTUATE_RECORDS: u64 = 100;
+
+/// Fuel for instantiating a processor and running its `init`, per instance
+/// ([`ProcessorPolicy::init_fuel`]'s default): init runs again on every new
+/// instance, after each trap, so it gets its own limit rather than a share of
+/// the records' (it had 1000 records' fuel: 50 G at the default, seconds of
+/// CPU per trap, up to the call's deadline; a spinning init burns 1 G in
+/// about 0.1 s). The language runtimes' inits measured 74 (C) to
+/// 2.7 M (Go) fuel, JavaScript 0.34 M, Python 0.16 M; this is 20 records at
+/// the default `fuel-per-record`. What init burns is billed like the
+/// records' fuel ([`Lineage::take_init_fuel`]).
+pub const INIT_FUEL: u64 = 1_000_000_000;
 
 /// How often the epoch ticks: the granularity of call deadlines.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -74,6 +89,16 @@ pub enum SandboxError {
     /// `init` returned an error or trapped.
     #[error("the processor's init failed: {0}")]
     Init(String),
+    /// Instantiation and `init` burned their whole fuel limit.
+    #[error(
+        "the processor's init ran out of fuel: instantiation and init may burn {limit} fuel per \
+         instance, and they run again on every new instance (after each trap); do less in init, \
+         or do it in process, where each record has its own fuel"
+    )]
+    InitFuel {
+        /// The limit ([`ProcessorPolicy::init_fuel`]).
+        limit: u64,
+    },
     /// The engine could not be configured.
     #[error("cannot configure the Wasm engine: {0}")]
     Engine(String),
@@ -117,11 +142,15 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 pub struct ProcessorPolicy {
     /// Linear memory cap per instance, bytes.
     pub memory_bytes: usize,
-    /// Fuel per input record (0: unmetered).
+    /// Fuel per input record (0: unmetered, `init` included).
     pub fuel_per_record: u64,
+    /// Fuel for instantiation and `init`, per instance (see [`INIT_FUEL`];
+    /// 0: unmetered); unmetered too when `fuel_per_record` is 0.
+    pub init_fuel: u64,
     /// Wall-clock deadline per call.
     pub timeout: Duration,
-    /// Guest log lines per second per instance.
+    /// Guest log lines per second per task: the limit holds across the
+    /// instances a trap replaces ([`Lineage`]).
     pub log_lines_per_second: u32,
     /// `[config]` handed to `init`.
     pub config: Vec<(String, String)>,
@@ -133,12 +162,13 @@ pub struct ProcessorPolicy {
 
 impl Default for ProcessorPolicy {
     /// The manifest's defaults (`types::default_limits`): 128 MiB, 50 M fuel
-    /// per record, 10 s per call, 100 log lines per second.
+    /// per record, 10 s per call, 100 log lines per second; [`INIT_FUEL`].
     fn default() -> Self {
         use crate::types::default_limits as d;
         Self {
             memory_bytes: (d::MEMORY_MB as usize) << 20,
             fuel_per_record: d::FUEL_PER_RECORD,
+            init_fuel: INIT_FUEL,
             timeout: Duration::from_millis(d::TIMEOUT_MS),
             log_lines_per_second: d::LOG_LINES_PER_SECOND,
             config: Vec::new(),
@@ -231,6 +261,7 @@ impl Sandbox {
                 grants,
                 sink: Arc::new(log::TracingSink),
             }),
+            meter: None,
         })
     }
 
@@ -337,6 +368,8 @@ fn write_cache_entry(path: &std::path::Path, component: &Component) -> Result<()
 #[derive(Clone)]
 pub struct Processor {
     inner: Arc<ProcessorInner>,
+    /// The tenant's CPU share, charged as its calls run (`clock.rs`).
+    meter: Option<Arc<dyn CpuMeter>>,
 }
 
 struct ProcessorInner {
@@ -349,6 +382,13 @@ struct ProcessorInner {
 }
 
 impl Processor {
+    /// Charges every call's CPU time to `meter` while the call runs, and
+    /// parks the call whenever the tenant is over its share.
+    pub fn with_cpu_meter(mut self, meter: Arc<dyn CpuMeter>) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
     /// The component's imports and exports.
     pub fn interface(&self) -> &ComponentInterface {
         &self.inner.interface
@@ -376,14 +416,16 @@ impl Processor {
                 grants: i.grants.clone(),
                 sink,
             }),
+            meter: self.meter.clone(),
         }
     }
 
-    /// Creates an instance for the task of `partition` and runs its `init`.
-    pub fn instantiate(&self, partition: i32) -> Result<Guest, SandboxError> {
+    /// The lineage of the instances of the task of `partition`: their log,
+    /// with its rate limit, and the fuel their inits burn. A task keeps one
+    /// for as long as it lives.
+    pub fn lineage(&self, partition: i32) -> Lineage {
         let p = &self.inner.policy;
-        let engine = &self.inner.sandbox.inner.engine;
-        let log = GuestLog::new(
+        Lineage::new(GuestLog::new(
             LogLabels {
                 tenant: p.tenant.clone(),
                 processor: p.processor.clone(),
@@ -391,7 +433,24 @@ impl Processor {
             },
             self.inner.sink.clone(),
             p.log_lines_per_second,
-        );
+        ))
+    }
+
+    /// Creates an instance for the task of `partition` in a lineage of its
+    /// own and runs its `init` (what init burns is not billed: a task uses
+    /// [`Processor::instantiate_in`]).
+    pub fn instantiate(&self, partition: i32) -> Result<Guest, SandboxError> {
+        self.instantiate_in(&mut self.lineage(partition))
+    }
+
+    /// Creates an instance in `lineage` and runs its `init`, with
+    /// [`ProcessorPolicy::init_fuel`] for both. The fuel they burn is added
+    /// to the lineage, whether they succeed or not.
+    pub fn instantiate_in(&self, lineage: &mut Lineage) -> Result<Guest, SandboxError> {
+        let p = &self.inner.policy;
+        let engine = &self.inner.sandbox.inner.engine;
+        let log = lineage.log.clone();
+        log.start_instance();
         let determinism = wasi::Determinism::default();
         let state = HostState {
             wasi: wasi::build_ctx(&determinism, &log),
@@ -410,70 +469,46 @@ impl Processor {
             punctuate_every: None,
             late: Vec::new(),
             in_punctuate: false,
+            clock: clock::CallClock::new(self.meter.clone()),
         };
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
+        // Every epoch tick of a call: the tenant's share charged (the call
+        // parked while it is spent), then the call's deadline.
+        store.epoch_deadline_callback(|mut ctx| {
+            if ctx.data_mut().clock.tick() {
+                Ok(wasmtime::UpdateDeadline::Continue(1))
+            } else {
+                Err(Trap::Interrupt.into())
+            }
+        });
         let fuel = self.inner.sandbox.inner.config.fuel;
         if fuel && p.fuel_per_record > 0 {
             store.data_mut().fuel.per_record = Some(p.fuel_per_record);
             // `begin-record` refills the fuel to one record's budget
             // (host::begin_record).
         }
-        // Instantiation and init get the budget of a 1000-record batch:
-        // language runtimes do real work here.
-        set_budget(
-            &mut store,
-            fuel,
-            p.fuel_per_record.saturating_mul(1000),
-            p.timeout,
-        );
-        let instance = self.inner.pre.instantiate(&mut store).map_err(|e| {
-            let limiter = &store.data().limiter;
-            if limiter.refused {
-                SandboxError::Instantiate(format!(
-                    "the component needs more memory than its limit of {} MiB; raise limits.memory-mb",
-                    p.memory_bytes >> 20
-                ))
-            } else {
-                SandboxError::Instantiate(format!("{e:#}"))
-            }
-        })?;
-        let process = instance
-            .get_func(&mut store, "process")
-            .ok_or_else(|| SandboxError::Policy(PolicyError::MissingExport("process".into())))?;
-        process
-            .typed::<ProcessParams<'_>, ProcessResult>(&store)
-            .map_err(|e| SandboxError::ExportType {
-                export: "process",
-                message: format!("{e:#}"),
-            })?;
-        if let Some(init) = instance.get_func(&mut store, "init") {
-            let init = init
-                .typed::<(&[(String, String)],), (Result<(), String>,)>(&store)
-                .map_err(|e| SandboxError::ExportType {
-                    export: "init",
-                    message: format!("{e:#}"),
-                })?;
-            store.data_mut().in_init = true;
-            let called = init.call(&mut store, (&p.config,));
-            store.data_mut().in_init = false;
-            match called {
-                Ok((Ok(()),)) => {}
-                Ok((Err(message),)) => return Err(SandboxError::Init(message)),
-                Err(e) => {
-                    let failure = classify_trap(&store, e, p);
-                    return Err(SandboxError::Init(failure.to_string()));
-                }
-            }
+        // Instantiation and init get init's own budget (0: unmetered, as the
+        // records are).
+        let init_fuel = if p.fuel_per_record == 0 {
+            0
+        } else {
+            p.init_fuel
+        };
+        set_budget(&mut store, fuel, init_fuel, p.timeout);
+        let started = self.start(&mut store, init_fuel);
+        store.data_mut().clock.finish();
+        if fuel {
+            let level = if init_fuel == 0 { u64::MAX } else { init_fuel };
+            let left = store.get_fuel().unwrap_or(0);
+            lineage.init_fuel = lineage.init_fuel.saturating_add(level.saturating_sub(left));
         }
-        let punctuate = instance.get_func(&mut store, "punctuate");
+        if started.is_err() {
+            // No `Guest` will flush what the failed instance left unlogged.
+            store.data().log.flush();
+        }
+        let (process, punctuate) = started?;
         let punctuate_every = store.data().punctuate_every;
-        if punctuate_every.is_some() && punctuate.is_none() {
-            return Err(SandboxError::Init(
-                "init scheduled punctuation, but the component does not export `punctuate`"
-                    .to_owned(),
-            ));
-        }
         Ok(Guest {
             processor: self.inner.clone(),
             store,
@@ -485,6 +520,72 @@ impl Processor {
             fuel_used: 0,
         })
     }
+
+    /// Instantiates the component in `store` and runs its `init`; returns
+    /// its `process` and `punctuate` exports. `init_fuel` is the budget set
+    /// (0: unmetered), for the error that says it ran out.
+    fn start(
+        &self,
+        store: &mut Store<HostState>,
+        init_fuel: u64,
+    ) -> Result<(Func, Option<Func>), SandboxError> {
+        let p = &self.inner.policy;
+        let out_of_fuel = |e: &wasmtime::Error| {
+            init_fuel > 0 && matches!(e.downcast_ref::<Trap>(), Some(Trap::OutOfFuel))
+        };
+        let instance = self.inner.pre.instantiate(&mut *store).map_err(|e| {
+            let limiter = &store.data().limiter;
+            if limiter.refused {
+                SandboxError::Instantiate(format!(
+                    "the component needs more memory than its limit of {} MiB; raise limits.memory-mb",
+                    p.memory_bytes >> 20
+                ))
+            } else if out_of_fuel(&e) {
+                SandboxError::InitFuel { limit: init_fuel }
+            } else {
+                SandboxError::Instantiate(format!("{e:#}"))
+            }
+        })?;
+        let process = instance
+            .get_func(&mut *store, "process")
+            .ok_or_else(|| SandboxError::Policy(PolicyError::MissingExport("process".into())))?;
+        process
+            .typed::<ProcessParams<'_>, ProcessResult>(&*store)
+            .map_err(|e| SandboxError::ExportType {
+                export: "process",
+                message: format!("{e:#}"),
+            })?;
+        if let Some(init) = instance.get_func(&mut *store, "init") {
+            let init = init
+                .typed::<(&[(String, String)],), (Result<(), String>,)>(&*store)
+                .map_err(|e| SandboxError::ExportType {
+                    export: "init",
+                    message: format!("{e:#}"),
+                })?;
+            store.data_mut().in_init = true;
+            let called = init.call(&mut *store, (&p.config,));
+            store.data_mut().in_init = false;
+            match called {
+                Ok((Ok(()),)) => {}
+                Ok((Err(message),)) => return Err(SandboxError::Init(message)),
+                Err(e) if out_of_fuel(&e) => {
+                    return Err(SandboxError::InitFuel { limit: init_fuel });
+                }
+                Err(e) => {
+                    let failure = classify_trap(store, e, p);
+                    return Err(SandboxError::Init(failure.to_string()));
+                }
+            }
+        }
+        let punctuate = instance.get_func(&mut *store, "punctuate");
+        if store.data().punctuate_every.is_some() && punctuate.is_none() {
+            return Err(SandboxError::Init(
+                "init scheduled punctuation, but the component does not export `punctuate`"
+                    .to_owned(),
+            ));
+        }
+        Ok((process, punctuate))
+    }
 }
 
 fn set_budget(store: &mut Store<HostState>, fuel_on: bool, fuel: u64, timeout: Duration) {
@@ -494,8 +595,10 @@ fn set_budget(store: &mut Store<HostState>, fuel_on: bool, fuel: u64, timeout: D
         // Cannot fail: fuel is enabled on the engine.
         let _ = store.set_fuel(fuel);
     }
-    let ticks = (timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
-    store.set_epoch_deadline(ticks + 1);
+    // The call's clock: its deadline, its tenant's share, checked at every
+    // tick (the store's epoch deadline callback).
+    store.data_mut().clock.start(timeout);
+    store.set_epoch_deadline(1);
 }
 
 /// Why a call to the guest did not succeed.
@@ -587,6 +690,12 @@ impl Guest {
     /// The record the last call began last (`begin-record`), if it said.
     pub fn cursor(&self) -> Option<u32> {
         self.store.data().cursor
+    }
+
+    /// How long calls (and `init`) were parked for the tenant's CPU share
+    /// since the last time this was asked.
+    pub fn take_parked(&mut self) -> Duration {
+        self.store.data_mut().clock.take_parked()
     }
 
     /// Whether the instance trapped and must be replaced.
@@ -704,6 +813,7 @@ impl Guest {
         effects: &mut Box<dyn Effects>,
     ) -> Result<(), CallFailure> {
         std::mem::swap(&mut self.store.data_mut().effects, effects);
+        self.store.data_mut().clock.finish();
         if self.fuel && budget > 0 {
             let left = self.store.get_fuel().unwrap_or(0);
             let meter = &self.store.data().fuel;

@@ -24,8 +24,15 @@
 //! - `keep:N`: puts an N-byte value under the record's key in store `seen`
 //!   (state that grows with the keys: `limits.state-mb` must hold);
 //! - `forget`: deletes the record's key from store `seen`;
+//! - `forgets:N`: deletes N distinct absent keys of 1 MiB each from store
+//!   `seen`, ignoring refusals (the host holds each deleted key until the
+//!   commit: its memory must stay bounded);
+//! - `late:N`: reports itself late with an N-byte message (the host must
+//!   cap what it keeps of it, as it caps a log line);
 //! - with `fail-init` set in its `[config]`, `init` fails (every instance:
 //!   a deployment that can never start);
+//! - with `burn-init = N` in its `[config]`, `init` spins N iterations first
+//!   (init's fuel must be billed, and bounded, on every new instance);
 //! - anything else: increments key `count` of store `seen` and emits the
 //!   record's key, value and headers unchanged to alias `out`.
 
@@ -43,6 +50,15 @@ static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0)
 
 impl Processor for Hostile {
     fn init(config: &Config) -> Result<(), Error> {
+        if let Some(n) = config.get("burn-init") {
+            let n: u64 = n
+                .parse()
+                .map_err(|_| Error::new("burn-init: expected a number of iterations"))?;
+            let mut counter: u64 = 0;
+            for _ in 0..n {
+                counter = black_box(counter.wrapping_add(1));
+            }
+        }
         match config.get("fail-init") {
             Some(why) => Err(Error::new(format!(
                 "hostile guest init failed on purpose: {why}"
@@ -133,6 +149,21 @@ impl Processor for Hostile {
                 let n = size_of(&v[5..])?;
                 let key = record.key.as_deref().unwrap_or_default();
                 ctx.store("seen").put(key, vec![b'k'; n])
+            }
+            Some(v) if v.starts_with(b"late:") => {
+                let n = size_of(&v[b"late:".len()..])?;
+                ctx.report_late("l".repeat(n));
+                Ok(())
+            }
+            Some(v) if v.starts_with(b"forgets:") => {
+                let n = size_of(&v[b"forgets:".len()..])?;
+                let mut key = vec![b'k'; 1 << 20];
+                for i in 0..n {
+                    key[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                    // Refusals ignored: a hostile guest goes on.
+                    let _ = ctx.store("seen").delete(&key);
+                }
+                Ok(())
             }
             Some(b"forget") => {
                 let key = record.key.as_deref().unwrap_or_default();
