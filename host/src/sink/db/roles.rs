@@ -18,10 +18,10 @@
 //! ([`check_sink_role`], [`check_tenant_role`]) and when a fleet host
 //! starts ([`check_connections`]); a refusal says what to change.
 
-use postgres::Client;
+use postgres::{Client, Transaction};
 
 use super::super::SinkError;
-use super::super::config::Connections;
+use super::super::config::{Connections, SinkConfig};
 
 /// Predefined roles that reach the server's OS, its files or every
 /// session's statements: neither the sink's role nor a tenant's may be
@@ -345,4 +345,44 @@ pub fn check_connections(connections: &Connections) -> Result<(), SinkError> {
         }
     }
     Ok(())
+}
+
+/// `SET LOCAL ROLE` to the tenant's role with its schema first on the
+/// `search_path`, and back; empty when the routes run as the
+/// connection's user.
+pub(super) struct AsTenant {
+    enter: String,
+    leave: String,
+}
+
+impl AsTenant {
+    pub(super) fn of(config: &SinkConfig) -> AsTenant {
+        match &config.postgres.role {
+            Some(role) => {
+                let r = quote_ident(role);
+                AsTenant {
+                    enter: format!("SET LOCAL ROLE {r}; SET LOCAL search_path = {r}, public"),
+                    leave: "SET LOCAL ROLE NONE; SET LOCAL search_path TO DEFAULT".to_owned(),
+                }
+            }
+            None => AsTenant {
+                enter: String::new(),
+                leave: String::new(),
+            },
+        }
+    }
+
+    pub(super) fn enter(&self, t: &mut Transaction<'_>) -> Result<(), postgres::Error> {
+        if self.enter.is_empty() {
+            return Ok(());
+        }
+        t.batch_execute(&self.enter)
+    }
+
+    pub(super) fn leave(&self, t: &mut Transaction<'_>) -> Result<(), postgres::Error> {
+        if self.leave.is_empty() {
+            return Ok(());
+        }
+        t.batch_execute(&self.leave)
+    }
 }
