@@ -1,21 +1,23 @@
-//! A tenant's share of the host's CPU: a budget of guest CPU time that
-//! every call of the tenant's deployments on this host charges as it runs
-//! (at each 10 ms epoch tick, `sandbox/clock.rs`), and that parks the call
+//! A tenant's share of the host's CPU: a budget of guest-call time that
+//! every worker of the tenant's deployments on this host charges after
+//! each `process` call, and that makes a worker wait before its next call
 //! while the tenant is over its share.
 //!
 //! Fuel bounds one record; this bounds a tenant: a neighbour looping to its
 //! fuel limit on every record, or simply sending 10x the load, gets its
 //! share of the cores and no more, and the other tenants' workers the rest.
-//! The charge is the calling thread's CPU time (a guest call does no I/O):
-//! what the tenant took from the host, whether the host is idle or
-//! contended. (It was the call's wall time, charged after the call: one
-//! call of 64 records overran a 10% share six-fold before its first wait.)
+//! The charge is the call's wall time, which is its CPU time when the host
+//! is idle (a guest call does no I/O) and more when the host is contended:
+//! a tenant is held back hardest exactly when others want the CPU.
 //!
 //! A token bucket: the budget refills at `share x cores` seconds per second
-//! up to [`BURST`] of it, a call's CPU time is taken out as it runs, and
-//! while the balance is negative the call is parked for it to refill (at
-//! most [`MAX_WAIT`] at a time; a call's `limits.timeout-ms` does not count
-//! the time it is parked).
+//! up to [`BURST`] of it, a call's time is taken out, and while the balance
+//! is negative the next call waits for it to refill (at most [`MAX_WAIT`]
+//! at a time, so the worker still polls and commits).
+//!
+//! The sandbox can charge inside a call instead (`sandbox/clock.rs`,
+//! [`crate::sandbox::CpuMeter`], implemented below): not wired into the
+//! workers yet (docs/operations.md, Known limits).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
