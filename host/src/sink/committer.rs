@@ -316,17 +316,7 @@ impl Committer {
                         KafkaError::client(format!("sending a dead letter to {topic}"), e)
                     })?;
                 }
-                kafka::drain(producer, Duration::from_secs(60)).map_err(|e| {
-                    KafkaError::client(format!("flushing dead letters to {topic}"), e)
-                })?;
-                match lock(&producer.context().failed).take() {
-                    Some(e) => Err(KafkaError::client(
-                        format!("sending dead letters to {topic}"),
-                        e,
-                    )
-                    .into()),
-                    None => Ok(()),
-                }
+                delivered(producer, &format!("dead letters to {topic}"))
             };
             match self.db.forward_dead_letters(&mut send) {
                 Ok(0) => return Ok(()),
@@ -403,17 +393,7 @@ impl Committer {
                         KafkaError::client(format!("sending usage to {}", target.topic), e)
                     })?;
                 }
-                kafka::drain(producer, Duration::from_secs(60)).map_err(|e| {
-                    KafkaError::client(format!("flushing usage to {}", target.topic), e)
-                })?;
-                match lock(&producer.context().failed).take() {
-                    Some(e) => Err(KafkaError::client(
-                        format!("sending usage to {}", target.topic),
-                        e,
-                    )
-                    .into()),
-                    None => Ok(()),
-                }
+                delivered(producer, &format!("usage to {}", target.topic))
             };
             match self.db.forward_usage(&mut send) {
                 Ok(0) => return Ok(()),
@@ -432,6 +412,17 @@ impl Committer {
                 Err(BatchError::Fenced(_)) => return Ok(()),
             }
         }
+    }
+}
+
+/// Waits until what was sent (`what`: "dead letters to <topic>") is
+/// delivered; the first failed delivery is the error.
+fn delivered(producer: &BaseProducer<DeadLetterContext>, what: &str) -> Result<(), SinkError> {
+    kafka::drain(producer, Duration::from_secs(60))
+        .map_err(|e| KafkaError::client(format!("flushing {what}"), e))?;
+    match lock(&producer.context().failed).take() {
+        Some(e) => Err(KafkaError::client(format!("sending {what}"), e).into()),
+        None => Ok(()),
     }
 }
 
