@@ -69,6 +69,7 @@ pub mod guestbench;
 pub mod host;
 pub mod kafka;
 pub mod manifest;
+pub mod memory;
 pub mod metrics;
 pub mod offline;
 pub mod sandbox;

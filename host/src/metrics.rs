@@ -61,6 +61,10 @@ pub struct Metrics {
     /// Time (µs) its workers waited because the tenant was over its CPU
     /// share.
     pub throttled_us: AtomicU64,
+    /// Commits made early because the deployment or its tenant reached its
+    /// memory budget (`held-mb`, `host-held-mb`): a batch committed in
+    /// parts.
+    pub memory_commits: AtomicU64,
     /// Log lines not yet counted in a usage record (see [`Usage`]): the
     /// next committed transaction of any worker takes them.
     pub unbilled_log_lines: AtomicU64,
@@ -98,6 +102,7 @@ impl Default for Metrics {
             log_lines: AtomicU64::default(),
             unbilled_log_lines: AtomicU64::default(),
             throttled_us: AtomicU64::default(),
+            memory_commits: AtomicU64::default(),
             workers: Mutex::default(),
             restart_log: Mutex::default(),
             commit_latency_us: Mutex::default(),
@@ -323,7 +328,7 @@ impl Exposition {
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         type Get = fn(&Metrics) -> u64;
-        let counters: [(&str, &str, Get); 18] = [
+        let counters: [(&str, &str, Get); 19] = [
             (
                 "onceflow_records",
                 "Input records processed (committed)",
@@ -405,6 +410,11 @@ impl Collector for Exposition {
                 "onceflow_cpu_throttled_microseconds",
                 "Time its workers waited because the tenant was over its cpu-share",
                 |m| m.throttled_us.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_memory_commits",
+                "Commits made early because the deployment or its tenant reached its memory budget",
+                |m| m.memory_commits.load(Ordering::Relaxed),
             ),
         ];
         let labels = |(t, d, v, _): &(String, String, u64, Arc<Metrics>)| {

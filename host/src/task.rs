@@ -204,6 +204,17 @@ pub struct BatchOutcome {
     pub late_dropped: u64,
     /// `punctuate` calls made.
     pub punctuations: u64,
+    /// Bytes of `outputs`.
+    pub output_bytes: u64,
+    /// How many bytes of outputs and state writes the batch may add to
+    /// what the host holds before it stops early ([`Task::process_batch`]);
+    /// `None`: no limit.
+    pub room: Option<u64>,
+    /// The batch's records finished (processed, or handed to the error
+    /// policy), from its first: all of them unless it stopped early.
+    pub done: usize,
+    /// It stopped early: its room ran out.
+    pub full: bool,
 }
 
 /// The effects of a task: its state and the outputs of the call in progress.
@@ -519,6 +530,8 @@ pub struct Task {
     /// Whether the processor ever asked for punctuation (its instance may be
     /// gone when the offsets commit).
     punctuated: bool,
+    /// [`Task::held_bytes`] when the batch in progress began.
+    held_at_start: u64,
 }
 
 impl Task {
@@ -547,6 +560,7 @@ impl Task {
             committing_stream_time: None,
             swept_at: None,
             punctuated: false,
+            held_at_start: 0,
             effects: Box::new(TaskEffects {
                 state,
                 windows,
@@ -612,6 +626,13 @@ impl Task {
     /// processor scheduled, `punctuate` is called right after the record
     /// that carried it there, before the next one, so the punctuations
     /// depend on the records alone, never on how they were batched.
+    ///
+    /// With `outcome.room` set, the batch stops after the call (or the
+    /// record given to the error policy) that took what it added past the
+    /// room, its records before that finished (`outcome.done`, at least
+    /// one) and the rest not begun: the caller commits and goes on with
+    /// them. A call's own effects are capped ([`MAX_CALL_BYTES`]), so the
+    /// batch stays within its room plus one call's.
     pub fn process_batch(
         &mut self,
         batch: &[InputRecord],
@@ -622,6 +643,9 @@ impl Task {
         }
         let every = self.live_guest()?.punctuation_interval();
         self.punctuated |= every.is_some();
+        self.held_at_start = self.held_bytes();
+        outcome.done = 0;
+        outcome.full = false;
         let mut times = Vec::with_capacity(batch.len());
         let mut now = self.stream_time;
         let mut from = 0;
@@ -634,7 +658,11 @@ impl Task {
             if let Some(table) = self.table_of(&record.topic) {
                 // The stream records before it see the table as it was.
                 self.run(&batch[from..i], &times[from..i], outcome)?;
+                if outcome.full {
+                    break;
+                }
                 self.apply_table_record(table, record)?;
+                outcome.done += 1;
                 from = i + 1;
             }
             let due = match (every, before, now) {
@@ -644,14 +672,37 @@ impl Task {
             };
             if let (true, Some(now)) = (due, now) {
                 self.run(&batch[from..=i], &times[from..=i], outcome)?;
+                if outcome.done <= i {
+                    // Stopped before the record that carried stream time
+                    // here: it punctuates when that record is processed.
+                    break;
+                }
                 self.stream_time = Some(now);
                 self.punctuate(now, outcome)?;
                 from = i + 1;
+                if outcome.full {
+                    break;
+                }
             }
         }
-        self.run(&batch[from..], &times[from..], outcome)?;
-        self.stream_time = now;
+        if !outcome.full {
+            self.run(&batch[from..], &times[from..], outcome)?;
+        }
+        // The stream time of the last record finished.
+        if let Some(last) = outcome.done.checked_sub(1) {
+            self.stream_time = times[last];
+        }
         self.sweep_expired_windows()
+    }
+
+    /// `n` more records of the batch finished, in order; the batch is full
+    /// when what it added reached its room.
+    fn finished(&mut self, n: usize, out: &mut BatchOutcome) {
+        out.done += n;
+        if let Some(room) = out.room {
+            let state = self.held_bytes().saturating_sub(self.held_at_start);
+            out.full |= out.output_bytes + state >= room;
+        }
     }
 
     /// The table whose topic is `topic`.
@@ -761,7 +812,9 @@ impl Task {
         match result {
             Ok(()) => {
                 fx.state.end_call();
+                out.output_bytes += fx.call_outputs.iter().map(|o| o.size() as u64).sum::<u64>();
                 out.outputs.append(&mut fx.call_outputs);
+                self.finished(0, out);
                 Ok(())
             }
             Err(failure) => {
@@ -786,7 +839,7 @@ impl Task {
         times: &[Option<i64>],
         out: &mut BatchOutcome,
     ) -> Result<(), TaskError> {
-        if records.is_empty() {
+        if records.is_empty() || out.full {
             return Ok(());
         }
         if records.len() > MAX_CALL_RECORDS {
@@ -800,7 +853,11 @@ impl Task {
         }
         out.calls += 1;
         let failure = match self.call(records, times)? {
-            Ok(()) => return self.keep_call(records, records.len(), out),
+            Ok(()) => {
+                self.keep_call(records, records.len(), out)?;
+                self.finished(records.len(), out);
+                return Ok(());
+            }
             Err(failure) => failure,
         };
         if let CallFailure::Host(message) = failure {
@@ -831,6 +888,7 @@ impl Task {
                     "record rejected ({failure}); the records before it stand"
                 );
                 self.poison(&records[i], failure.to_string(), out)?;
+                self.finished(i + 1, out);
                 return self.run(&records[i + 1..], &times[i + 1..], out);
             }
             // A trap: the records before the failing one finished in this
@@ -844,6 +902,7 @@ impl Task {
             // the next call.
             (CallFailure::Trapped { .. }, Some(i)) if i > 0 => {
                 self.take_back_record(records, i, out)?;
+                self.finished(i, out);
                 self.guest = None;
                 tracing::debug!(
                     partition = self.partition,
@@ -858,7 +917,9 @@ impl Task {
         }
         if records.len() == 1 {
             self.drop_call();
-            return self.poison(&records[0], failure.to_string(), out);
+            self.poison(&records[0], failure.to_string(), out)?;
+            self.finished(1, out);
+            return Ok(());
         }
         self.drop_call();
         let named = match &failure {
@@ -904,6 +965,7 @@ impl Task {
             .unwrap_or_default();
         let fx = self.fx();
         fx.state.end_call();
+        out.output_bytes += fx.call_outputs.iter().map(|o| o.size() as u64).sum::<u64>();
         out.outputs.append(&mut fx.call_outputs);
         for (index, message) in late {
             let Some(record) = records[..upto].get(index as usize) else {
@@ -1099,16 +1161,19 @@ impl Task {
                     offset = record.offset,
                     "dead-lettered a record: {reason}"
                 );
-                out.outputs.push(dead_letter(
-                    record,
-                    topic,
-                    &self.config.application_id,
-                    reason,
-                ));
+                let letter = dead_letter(record, topic, &self.config.application_id, reason);
+                out.output_bytes += letter.size() as u64;
+                out.outputs.push(letter);
                 out.dead_lettered += 1;
                 Ok(())
             }
         }
+    }
+
+    /// Bytes of state changes held in memory until their commit
+    /// (`memory.rs`).
+    pub fn held_bytes(&self) -> u64 {
+        self.fx_ref().state.held_bytes()
     }
 
     /// Whether state changes wait for a commit.

@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use onceflow::memory::MemoryLimits;
 use onceflow::metrics::Metrics;
 use onceflow::sink::{Connections, SinkConfig, SinkOptions, SinkReport};
 use onceflow::types::error_chain;
@@ -226,6 +227,16 @@ key = ["account"]
     /// Runs `tenant`'s sink as a fleet host would; `Err` when its
     /// configuration is refused (at deploy, on the fleet).
     fn start(&self, tenant: &str, text: &str) -> Result<Running, String> {
+        self.start_with(tenant, text, MemoryLimits::default())
+    }
+
+    /// As [`Scene::start`], with the sink's memory budget `memory`.
+    fn start_with(
+        &self,
+        tenant: &str,
+        text: &str,
+        memory: MemoryLimits,
+    ) -> Result<Running, String> {
         let path = self.dir.path().join(format!("{tenant}/sink.toml"));
         let config = SinkConfig::parse(text, &path).map_err(|e| error_chain(&e))?;
         let connections = Connections::load(&self.connections).map_err(|e| error_chain(&e))?;
@@ -245,6 +256,7 @@ key = ["account"]
             lose_commit_answers: 0,
             metrics: metrics.clone(),
             usage: None,
+            memory,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -713,4 +725,91 @@ fn h_evils_role_alone_holds_the_doors() {
         );
     }
     assert!(!Path::new(&marker).exists(), "COPY TO PROGRAM ran");
+}
+
+/// A memory figure of this process (`VmHWM:`, `VmRSS:`), in MiB.
+fn own_mb(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("a field of /proc/self/status")
+        >> 10
+}
+
+/// Issue 45, item 3: a sink's batch is bounded by what it holds in memory,
+/// parsed, not only by its record count. evil sends 100 JSON documents of
+/// about 1 MB, each an array of 499,000 small numbers (16 MB parsed): a
+/// batch of them all took a host to 2.2 GB. With a budget of 64 MiB the
+/// sink hands its batch over as soon as the parsed records reach it, and
+/// this process's peak (reset before the sink starts) stays within a few
+/// budgets; every record is applied once.
+#[test]
+fn i_a_sinks_batch_stays_within_its_memory_budget() {
+    let _g = serial();
+    let mut s = Scene::new("i");
+    let n = 100u64;
+    {
+        let p = plain_producer(s.cluster);
+        let pad = vec!["1"; 499_000].join(",");
+        for i in 0..n {
+            let value = format!("{{\"x\":\"{i}\",\"pad\":[{pad}]}}");
+            loop {
+                match p.send(
+                    rdkafka::producer::BaseRecord::to(&s.topic("evil.in0"))
+                        .key("k")
+                        .payload(&value),
+                ) {
+                    Ok(()) => break,
+                    Err(_) => {
+                        p.poll(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        rdkafka::producer::Producer::flush(&p, Duration::from_secs(60)).expect("flush");
+    }
+    // Peak memory from here on (Linux: "5" resets VmHWM to VmRSS).
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    let base = own_mb("VmRSS:");
+    // ONCEFLOW_TEST_SINK_HELD_MB: a budget too large to act, as before.
+    let held_mb = std::env::var("ONCEFLOW_TEST_SINK_HELD_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64u64);
+    // Batches of up to 1,000 records or 10 s: the bytes must end them.
+    let toml = s
+        .evil_toml(&[("INSERT INTO evil.loot (s) VALUES ($1)", &["x"])])
+        .replace(
+            "max-wait-ms = 20\n",
+            "max-wait-ms = 10000\nmax-records = 1000\n",
+        );
+    assert!(toml.contains("max-records = 1000"));
+    let evil = s
+        .start_with("evil", &toml, MemoryLimits::new(held_mb, None))
+        .expect("evil's sink starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while evil.records() < n && !evil.finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let peak = own_mb("VmHWM:");
+    let report = evil.stop();
+    let rows: i64 = s
+        .admin
+        .query_one("SELECT count(*) FROM evil.loot", &[])
+        .expect("count")
+        .get(0);
+    println!("FIGURE sink_held_base_rss_mb {base}");
+    println!("FIGURE sink_held_peak_rss_mb {peak}");
+    assert_eq!(rows, n as i64, "every record applied once: {report:?}");
+    let batches = report.as_ref().map_or(0, |r| r.batches);
+    println!("FIGURE sink_held_batches {batches}");
+    assert!(batches > 1, "the records went in {batches} batch(es)");
+    // Two batches of 64 MiB parsed, and the record that tipped the last
+    // one; before, all 100 records parsed at once (1.6 GB).
+    assert!(
+        peak < base + 200 + 3 * held_mb,
+        "the process peaked at {peak} MiB (from {base} MiB) with a sink budget of {held_mb} MiB"
+    );
 }

@@ -954,3 +954,56 @@ fn a_long_call_is_held_to_its_tenants_cpu_share_while_it_runs() {
          {RATE} (at most {allowed:.2}): the share is not charged while the call runs"
     );
 }
+
+/// Issue 45, item 3: a batch given a room in bytes stops after the call
+/// that fills it, its records before that finished and the rest not begun
+/// (the worker commits, then hands it the rest): 200 records of 100 KB
+/// outputs, in calls of 64, against a room of 10 MB. Nothing is lost or
+/// done twice, and stream time stops at the last record finished.
+#[test]
+fn a_batch_stops_after_the_call_that_fills_its_room() {
+    use onceflow::state::MemoryPartition;
+    use onceflow::task::{BatchOutcome, Task, TaskConfig};
+    let (manifest, processor) = load("tests/guests/hostile/onceflow.toml", false);
+    let mut task = Task::new(
+        0,
+        processor,
+        TaskConfig::from_manifest(&manifest),
+        Box::new(MemoryPartition::default()),
+    );
+    let records: Vec<InputRecord> = (0..200)
+        .map(|i| record("hostile-in", i, &format!("k{i}"), "output:100000"))
+        .collect();
+    let mut first = BatchOutcome {
+        room: Some(10_000_000),
+        ..BatchOutcome::default()
+    };
+    task.process_batch(&records, &mut first)
+        .expect("first part");
+    // The first call (64 records, 6.4 MB) leaves room; the second fills it.
+    assert!(first.full, "stopped early");
+    assert_eq!(first.done, 128, "two calls of 64 finished");
+    assert_eq!(first.outputs.len(), 128);
+    assert_eq!(
+        first.output_bytes,
+        first.outputs.iter().map(|o| o.size() as u64).sum::<u64>()
+    );
+    assert_eq!(task.stream_time(), Some(records[127].timestamp));
+    let mut rest = BatchOutcome {
+        room: Some(10_000_000),
+        ..BatchOutcome::default()
+    };
+    task.process_batch(&records[first.done..], &mut rest)
+        .expect("the rest");
+    assert!(!rest.full);
+    assert_eq!(rest.done, 72);
+    let keys: Vec<Vec<u8>> = first
+        .outputs
+        .iter()
+        .chain(&rest.outputs)
+        .map(|o| o.key.clone().unwrap_or_default())
+        .collect();
+    let expected: Vec<Vec<u8>> = (0..200).map(|i| format!("k{i}").into_bytes()).collect();
+    assert_eq!(keys, expected, "every record's output once, in order");
+    assert_eq!(task.stream_time(), Some(records[199].timestamp));
+}

@@ -282,6 +282,13 @@ pub struct KafkaArgs {
     /// state.cleanup.delay.ms).
     #[arg(long, default_value_t = 600_000)]
     pub state_cleanup_delay_ms: u64,
+    /// Most MiB the host holds for one deployment at once: outputs and
+    /// state changes not yet committed. A batch that reaches it is
+    /// committed in parts. A fleet host takes each tenant's `held-mb`
+    /// from tenants.toml instead.
+    #[arg(long, default_value_t = onceflow::memory::DEFAULT_HELD_MB,
+          value_parser = clap::value_parser!(u64).range(64..))]
+    pub held_mb: u64,
 }
 
 /// `-X key=value` pairs, every subcommand's alike: secrets from
@@ -332,6 +339,8 @@ impl KafkaArgs {
             state_cleanup_delay: Duration::from_millis(self.state_cleanup_delay_ms),
             usage_topic: None,
             cpu_budget: None,
+            held_mb: self.held_mb,
+            tenant_memory: None,
         })
     }
 }
@@ -571,6 +580,7 @@ mod tests {
             kafka_config: Vec::new(),
             report_interval_ms: 5_000,
             state_cleanup_delay_ms: 600_000,
+            held_mb: 256,
         }
     }
 

@@ -126,6 +126,7 @@ pub fn cmd_sink_postgres(a: SinkArgs) -> anyhow::Result<ExitCode> {
         metrics: Default::default(),
         // A sink of its own is not billed: no fleet.
         usage: None,
+        memory: Default::default(),
     };
     let shutdown = on_signals()?;
     onceflow::kafka::wait_for_brokers(

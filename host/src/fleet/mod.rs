@@ -44,6 +44,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
+use crate::memory::{MemoryBudget, MemoryLimits};
 use crate::stream::cpu::CpuBudget;
 
 pub use control::ControlPlane;
@@ -106,6 +107,9 @@ pub struct Fleet {
     /// Each tenant's CPU budget on this host (unlimited at cpu-share 100),
     /// shared by all its deployments' workers.
     cpu_budgets: Mutex<BTreeMap<String, Arc<CpuBudget>>>,
+    /// Each tenant's memory budget on this host (`host-held-mb`), shared
+    /// by all its deployments and sinks.
+    memory_budgets: Mutex<BTreeMap<String, Arc<MemoryBudget>>>,
     /// How long an unused upload is kept (`artifacts.rs`).
     artifact_grace: Duration,
     /// The database connections this host offers tenants' sinks.
@@ -139,6 +143,7 @@ impl Fleet {
             duplicates: Mutex::default(),
             admissions: Mutex::default(),
             cpu_budgets: Mutex::default(),
+            memory_budgets: Mutex::default(),
             artifact_grace,
             sink_connections: RwLock::default(),
             held: Mutex::default(),
@@ -197,6 +202,16 @@ impl Fleet {
             let share = tenants.get(name).map_or(100, |t| t.quotas.cpu_share);
             budget.set_rate(cpu_limit(share));
         }
+        for (name, budget) in self
+            .memory_budgets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            if let Some(t) = tenants.get(name) {
+                budget.set_limit(t.quotas.host_held_mb.saturating_mul(1 << 20));
+            }
+        }
         *self.tenants.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tenants);
     }
 
@@ -213,6 +228,29 @@ impl Fleet {
                 .or_insert_with(|| Arc::new(CpuBudget::new(cpu_limit(share))))
                 .clone(),
         )
+    }
+
+    /// The memory budgets of a deployment or sink of `tenant` on this host:
+    /// its own (`held-mb`) under the tenant's (`host-held-mb`), made on
+    /// first use and shared after (`memory.rs`).
+    pub fn memory_limits(&self, tenant: &str) -> MemoryLimits {
+        let quotas = self
+            .tenants()
+            .get(tenant)
+            .map(|t| t.quotas)
+            .unwrap_or_default();
+        let shared = self
+            .memory_budgets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(tenant.to_owned())
+            .or_insert_with(|| {
+                Arc::new(MemoryBudget::new(
+                    quotas.host_held_mb.saturating_mul(1 << 20),
+                ))
+            })
+            .clone();
+        MemoryLimits::new(quotas.held_mb, Some(shared))
     }
 
     fn running(&self) -> MutexGuard<'_, BTreeMap<String, Running>> {

@@ -251,8 +251,11 @@ impl Fleet {
                     {
                         r.state = RunState::Running;
                     }
+                    let memory = me.memory_limits(&record.tenant);
                     let options = stream::RunOptions {
                         cpu_budget: me.cpu_budget(&record.tenant),
+                        held_mb: memory.deployment.limit() >> 20,
+                        tenant_memory: memory.tenant,
                         ..me.options.clone()
                     };
                     stream::run_with_metrics(manifest, processor, options, shutdown, metrics)
@@ -313,6 +316,7 @@ impl Fleet {
                     tenant: record.tenant.clone(),
                     deployment: record.name.clone(),
                 }),
+            memory: self.memory_limits(&record.tenant),
         };
         sink::run_postgres(config, options, shutdown)?;
         Ok(())

@@ -22,6 +22,8 @@
 //! state-mb = 1024                  # limits.state-mb (state per instance)
 //! cpu-share = 100                  # percent of a host's CPU its guests may take
 //! artifact-mb = 1024               # its uploaded components together
+//! held-mb = 256                    # held in host memory per deployment or sink
+//! host-held-mb = 1024              # the same, all of them on one host together
 //! ```
 //!
 //! Kafka treats `.` and `_` in topic names as one character, so tenant
@@ -104,6 +106,13 @@ pub struct Quotas {
     /// once however often uploaded); components none of its deployments
     /// runs are collected after the hosts' `--artifact-grace-secs`.
     pub artifact_mb: u64,
+    /// MiB the host holds in memory for one of its deployments (or sinks)
+    /// at once: outputs and state changes not yet committed, a sink's
+    /// batches. A batch that reaches it is committed in parts
+    /// (`memory.rs`). At least 64 (one call's cap).
+    pub held_mb: u64,
+    /// The same for all its deployments and sinks on one host together.
+    pub host_held_mb: u64,
 }
 
 impl Default for Quotas {
@@ -119,6 +128,8 @@ impl Default for Quotas {
             state_mb: 1024,
             cpu_share: 100,
             artifact_mb: 1024,
+            held_mb: crate::memory::DEFAULT_HELD_MB,
+            host_held_mb: 1024,
         }
     }
 }
@@ -276,6 +287,13 @@ impl Tenants {
                 return Err(format!(
                     "tenant {:?}: cpu-share = {} must be a percent of the host's CPU, 1 to 100",
                     t.name, t.quotas.cpu_share
+                ));
+            }
+            if t.quotas.held_mb < 64 || t.quotas.host_held_mb < t.quotas.held_mb {
+                return Err(format!(
+                    "tenant {:?}: held-mb = {} and host-held-mb = {}: held-mb must be at least 64 \
+                     (one guest call may hold 64 MiB) and host-held-mb at least held-mb",
+                    t.name, t.quotas.held_mb, t.quotas.host_held_mb
                 ));
             }
             let own = t

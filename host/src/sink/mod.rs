@@ -48,6 +48,7 @@ pub use db::roles::check_connections;
 use db::{Db, Item};
 
 use crate::kafka::{self, Connection, KafkaError, QuietContext};
+use crate::memory::{Held, MemoryLimits};
 use crate::metrics::Metrics;
 
 /// Why a sink stopped.
@@ -135,6 +136,10 @@ pub struct SinkOptions {
     /// On a fleet host: where the sink's work is billed (`onceflow
     /// usage`); none for a sink of its own (`onceflow sink postgres`).
     pub usage: Option<UsageTarget>,
+    /// What the sink's batches may hold in memory (`held-mb` of its
+    /// tenant, under `host-held-mb`; `memory.rs`): a batch that
+    /// reaches it is handed over, full or not.
+    pub memory: MemoryLimits,
 }
 
 /// Where a fleet host's sink bills its committed work, and whose it is:
@@ -327,6 +332,8 @@ pub fn run_postgres(
         epochs: HashMap::new(),
         batch: Vec::new(),
         in_flight: None,
+        held: options.memory.holder(),
+        batch_bytes: 0,
         report: SinkReport::default(),
     };
     let result = sink.run(&shutdown);
@@ -349,6 +356,10 @@ struct Sink<'a> {
     batch: Vec<Item>,
     /// The batch the committer is applying, and when it was handed over.
     in_flight: Option<(Receiver<Result<BatchDone, SinkError>>, Instant)>,
+    /// The two batches' bytes in memory, parsed, against the budgets.
+    held: Held,
+    /// Bytes of `batch` ([`held_bytes`]).
+    batch_bytes: u64,
     report: SinkReport,
 }
 
@@ -371,13 +382,16 @@ impl Sink<'_> {
                 Some(Ok(m)) => {
                     if let Some(item) = self.item(&m) {
                         first_at.get_or_insert_with(Instant::now);
+                        self.batch_bytes += held_bytes(&item);
                         self.batch.push(item);
                     }
                 }
                 Some(Err(e)) => tracing::debug!("consumer: {e}"),
                 None => {}
             }
-            let full = self.batch.len() >= self.config.max_batch_records;
+            let in_flight = self.held.bytes().saturating_sub(self.batch_bytes);
+            let full = self.batch.len() >= self.config.max_batch_records
+                || !self.held.set(self.batch_bytes + in_flight);
             let due = first_at.is_some_and(|t| t.elapsed() >= max_wait);
             if full || (due && self.in_flight.is_none()) {
                 self.take_changes()?;
@@ -436,6 +450,8 @@ impl Sink<'_> {
         self.finish_in_flight(true)?;
         let (reply, done) = std::sync::mpsc::sync_channel(1);
         let items = std::mem::take(&mut self.batch);
+        // Now in flight: still held until it is committed.
+        self.batch_bytes = 0;
         self.send(Job::Batch(Box::new(BatchJob {
             items,
             epochs: self.epochs.clone(),
@@ -463,6 +479,7 @@ impl Sink<'_> {
             }
         };
         self.in_flight = None;
+        self.held.set(self.batch_bytes);
         let done = outcome?;
         let a = done.applied;
         self.report.batches += 1;
@@ -484,8 +501,7 @@ impl Sink<'_> {
             // Not if the partition was claimed again since.
             if self.epochs.get(&at) == Some(&epoch) {
                 self.epochs.remove(&at);
-                self.batch
-                    .retain(|i| !(i.topic == at.0 && i.partition == at.1));
+                self.drop_from_batch(|i| i.topic == at.0 && i.partition == at.1);
                 lost.push(at);
             }
         }
@@ -508,6 +524,12 @@ impl Sink<'_> {
             tracing::debug!("committing offsets for lag monitoring: {e}");
         }
         Ok(())
+    }
+
+    /// Drops the batch's items that `drop` picks (a partition lost).
+    fn drop_from_batch(&mut self, drop: impl Fn(&Item) -> bool) {
+        self.batch.retain(|i| !drop(i));
+        self.batch_bytes = self.batch.iter().map(held_bytes).sum();
     }
 
     /// The record as a batch item, if its partition is claimed.
@@ -585,8 +607,8 @@ impl Sink<'_> {
                     for at in &parts {
                         self.epochs.remove(at);
                     }
-                    self.batch.retain(|i| {
-                        !parts
+                    self.drop_from_batch(|i| {
+                        parts
                             .iter()
                             .any(|(t, p)| *t == i.topic && *p == i.partition)
                     });
@@ -601,8 +623,7 @@ impl Sink<'_> {
                     let mut seek = TopicPartitionList::new();
                     for c in &claims {
                         let at = (c.topic.clone(), c.partition);
-                        self.batch
-                            .retain(|i| !(i.topic == c.topic && i.partition == c.partition));
+                        self.drop_from_batch(|i| i.topic == c.topic && i.partition == c.partition);
                         self.epochs.insert(at, c.epoch);
                         let offset = c.next_offset.map_or(Offset::Beginning, Offset::Offset);
                         let _ = seek.add_partition_offset(&c.topic, c.partition, offset);
@@ -651,4 +672,74 @@ fn show(parts: &[(String, i32)]) -> String {
         .map(|(t, p)| format!("{t}/{p}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Bytes an item holds in memory, its parsed JSON included (the sink's
+/// budget counts these, not the record's size on the wire: a small JSON
+/// document parses into several times its size).
+fn held_bytes(item: &Item) -> u64 {
+    let json = match &item.json {
+        Ok(Some(map)) => map_bytes(map),
+        Ok(None) => 0,
+        Err(reason) => reason.len(),
+    };
+    (std::mem::size_of::<Item>()
+        + item.topic.len()
+        + item.key.as_ref().map_or(0, Vec::len)
+        + item.value.as_ref().map_or(0, Vec::len)
+        + item.identity.len()
+        + item.digest.len()
+        + json) as u64
+}
+
+/// A JSON object's heap bytes, roughly: each entry's key and value, and a
+/// map node's share per entry.
+fn map_bytes(map: &serde_json::Map<String, serde_json::Value>) -> usize {
+    map.iter()
+        .map(|(k, v)| 3 * std::mem::size_of::<usize>() + k.len() + json_bytes(v))
+        .sum()
+}
+
+fn json_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    std::mem::size_of::<Value>()
+        + match value {
+            Value::String(s) => s.len(),
+            Value::Array(a) => a.iter().map(json_bytes).sum(),
+            Value::Object(o) => map_bytes(o),
+            Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parsed_items_bytes_count_its_json() {
+        // 1,000 small numbers: 4 KB of text, many times that parsed.
+        let text = format!("{{\"n\": [{}]}}", vec!["1"; 1000].join(","));
+        let json = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Object(o)) => o,
+            other => panic!("{other:?}"),
+        };
+        let item = Item {
+            route: 0,
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+            bytes: text.len() as u64,
+            key: None,
+            value: Some(text.clone().into_bytes()),
+            json: Ok(Some(json)),
+            identity: "t/0/0".into(),
+            digest: vec![0; 32],
+        };
+        let held = held_bytes(&item);
+        assert!(
+            held > 1000 * std::mem::size_of::<serde_json::Value>() as u64 + text.len() as u64,
+            "{held} bytes for {} of text",
+            text.len()
+        );
+    }
 }

@@ -304,6 +304,11 @@ pub struct TaskState {
     marking: bool,
     /// `call_delta` when the current record began.
     record_delta_mark: i64,
+    /// Bytes of keys and values the transaction's writes put in memory
+    /// (each write counted, a key written twice twice: an upper bound),
+    /// and the same for the transaction being committed.
+    txn_written: u64,
+    committing_written: u64,
 }
 
 impl TaskState {
@@ -329,7 +334,16 @@ impl TaskState {
             record_undo: Vec::new(),
             marking: false,
             record_delta_mark: 0,
+            txn_written: 0,
+            committing_written: 0,
         }
+    }
+
+    /// Bytes of keys and values held in memory until their commit: the
+    /// open transaction's writes and those of the one being committed
+    /// (`memory.rs`).
+    pub fn held_bytes(&self) -> u64 {
+        self.txn_written + self.committing_written
     }
 
     /// Refuses writes that would take the stores past `limit` bytes of
@@ -503,6 +517,10 @@ impl TaskState {
     pub fn end_call(&mut self) {
         for s in &mut self.stores {
             let call = std::mem::take(&mut s.call);
+            self.txn_written += call
+                .iter()
+                .map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64)
+                .sum::<u64>();
             s.txn.extend(call);
         }
         self.txn_delta += std::mem::take(&mut self.call_delta);
@@ -553,6 +571,7 @@ impl TaskState {
             s.committing = std::mem::take(&mut s.txn);
         }
         self.committing_delta = std::mem::take(&mut self.txn_delta);
+        self.committing_written = std::mem::take(&mut self.txn_written);
         self.frozen = true;
     }
 
@@ -575,6 +594,7 @@ impl TaskState {
             })
             .collect();
         self.committing_delta = 0;
+        self.committing_written = 0;
         if changes.is_empty() && positions.is_empty() {
             return Ok(());
         }
@@ -592,6 +612,8 @@ impl TaskState {
         self.committing_delta = 0;
         self.txn_delta = 0;
         self.call_delta = 0;
+        self.txn_written = 0;
+        self.committing_written = 0;
         self.frozen = false;
     }
 
@@ -667,6 +689,25 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn held_bytes_count_what_waits_for_a_commit_deletes_included() {
+        let mut t = task_with(&[]);
+        t.put("s", b"k1".to_vec(), vec![0; 100]).expect("put");
+        // A delete of an absent key is held too (a tombstone to write).
+        t.delete("s", vec![7; 50]).expect("delete");
+        assert_eq!(t.held_bytes(), 0, "the call's writes count once it ends");
+        t.end_call();
+        assert_eq!(t.held_bytes(), 2 + 100 + 50);
+        t.freeze();
+        t.put("s", b"k2".to_vec(), vec![0; 10]).expect("put");
+        t.end_call();
+        assert_eq!(t.held_bytes(), 152 + 12, "the frozen and the open one");
+        t.apply_committed(vec![]).expect("commit");
+        assert_eq!(t.held_bytes(), 12, "the committed ones are given back");
+        t.abort();
+        assert_eq!(t.held_bytes(), 0);
     }
 
     #[test]

@@ -338,6 +338,8 @@ mod tests {
             state_cleanup_delay: Duration::from_secs(600),
             usage_topic: None,
             cpu_budget: None,
+            held_mb: crate::memory::DEFAULT_HELD_MB,
+            tenant_memory: None,
         }
     }
 

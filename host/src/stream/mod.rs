@@ -117,6 +117,13 @@ pub struct RunOptions {
     /// (`None`: no limit; a fleet host gives every tenant one, unlimited at
     /// cpu-share 100, so that a share lowered later applies).
     pub cpu_budget: Option<std::sync::Arc<cpu::CpuBudget>>,
+    /// Most bytes the host holds for this deployment at once (outputs and
+    /// state changes not yet committed), and for its tenant on this host
+    /// (`memory.rs`).
+    pub held_mb: u64,
+    /// The tenant's budget on this host, shared by its deployments and
+    /// sinks (`None` outside a fleet).
+    pub tenant_memory: Option<std::sync::Arc<crate::memory::MemoryBudget>>,
 }
 
 /// The consumer group protocol of a deployment's workers.
@@ -156,6 +163,9 @@ pub(crate) struct Deployment {
     /// The warm copies of other instances' tasks kept here
     /// (`processing.standby-replicas`).
     pub standbys: standby::Standbys,
+    /// What its workers hold in memory, against its budget and its
+    /// tenant's (`memory.rs`).
+    pub memory: crate::memory::MemoryLimits,
 }
 
 impl Deployment {
@@ -216,7 +226,9 @@ pub fn run_with_metrics(
         .iter()
         .map(|s| (s.clone(), changelog_topic(&manifest, s)))
         .collect();
+    let memory = crate::memory::MemoryLimits::new(options.held_mb, options.tenant_memory.clone());
     let deployment = Arc::new(Deployment {
+        memory,
         task_config: TaskConfig::from_manifest(&manifest),
         manifest,
         processor,

@@ -236,6 +236,11 @@ impl Pending {
 /// the commit interval: the producer holds them until the commit.
 const MAX_TXN_OUTPUT_BYTES: u64 = 64 << 20;
 
+/// A poll stops taking records once they reach this many bytes (or
+/// `processing.max-batch-records`): the batch is held in memory until
+/// processed.
+const MAX_POLL_BYTES: u64 = 32 << 20;
+
 /// While a commit is in flight the loop polls for at most this long, so
 /// that it sees the commit return soon.
 const COMMIT_POLL: Duration = Duration::from_millis(2);
@@ -414,6 +419,9 @@ struct Core {
     /// its restore or a rewind): its position until the consumer returns
     /// something from it (librdkafka's position is unknown until then).
     read_from: HashMap<(String, i32), i64>,
+    /// What this worker holds in memory until its commits, against the
+    /// deployment's and the tenant's budgets ([`Core::hold`]).
+    memory: crate::memory::Held,
 }
 
 /// A task's polled records while it has more than one source topic (inputs
@@ -973,6 +981,7 @@ impl Session {
             restore_consumer,
             queued: BTreeMap::new(),
             read_from: HashMap::new(),
+            memory: d.memory.holder(),
         }));
         let sources = d.manifest.sources();
         let consumer: BaseConsumer<WorkerContext> = consumer_config(
@@ -1080,6 +1089,8 @@ impl Session {
             if !batch.is_empty() || !core.queued.is_empty() {
                 core.process(&self.consumer, batch)?;
             }
+            // Commits returned and gave memory back: the budgets see it.
+            core.hold();
             // Kafka Streams does not commit while a rebalance is in
             // progress: the offsets would carry a generation that is about
             // to change. Interval commits wait for the group to settle, up
@@ -1142,10 +1153,15 @@ impl Session {
     fn poll_batch(&mut self, wait: Duration, max: usize) -> Result<Vec<InputRecord>, StreamError> {
         let mut batch = Vec::new();
         let mut timeout = wait;
-        while batch.len() < max {
+        let mut bytes = 0;
+        while batch.len() < max && bytes < MAX_POLL_BYTES {
             match self.consumer.poll(timeout) {
                 None => break,
-                Some(Ok(m)) => batch.push(kafka::to_input(&m, &mut self.topics)),
+                Some(Ok(m)) => {
+                    let record = kafka::to_input(&m, &mut self.topics);
+                    bytes += record.size() as u64;
+                    batch.push(record);
+                }
                 Some(Err(KafkaError::PartitionEOF(_))) => {}
                 // A fatal consumer error (for example a static member fenced
                 // by its own new incarnation after a broker restart): this
@@ -1657,12 +1673,64 @@ impl Core {
     /// Runs one task's records through its guest, in the open transaction.
     /// A transaction open for half the transaction timeout is committed
     /// before the next guest call, and the records go on in a new one.
+    ///
+    /// The task stops early when its outputs and state writes fill the
+    /// room left in the deployment's and the tenant's memory budgets
+    /// (`memory.rs`); the transaction then commits and the rest goes
+    /// on in the next: a batch whose effects would not fit is committed in
+    /// parts.
     fn process_task(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
         partition: i32,
         records: Vec<InputRecord>,
     ) -> Result<(), StreamError> {
+        let aborts = self.aborts;
+        let mut from = 0;
+        while from < records.len() {
+            from += self.process_part(consumer, partition, &records[from..])?;
+            if self.aborts != aborts {
+                return Ok(());
+            }
+            if !self.hold() {
+                tracing::debug!(
+                    worker = self.worker,
+                    held = self.memory.bytes(),
+                    "over the memory budget: committing the batch's part done"
+                );
+                Metrics::add(&self.d.metrics.memory_commits, 1);
+                self.commit(consumer)?;
+                if self.aborts != aborts {
+                    return Ok(());
+                }
+                self.hold();
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts what the worker holds until its commits (outputs of the open
+    /// transaction, held or sent, those of the commit in flight, the
+    /// tasks' state changes) against its budgets: false when over one.
+    fn hold(&mut self) -> bool {
+        let in_flight = self
+            .in_flight
+            .as_ref()
+            .map_or(0, |f| f.pending.output_bytes);
+        let state: u64 = self.tasks.values().map(Task::held_bytes).sum();
+        self.memory
+            .set(self.pending.output_bytes + in_flight + state)
+    }
+
+    /// [`Core::process_task`] until the memory budgets' room runs out: how
+    /// many of `records` it finished (all of them, or dropped, unless it
+    /// stopped early; at least one).
+    fn process_part(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        partition: i32,
+        records: &[InputRecord],
+    ) -> Result<usize, StreamError> {
         if !self.tasks.contains_key(&partition) {
             // Fetched before a revoke took the partition away: not ours
             // to process; the new owner reads it from the committed
@@ -1671,7 +1739,7 @@ impl Core {
                 partition,
                 "dropping records of a partition no longer assigned"
             );
-            return Ok(());
+            return Ok(records.len());
         }
         // A call is at most limits.timeout-ms, which is at most the
         // transaction timeout (checked at start); the broker's clock starts
@@ -1681,14 +1749,20 @@ impl Core {
             let aborts = self.aborts;
             self.commit(consumer)?;
             if self.aborts != aborts {
-                return Ok(());
+                return Ok(records.len());
             }
         }
         self.ensure_txn(consumer)?;
         let task = self.tasks.get_mut(&partition).expect("checked above");
-        let mut outcome = BatchOutcome::default();
+        // Outputs wait in `outcome` until the part returns, then go to the
+        // producer (which copies them): parts of at most one call's bytes
+        // keep the two copies small.
+        let mut outcome = BatchOutcome {
+            room: Some(self.memory.room().min(crate::task::MAX_CALL_BYTES)),
+            ..BatchOutcome::default()
+        };
         let call_started = Instant::now();
-        let result = task.process_batch(&records, &mut outcome);
+        let result = task.process_batch(records, &mut outcome);
         let outputs = outcome.outputs.len() as u64;
         if let Some(budget) = &self.d.options.cpu_budget {
             // Over the tenant's CPU share: wait before the next call. (The
@@ -1706,6 +1780,13 @@ impl Core {
         if let Err(e) = result {
             return Err(self.fail_batch(e));
         }
+        // The records it finished: the rest is for the next part.
+        debug_assert!(outcome.full || outcome.done == records.len());
+        let records = if outcome.full {
+            &records[..outcome.done]
+        } else {
+            records
+        };
         if self.deferred {
             // A commit is in flight: the outputs wait for the next
             // transaction.
@@ -1716,7 +1797,9 @@ impl Core {
         } else {
             for o in &outcome.outputs {
                 if let Err(e) = kafka::send_output(&self.producer, o) {
-                    return self.on_txn_error(consumer, "producing an output", e);
+                    return self
+                        .on_txn_error(consumer, "producing an output", e)
+                        .map(|()| records.len());
                 }
                 self.pending.output_bytes += o.size() as u64;
             }
@@ -1746,7 +1829,7 @@ impl Core {
         if self.deferred && self.pending.output_bytes >= MAX_HELD_OUTPUT_BYTES {
             self.settle(consumer)?;
         }
-        Ok(())
+        Ok(records.len())
     }
 
     /// The protocol, synchronously: a commit in flight returns first (and
