@@ -65,6 +65,9 @@ pub struct Metrics {
     /// memory budget (`held-mb`, `host-held-mb`): a batch committed in
     /// parts.
     pub memory_commits: AtomicU64,
+    /// Time (µs) its guest calls ran, less the time they were parked for
+    /// the CPU share: the tenant's CPU as the host accounts it.
+    pub call_us: AtomicU64,
     /// Log lines not yet counted in a usage record (see [`Usage`]): the
     /// next committed transaction of any worker takes them.
     pub unbilled_log_lines: AtomicU64,
@@ -103,6 +106,7 @@ impl Default for Metrics {
             unbilled_log_lines: AtomicU64::default(),
             throttled_us: AtomicU64::default(),
             memory_commits: AtomicU64::default(),
+            call_us: AtomicU64::default(),
             workers: Mutex::default(),
             restart_log: Mutex::default(),
             commit_latency_us: Mutex::default(),
@@ -328,7 +332,7 @@ impl Exposition {
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         type Get = fn(&Metrics) -> u64;
-        let counters: [(&str, &str, Get); 19] = [
+        let counters: [(&str, &str, Get); 20] = [
             (
                 "onceflow_records",
                 "Input records processed (committed)",
@@ -415,6 +419,11 @@ impl Collector for Exposition {
                 "onceflow_memory_commits",
                 "Commits made early because the deployment or its tenant reached its memory budget",
                 |m| m.memory_commits.load(Ordering::Relaxed),
+            ),
+            (
+                "onceflow_guest_call_microseconds",
+                "Time its guest calls ran, less the time they were parked for the tenant's cpu-share",
+                |m| m.call_us.load(Ordering::Relaxed),
             ),
         ];
         let labels = |(t, d, v, _): &(String, String, u64, Arc<Metrics>)| {

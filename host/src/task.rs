@@ -532,6 +532,10 @@ pub struct Task {
     punctuated: bool,
     /// [`Task::held_bytes`] when the batch in progress began.
     held_at_start: u64,
+    /// Time its calls were parked for the tenant's CPU share, not yet
+    /// taken ([`Task::take_parked`]): kept here, since a trap drops the
+    /// instance that counted it.
+    parked: Duration,
 }
 
 impl Task {
@@ -561,6 +565,7 @@ impl Task {
             swept_at: None,
             punctuated: false,
             held_at_start: 0,
+            parked: Duration::ZERO,
             effects: Box::new(TaskEffects {
                 state,
                 windows,
@@ -641,7 +646,9 @@ impl Task {
         if batch.is_empty() {
             return Ok(());
         }
-        let every = self.live_guest()?.punctuation_interval();
+        let guest = self.live_guest()?;
+        guest.begin_batch();
+        let every = guest.punctuation_interval();
         self.punctuated |= every.is_some();
         self.held_at_start = self.held_bytes();
         outcome.done = 0;
@@ -692,7 +699,14 @@ impl Task {
         if let Some(last) = outcome.done.checked_sub(1) {
             self.stream_time = times[last];
         }
-        self.sweep_expired_windows()
+        let swept = self.sweep_expired_windows();
+        // The host's work for the batch after its last call is the
+        // tenant's too: charged (and parked for) now.
+        if let Some(guest) = self.guest.as_mut() {
+            guest.end_batch();
+            self.parked += guest.take_parked();
+        }
+        swept
     }
 
     /// `n` more records of the batch finished, in order; the batch is full
@@ -806,6 +820,7 @@ impl Task {
         let guest = self.guest.as_mut().expect("made live above");
         let result = guest.punctuate(self.partition, now, &mut self.effects);
         self.fuel_used += guest.take_fuel_used();
+        self.parked += guest.take_parked();
         let result = self.refusal(result);
         out.punctuations += 1;
         let fx = self.fx();
@@ -1070,6 +1085,7 @@ impl Task {
         let guest = self.guest.as_mut().expect("made live above");
         let result = guest.process(records, times, &mut self.effects);
         self.fuel_used += guest.take_fuel_used();
+        self.parked += guest.take_parked();
         Ok(self.refusal(result))
     }
 
@@ -1125,9 +1141,12 @@ impl Task {
     /// How long the guest's calls were parked for the tenant's CPU share
     /// since the last call of this (`Processor::with_cpu_meter`).
     pub fn take_parked(&mut self) -> Duration {
-        self.guest
+        // An instance's init parks too (taken here, before it is replaced).
+        let init = self
+            .guest
             .as_mut()
-            .map_or(Duration::ZERO, Guest::take_parked)
+            .map_or(Duration::ZERO, Guest::take_parked);
+        std::mem::take(&mut self.parked) + init
     }
 
     fn poison(

@@ -121,8 +121,16 @@ pub fn path_str(p: &Path) -> &str {
 /// from `/proc/<pid>/stat`: what a test calibrates a load by, so that the
 /// load costs the same share of any machine, faster or slower.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .unwrap_or_else(|e| panic!("reading /proc/{pid}/stat: {e}"));
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU seconds (user and system) thread `tid` of process `pid` has used.
+pub fn thread_cpu_seconds(pid: u32, tid: u32) -> f64 {
+    stat_cpu_seconds(&format!("/proc/{pid}/task/{tid}/stat"))
+}
+
+fn stat_cpu_seconds(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     // The fields after the command name (which may hold spaces) start at
     // the third, `state`; utime and stime are the 14th and 15th.
     let fields: Vec<&str> = stat
@@ -134,7 +142,7 @@ pub fn cpu_seconds(pid: u32) -> f64 {
         fields
             .get(i)
             .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("/proc/{pid}/stat has no field {}: {stat}", i + 3))
+            .unwrap_or_else(|| panic!("{path} has no field {}: {stat}", i + 3))
     };
     // SAFETY: sysconf reads a constant of the running system.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;

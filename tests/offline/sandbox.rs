@@ -1007,3 +1007,47 @@ fn a_batch_stops_after_the_call_that_fills_its_room() {
     assert_eq!(keys, expected, "every record's output once, in order");
     assert_eq!(task.stream_time(), Some(records[199].timestamp));
 }
+
+/// Issue 45, item 4: a tenant whose batches are one record each is held to
+/// its share too, the host's work around each call included: records fed
+/// one batch at a time for 2 s of wall time at a share of 0.25 take at most
+/// the share of this thread's CPU (plus the budget's burst), measured in
+/// CPU time so that it holds on any machine.
+#[test]
+fn one_record_batches_are_held_to_their_tenants_share() {
+    use onceflow::stream::cpu::{BURST, CpuBudget};
+    use onceflow::task::BatchOutcome;
+    use std::time::{Duration, Instant};
+    const RATE: f64 = 0.25;
+    let (m, processor) = load_edited("tests/guests/hostile/onceflow.toml", false, |m| {
+        m.limits.timeout_ms = 600_000;
+    });
+    let burn = |offset: i64| record("hostile-in", offset, "k", "burn:200000");
+    let budget = Arc::new(CpuBudget::new(Some(RATE)));
+    let mut task = hostile_task(&m, processor.with_cpu_meter(budget));
+    task.process_batch(&[burn(0)], &mut BatchOutcome::default())
+        .expect("a burn record");
+    task.take_parked();
+    let (cpu0, wall0) = (thread_cpu(), Instant::now());
+    let mut n = 1;
+    let mut charged = Duration::ZERO;
+    while wall0.elapsed() < Duration::from_secs(2) {
+        let called = Instant::now();
+        task.process_batch(&[burn(n)], &mut BatchOutcome::default())
+            .expect("a burn record");
+        charged += called.elapsed().saturating_sub(task.take_parked());
+        n += 1;
+    }
+    let wall = wall0.elapsed().as_secs_f64();
+    let cpu = (thread_cpu() - cpu0).as_secs_f64() / wall;
+    let accounted = charged.as_secs_f64() / wall;
+    println!(
+        "FIGURE cpu_share_one_record_batches {n} batches in {wall:.2} s: {cpu:.3} of a core (CPU \
+         time), {accounted:.3} accounted, at a share of {RATE}"
+    );
+    let allowed = RATE + RATE * BURST.as_secs_f64() / wall + 0.01;
+    assert!(
+        cpu <= allowed,
+        "one-record batches took {cpu:.3} of a core at a share of {RATE} (at most {allowed:.3})"
+    );
+}

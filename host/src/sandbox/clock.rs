@@ -49,12 +49,20 @@ impl CallClock {
         }
     }
 
-    /// A call begins, on this thread, with `timeout` of running time.
+    /// A call begins, on this thread, with `timeout` of running time. The
+    /// charge runs on from the last one (or [`CallClock::charge_from_now`]):
+    /// the host's work for the batch between two calls is the tenant's too.
     pub(crate) fn start(&mut self, timeout: Duration) {
         self.started = Instant::now();
         self.timeout = timeout;
         self.parked = Duration::ZERO;
-        self.mark = self.started;
+    }
+
+    /// Charges from now on, not for the time since the last charge (a new
+    /// batch: what the worker did since the last one was not the
+    /// tenant's).
+    pub(crate) fn charge_from_now(&mut self) {
+        self.mark = Instant::now();
     }
 
     /// An epoch tick during the call: charge the share (and park while it

@@ -692,6 +692,19 @@ impl Guest {
         self.store.data().cursor
     }
 
+    /// A batch of calls begins: its time, calls and the host's work between
+    /// them, is charged to the tenant's share from now
+    /// (`Processor::with_cpu_meter`).
+    pub fn begin_batch(&mut self) {
+        self.store.data_mut().clock.charge_from_now();
+    }
+
+    /// A batch ends: the time since its last call is charged (parked for
+    /// if the tenant is over its share).
+    pub fn end_batch(&mut self) {
+        self.store.data_mut().clock.finish();
+    }
+
     /// How long calls (and `init`) were parked for the tenant's CPU share
     /// since the last time this was asked.
     pub fn take_parked(&mut self) -> Duration {

@@ -211,6 +211,12 @@ pub fn run_with_metrics(
     metrics: Arc<Metrics>,
 ) -> Result<Arc<Metrics>, StreamError> {
     check_settings(&manifest, &options)?;
+    // The tenant's CPU share, charged as each call runs: the call parks at
+    // an epoch tick while the share is spent (sandbox/clock.rs).
+    let processor = match &options.cpu_budget {
+        Some(budget) => processor.with_cpu_meter(budget.clone()),
+        None => processor,
+    };
     let partitions = prepare_topics(&manifest, &options.kafka)?;
     let trust_horizon =
         clients::check_changelogs(&manifest, &options.kafka)?.unwrap_or(DEFAULT_DELETE_RETENTION);

@@ -84,6 +84,16 @@ const RESTORER_RENEW_AFTER: Duration = Duration::from_secs(2);
 /// do not stop the deployment.
 pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError> {
     let mut backoff = Duration::from_millis(200);
+    // Its thread id, for CPU accounting from outside (/proc/<pid>/task/<tid>;
+    // scripts/isolation checks the host's accounting against it).
+    if let Ok(link) = std::fs::read_link("/proc/thread-self") {
+        tracing::info!(
+            app = %d.manifest.application_id(),
+            worker = n,
+            thread = %link.display(),
+            "worker thread"
+        );
+    }
     loop {
         if d.shutdown.load(Ordering::Relaxed) {
             return Ok(());
@@ -1761,19 +1771,17 @@ impl Core {
             room: Some(self.memory.room().min(crate::task::MAX_CALL_BYTES)),
             ..BatchOutcome::default()
         };
-        let call_started = Instant::now();
+        let called = Instant::now();
         let result = task.process_batch(records, &mut outcome);
         let outputs = outcome.outputs.len() as u64;
-        if let Some(budget) = &self.d.options.cpu_budget {
-            // Over the tenant's CPU share: wait before the next call. (The
-            // sandbox can charge inside a call, `Processor::with_cpu_meter`,
-            // but is not wired here yet: see docs/operations.md.)
-            let wait = budget.charge(call_started.elapsed());
-            if !wait.is_zero() {
-                std::thread::sleep(wait);
-                Metrics::add(&self.d.metrics.throttled_us, wait.as_micros() as u64);
-            }
-        }
+        // The tenant's CPU share is charged inside the calls, which park
+        // while it is spent (sandbox/clock.rs, `stream::run`).
+        let parked = task.take_parked();
+        Metrics::add(&self.d.metrics.throttled_us, parked.as_micros() as u64);
+        Metrics::add(
+            &self.d.metrics.call_us,
+            called.elapsed().saturating_sub(parked).as_micros() as u64,
+        );
         let fuel = task.take_fuel_used();
         Metrics::add(&self.d.metrics.fuel, fuel);
         self.pending.fuel += fuel;
