@@ -124,6 +124,18 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     stat_cpu_seconds(&format!("/proc/{pid}/stat"))
 }
 
+/// A memory figure (`VmHWM:`, `VmRSS:`) from a `/proc/<pid>/status` file
+/// (`/proc/self/status` for this process), in bytes.
+pub fn status_bytes(path: &str, field: &str) -> u64 {
+    let status = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{path} has no {field}: {status}"))
+        * 1024
+}
+
 /// CPU seconds (user and system) thread `tid` of process `pid` has used.
 pub fn thread_cpu_seconds(pid: u32, tid: u32) -> f64 {
     stat_cpu_seconds(&format!("/proc/{pid}/task/{tid}/stat"))

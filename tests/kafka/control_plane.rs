@@ -979,6 +979,17 @@ fn p99_between(before: &str, after: &str, deployment: &str) -> Option<f64> {
     None
 }
 
+/// The value of the series `name` (`onceflow_records_total{`, …) of
+/// `deployment` in a scrape of the host's metrics; 0 when absent.
+fn series_of(metrics: &str, name: &str, deployment: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && l.contains(deployment))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
 /// A record the hostile guest answers with 2 M loop iterations (about 4 M
 /// fuel, under its 5 M per record): legitimate, heavy work.
 const BURN: &str = "burn:2000000";
@@ -1019,12 +1030,11 @@ fn burn_records_per_feed(
 ) -> u64 {
     const SAMPLE: u32 = 200;
     let processed = || {
-        h.metrics(OPERATOR)
-            .lines()
-            .find(|l| l.starts_with("onceflow_records_total{") && l.contains(&burner.name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
+        series_of(
+            &h.metrics(OPERATOR),
+            "onceflow_records_total{",
+            &burner.name,
+        )
     };
     let (cpu, at) = (h.cpu_seconds(), Instant::now());
     std::thread::sleep(Duration::from_secs(2));
@@ -1217,14 +1227,7 @@ fn d_hostile_neighbour_latency() {
         });
         beside.push((label, p99));
         let metrics = h.metrics(OPERATOR);
-        let series = |name: &str| {
-            metrics
-                .lines()
-                .find(|l| l.starts_with(name) && l.contains(&evil.name))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
+        let series = |name: &str| series_of(&metrics, name, &evil.name);
         let records = series("onceflow_records_total{");
         figure(
             &format!("cp_neighbour_records_{kind}_share{share}"),
@@ -2217,13 +2220,7 @@ fn l_artifact_quota_and_collection() {
 
 /// A memory figure of process `pid` (`VmHWM:`, `VmRSS:`), in MiB.
 fn status_mb(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("a field of /proc/<pid>/status")
-        >> 10
+    common::status_bytes(&format!("/proc/{pid}/status"), field) >> 20
 }
 
 /// Issue 45, item 3, on a fleet host: a tenant's deployment whose one
@@ -2458,14 +2455,7 @@ fn n_isolation_interleaved() {
             // ones).
             worker_tids(&h, &evil.name).split_off(before)
         };
-        let series = |metrics: &str, name: &str| {
-            metrics
-                .lines()
-                .find(|l| l.starts_with(name) && l.contains(&evil.name))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
+        let series = |metrics: &str, name: &str| series_of(metrics, name, &evil.name);
         let proc_cpu = |tids: &[u32]| {
             tids.iter()
                 .filter(|t| std::path::Path::new(&format!("/proc/{pid}/task/{t}")).exists())
@@ -2541,29 +2531,24 @@ fn n_isolation_interleaved() {
         let (lo, hi) = bootstrap_90(&ratios);
         let secs = phase.as_secs_f64();
         let pct = |cpu: f64| 100.0 * cpu / (secs * cores);
+        // Per phase, `/`-separated, `digits` after the point.
+        let each = |values: &mut dyn Iterator<Item = f64>, digits: usize| {
+            values
+                .map(|v| format!("{v:.digits$}"))
+                .collect::<Vec<_>>()
+                .join("/")
+        };
         figure(
             &format!("iso_{kind}_solo_p99_ms"),
-            solos
-                .iter()
-                .map(|v| format!("{v:.1}"))
-                .collect::<Vec<_>>()
-                .join("/"),
+            each(&mut solos.iter().copied(), 1),
         );
         figure(
             &format!("iso_{kind}_beside_p99_ms"),
-            beside
-                .iter()
-                .map(|b| format!("{:.1}", b.0))
-                .collect::<Vec<_>>()
-                .join("/"),
+            each(&mut beside.iter().map(|b| b.0), 1),
         );
         figure(
             &format!("iso_{kind}_ratios"),
-            ratios
-                .iter()
-                .map(|v| format!("{v:.2}"))
-                .collect::<Vec<_>>()
-                .join("/"),
+            each(&mut ratios.iter().copied(), 2),
         );
         figure(
             &format!("iso_{kind}_ratio_median"),
@@ -2575,19 +2560,11 @@ fn n_isolation_interleaved() {
         );
         figure(
             &format!("iso_{kind}_host_cpu_pct_accounted"),
-            beside
-                .iter()
-                .map(|b| format!("{:.1}", pct(b.1)))
-                .collect::<Vec<_>>()
-                .join("/"),
+            each(&mut beside.iter().map(|b| pct(b.1)), 1),
         );
         figure(
             &format!("iso_{kind}_host_cpu_pct_proc"),
-            beside
-                .iter()
-                .map(|b| format!("{:.1}", pct(b.2)))
-                .collect::<Vec<_>>()
-                .join("/"),
+            each(&mut beside.iter().map(|b| pct(b.2)), 1),
         );
         h.json(GLOBEX, &["delete", &evil.name, "--purge-state"]);
     }

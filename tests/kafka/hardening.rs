@@ -804,13 +804,7 @@ fn peak_rss(pid: i32) -> u64 {
 /// A memory figure of process `pid` from /proc/<pid>/status (`VmHWM:`,
 /// `VmRSS:`), in bytes.
 fn rss(pid: i32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmHWM in /proc/<pid>/status")
-        * 1024
+    crate::common::status_bytes(&format!("/proc/{pid}/status"), field)
 }
 
 /// Issue 45, item 3: one poll's batch of records that each emit a 999 KB
@@ -849,18 +843,20 @@ fn h10_a_batch_over_the_memory_budget_is_committed_in_parts() {
     let held = held_mb.to_string();
     let host = rig.start_with("a", &["--held-mb", &held]);
     let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
+    // Waits until `total` input records are committed.
+    let committed_all = |total: i64| loop {
         let (committed, end) = cluster.progress(&rig.app, &rig.input);
-        if committed >= end && end == n as i64 {
+        if committed >= end && end == total {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "committed {committed} of {end} after 180 s\n{}",
+            "committed {committed} of {end}\n{}",
             tail(&host.log_text(), 40)
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
+    };
+    committed_all(n as i64);
     let peak = peak_rss(host.pid());
     // What it keeps once the batch is done.
     std::thread::sleep(Duration::from_secs(3));
@@ -873,19 +869,7 @@ fn h10_a_batch_over_the_memory_budget_is_committed_in_parts() {
     let mut more = vec![b"late:20000000".to_vec(); 64];
     more.push(b"forgets:1500".to_vec());
     rig.produce(&more);
-    let total = n as i64 + more.len() as i64;
-    loop {
-        let (committed, end) = cluster.progress(&rig.app, &rig.input);
-        if committed >= end && end == total {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "committed {committed} of {end}\n{}",
-            tail(&host.log_text(), 40)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    committed_all(n as i64 + more.len() as i64);
     let late_peak = peak_rss(host.pid());
     assert!(host.stop().success());
     let dead = rig.read(&rig.dlq);

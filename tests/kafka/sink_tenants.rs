@@ -729,13 +729,7 @@ fn h_evils_role_alone_holds_the_doors() {
 
 /// A memory figure of this process (`VmHWM:`, `VmRSS:`), in MiB.
 fn own_mb(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("a field of /proc/self/status")
-        >> 10
+    crate::common::status_bytes("/proc/self/status", field) >> 20
 }
 
 /// Issue 45, item 3: a sink's batch is bounded by what it holds in memory,

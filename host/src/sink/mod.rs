@@ -334,6 +334,7 @@ pub fn run_postgres(
         in_flight: None,
         held: options.memory.holder(),
         batch_bytes: 0,
+        in_flight_bytes: 0,
         report: SinkReport::default(),
     };
     let result = sink.run(&shutdown);
@@ -358,8 +359,9 @@ struct Sink<'a> {
     in_flight: Option<(Receiver<Result<BatchDone, SinkError>>, Instant)>,
     /// The two batches' bytes in memory, parsed, against the budgets.
     held: Held,
-    /// Bytes of `batch` ([`held_bytes`]).
+    /// Bytes of `batch` ([`held_bytes`]), and of the batch in flight.
     batch_bytes: u64,
+    in_flight_bytes: u64,
     report: SinkReport,
 }
 
@@ -389,9 +391,8 @@ impl Sink<'_> {
                 Some(Err(e)) => tracing::debug!("consumer: {e}"),
                 None => {}
             }
-            let in_flight = self.held.bytes().saturating_sub(self.batch_bytes);
             let full = self.batch.len() >= self.config.max_batch_records
-                || !self.held.set(self.batch_bytes + in_flight);
+                || !self.held.set(self.batch_bytes + self.in_flight_bytes);
             let due = first_at.is_some_and(|t| t.elapsed() >= max_wait);
             if full || (due && self.in_flight.is_none()) {
                 self.take_changes()?;
@@ -451,7 +452,7 @@ impl Sink<'_> {
         let (reply, done) = std::sync::mpsc::sync_channel(1);
         let items = std::mem::take(&mut self.batch);
         // Now in flight: still held until it is committed.
-        self.batch_bytes = 0;
+        self.in_flight_bytes = std::mem::take(&mut self.batch_bytes);
         self.send(Job::Batch(Box::new(BatchJob {
             items,
             epochs: self.epochs.clone(),
@@ -479,6 +480,7 @@ impl Sink<'_> {
             }
         };
         self.in_flight = None;
+        self.in_flight_bytes = 0;
         self.held.set(self.batch_bytes);
         let done = outcome?;
         let a = done.applied;
