@@ -141,8 +141,20 @@ pub fn thread_cpu_seconds(pid: u32, tid: u32) -> f64 {
     stat_cpu_seconds(&format!("/proc/{pid}/task/{tid}/stat"))
 }
 
+/// As [`cpu_seconds`], or `None` once the process has gone (a database
+/// backend may exit between a listing of `/proc` and the read).
+pub fn cpu_seconds_if_running(pid: u32) -> Option<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).ok()?;
+    Some(stat_text_cpu_seconds(&path, &stat))
+}
+
 fn stat_cpu_seconds(path: &str) -> f64 {
     let stat = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    stat_text_cpu_seconds(path, &stat)
+}
+
+fn stat_text_cpu_seconds(path: &str, stat: &str) -> f64 {
     // The fields after the command name (which may hold spaces) start at
     // the third, `state`; utime and stime are the 14th and 15th.
     let fields: Vec<&str> = stat

@@ -67,6 +67,35 @@ impl Postgres {
         let _ = self.script(&["down", "--purge"]);
     }
 
+    /// The operator's setup for tenant `name` (docs/sink.md): its role and
+    /// its schema (`scripts/postgres tenant NAME`).
+    pub fn tenant(&self, name: &str) {
+        let out = self.script(&["tenant", name]);
+        assert!(
+            out.status.success(),
+            "scripts/postgres tenant {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The superuser, for the operator's setup (never a sink's): the
+    /// `admin-password` file beside the sink's password file, else (a
+    /// cluster of an older scripts/postgres) the password file itself.
+    pub fn admin(&self) -> postgres::Client {
+        let dir = self
+            .password_file
+            .parent()
+            .expect("the password file's directory");
+        let password = std::fs::read_to_string(dir.join("admin-password"))
+            .or_else(|_| std::fs::read_to_string(&self.password_file))
+            .expect("a password file");
+        let mut config: postgres::Config = self.url.parse().expect("connection string");
+        config.user("onceflow").password(password.trim());
+        config
+            .connect(postgres::NoTls)
+            .expect("connect as the superuser")
+    }
+
     /// A client.
     pub fn client(&self) -> postgres::Client {
         let password = std::fs::read_to_string(&self.password_file).expect("password file");

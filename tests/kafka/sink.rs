@@ -575,20 +575,8 @@ fn b_a_tenants_sink_on_the_fleet() {
     let tag = w.name.replace(['-', '.'], "_");
     // The operator's setup (docs/sink.md): acme's role and schema, its
     // tables there, made by the superuser and granted to the role.
-    let out = pg.script(&["tenant", "acme"]);
-    assert!(
-        out.status.success(),
-        "scripts/postgres tenant acme: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut admin = {
-        let dir = pg.password_file.parent().expect("dir");
-        let pw = std::fs::read_to_string(dir.join("admin-password")).expect("admin-password");
-        let mut c: ::postgres::Config = pg.url.parse().expect("url");
-        c.user("onceflow").password(pw.trim());
-        c.connect(::postgres::NoTls)
-            .expect("connect as the superuser")
-    };
+    pg.tenant("acme");
+    let mut admin = pg.admin();
     admin
         .batch_execute("SET search_path = acme")
         .expect("search_path");

@@ -42,24 +42,6 @@ use onceflow::types::error_chain;
 use crate::common::cluster::{Cluster, plain_producer, send, serial};
 use crate::common::pg::Postgres;
 
-/// The superuser, for the operator's setup (never a sink's): the
-/// `admin-password` file beside the sink's password file, else (a cluster
-/// of an older scripts/postgres) the password file itself.
-fn admin_client(pg: &Postgres) -> ::postgres::Client {
-    let dir = pg
-        .password_file
-        .parent()
-        .expect("the password file's directory");
-    let password = std::fs::read_to_string(dir.join("admin-password"))
-        .or_else(|_| std::fs::read_to_string(&pg.password_file))
-        .expect("a password file");
-    let mut config: ::postgres::Config = pg.url.parse().expect("connection string");
-    config.user("onceflow").password(password.trim());
-    config
-        .connect(::postgres::NoTls)
-        .expect("connect as the superuser")
-}
-
 /// The user `scripts/postgres` hands out for sinks.
 fn sink_user(pg: &Postgres) -> String {
     let config: ::postgres::Config = pg.url.parse().expect("connection string");
@@ -122,7 +104,7 @@ impl Scene {
     fn new(what: &str) -> Scene {
         let cluster = Cluster::shared();
         let pg = Postgres::up();
-        let mut admin = admin_client(&pg);
+        let mut admin = pg.admin();
         let sink = sink_user(&pg);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
