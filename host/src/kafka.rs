@@ -77,8 +77,8 @@ pub enum KafkaError {
         resource: String,
         /// The ACL operation needed (Describe, Read, Write, Create, ...).
         operation: String,
-        /// The brokers' answer.
-        code: RDKafkaErrorCode,
+        /// The brokers' answer (librdkafka's text for its error code).
+        code: String,
     },
 }
 
@@ -117,7 +117,7 @@ impl KafkaError {
         Self::NotAuthorized {
             resource: resource.into(),
             operation: operation.into(),
-            code,
+            code: code.to_string(),
         }
     }
 }

@@ -21,7 +21,7 @@
 //! - [`task`]: one input partition: feeds batches to its guest, isolates a
 //!   failing record, applies the error policy.
 //! - [`kafka`]: the shared Kafka plumbing. [`stream`]: `onceflow run`, the
-//!   exactly-once loop (the commit protocol is in `stream/worker.rs`, top
+//!   exactly-once loop (the commit protocol is in `stream/worker/commit.rs`, top
 //!   to bottom), changelog restore, and `onceflow verify`.
 //! - [`fleet`]: the control plane (reconciler, the tenants' operations,
 //!   control topics, tenancy). [`api`]: the admin API's types.

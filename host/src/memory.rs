@@ -2,7 +2,7 @@
 //! deployment and per tenant: outputs and state changes not yet committed,
 //! the outputs of a commit in flight, a sink's batches.
 //!
-//! Every per-call cap (64 MiB of outputs and writes, `task.rs`) bounds one
+//! Every per-call cap (64 MiB of outputs and writes, `task/effects.rs`) bounds one
 //! call; this bounds what calls add up to. Each holder (a worker thread, a
 //! sink) keeps a [`Held`] account that counts its bytes against its
 //! deployment's [`MemoryBudget`] and its tenant's on this host. A worker's

@@ -873,7 +873,7 @@ fn drill(
         outcome.recovery_max.as_millis(),
     );
     // Before: 103.9 s and 105.1 s in rounds 2 and 3 of a local run, a
-    // restore client's stale metadata after a broker restart (worker.rs,
+    // restore client's stale metadata after a broker restart (worker/restore.rs,
     // RESTORER_RENEW_AFTER); scripts/drill holds it to a bound.
     figure(guarantee, "drain_max_ms", outcome.drain_max.as_millis());
     let logs: String = HOSTS

@@ -2,7 +2,7 @@
 //! back from `_onceflow.usage`.
 //!
 //! Every committed transaction of a fleet host's worker writes one
-//! [`UsageRecord`] into that same transaction (`stream/worker.rs`, step 1b
+//! [`UsageRecord`] into that same transaction (`stream/worker/commit.rs`, step 1b
 //! of the commit): input records and bytes, outputs and bytes, changelog
 //! bytes, dead letters, fuel and log lines. An aborted transaction's record
 //! is never read (read_committed), a committed one is read once: the sums

@@ -7,8 +7,13 @@
 //! as 8 big-endian bytes with the sign bit flipped, so negative starts sort
 //! first. A window store is therefore an ordinary store to the layers, the
 //! changelog and RocksDB: only this encoding knows it holds windows.
+//!
+//! [`WindowStore`] reads a task's window store through its layers: the
+//! fetches the guest asks for (expired windows left out) and the expired
+//! windows a sweep deletes.
 
-use crate::types::WindowKey;
+use super::TaskState;
+use crate::types::{AccessError, WindowEntry, WindowKey};
 
 const ESCAPE: u8 = 0x00;
 const ESCAPED_ZERO: u8 = 0xFF;
@@ -58,6 +63,134 @@ pub fn decode(stored: &[u8]) -> Option<WindowKey> {
 /// start is after `now - retention`.
 pub fn expired(start: i64, now: Option<i64>, retention_ms: u64) -> bool {
     now.is_some_and(|now| start <= now.saturating_sub(retention_ms.min(i64::MAX as u64) as i64))
+}
+
+/// One window store of a task, read through the task's layers (what the
+/// call wrote, then what committed).
+pub struct WindowStore<'a> {
+    /// The task's state, read through its layers.
+    pub state: &'a TaskState,
+    /// The window store's name.
+    pub store: &'a str,
+    /// How long a window is kept behind stream time, ms.
+    pub retention: u64,
+}
+
+impl WindowStore<'_> {
+    /// The windows of `key` starting in `[from, to]`, not expired at `now`,
+    /// by start.
+    pub fn fetch(
+        &self,
+        key: &[u8],
+        from: i64,
+        to: i64,
+        now: Option<i64>,
+    ) -> Result<Vec<WindowEntry>, AccessError> {
+        if from > to {
+            return Ok(Vec::new());
+        }
+        let start = encode(key, from);
+        let end = (to < i64::MAX).then(|| encode(key, to.saturating_add(1)));
+        let end = end.unwrap_or_else(|| {
+            // Past every window of the key: the terminator's last byte + 1.
+            let mut prefix_end = key_prefix(key);
+            if let Some(last) = prefix_end.last_mut() {
+                *last += 1;
+            }
+            prefix_end
+        });
+        self.windows_in(Some(start), Some(&end), (from, to), usize::MAX, now)
+    }
+
+    /// Up to `limit` windows of any key starting in `[from, to]`, not
+    /// expired at `now`, by key then start, after window `after`.
+    pub fn fetch_all(
+        &self,
+        from: i64,
+        to: i64,
+        after: Option<WindowKey>,
+        limit: usize,
+        now: Option<i64>,
+    ) -> Result<Vec<WindowEntry>, AccessError> {
+        if from > to || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let start = after.map(|w| {
+            let mut k = encode(&w.key, w.start);
+            k.push(0);
+            k
+        });
+        self.windows_in(start, None, (from, to), limit, now)
+    }
+
+    /// The stored keys of the windows expired at stream time `now`.
+    pub fn expired_keys(&self, now: i64) -> Result<Vec<Vec<u8>>, AccessError> {
+        const PAGE: usize = 1024;
+        let mut expired_keys = Vec::new();
+        let mut cursor: Option<Vec<u8>> = None;
+        loop {
+            let page = self
+                .state
+                .scan_range(self.store, cursor.as_deref(), None, PAGE)?;
+            let full = page.len() == PAGE;
+            if let Some((last, _)) = page.last() {
+                let mut next = last.clone();
+                next.push(0);
+                cursor = Some(next);
+            }
+            for (raw, _) in page {
+                if decode(&raw).is_some_and(|w| expired(w.start, Some(now), self.retention)) {
+                    expired_keys.push(raw);
+                }
+            }
+            if !full {
+                return Ok(expired_keys);
+            }
+        }
+    }
+
+    /// Windows decoded from the raw entries in `[start, end)`, starting in
+    /// `[from, to]` and not expired at `now`, until `limit` are found.
+    fn windows_in(
+        &self,
+        start: Option<Vec<u8>>,
+        end: Option<&[u8]>,
+        (from, to): (i64, i64),
+        limit: usize,
+        now: Option<i64>,
+    ) -> Result<Vec<WindowEntry>, AccessError> {
+        const PAGE: usize = 256;
+        let mut found = Vec::new();
+        let mut cursor = start;
+        while found.len() < limit {
+            let page = self
+                .state
+                .scan_range(self.store, cursor.as_deref(), end, PAGE)?;
+            let Some((last, _)) = page.last() else {
+                break;
+            };
+            // The smallest key after the last one seen.
+            let mut next = last.clone();
+            next.push(0);
+            let full = page.len() == PAGE;
+            for (raw, value) in page {
+                let Some(w) = decode(&raw) else {
+                    continue;
+                };
+                if (from..=to).contains(&w.start) && !expired(w.start, now, self.retention) {
+                    found.push((w, value));
+                    if found.len() == limit {
+                        break;
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+            cursor = Some(next);
+        }
+        Ok(found)
+    }
 }
 
 #[cfg(test)]

@@ -258,12 +258,14 @@ fn stable_end(
             return Ok((low, end));
         }
         if started.elapsed() >= limit {
-            return Err(StreamError::Restart(format!(
-                "{topic}/{partition}: a transaction has been open on the changelog for over {} s \
-                 (stable offset {end}, high watermark {high}); look for a hanging transaction \
-                 with `kafka-transactions.sh find-hanging`",
-                limit.as_secs()
-            )));
+            return Err(super::Restart::Unstable {
+                what: format!(
+                    "changelog {topic}/{partition} (stable offset {end}, high watermark {high})"
+                ),
+                waited: limit,
+                source: None,
+            }
+            .into());
         }
         if !logged && started.elapsed() >= Duration::from_secs(1) {
             tracing::info!(

@@ -64,8 +64,120 @@ pub enum StreamError {
     Settings(String),
     /// A worker must restart its session (producer, consumer, tasks):
     /// fencing, a fatal producer error, a timeout.
-    #[error("worker session must restart: {0}")]
-    Restart(String),
+    #[error("worker session must restart")]
+    Restart(#[from] Restart),
+}
+
+/// Why a worker's session restarts: its producer, consumer and tasks are
+/// dropped and it rejoins with new ones; the deployment goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum Restart {
+    /// A Kafka call failed in a way only new clients cure (a fatal or
+    /// unknown producer state, a stale consumer).
+    #[error(transparent)]
+    Kafka(KafkaError),
+    /// A newer producer with this worker's transactional id exists (the
+    /// instance restarted, or this one is a zombie).
+    #[error("fenced by a newer producer with this worker's transactional id")]
+    Fenced(#[source] KafkaError),
+    /// A transactional call did not return in time: librdkafka waits for
+    /// the transaction coordinator without a bound.
+    #[error(
+        "{operation} did not return within {} s (librdkafka waits for the transaction \
+         coordinator without a bound): giving the producer up; a new one fences it",
+        .limit.as_secs()
+    )]
+    Overrun {
+        /// The call.
+        operation: String,
+        /// How long it was given.
+        limit: Duration,
+    },
+    /// A thread of the worker could not be started.
+    #[error("cannot start {what}")]
+    Spawn {
+        /// Which thread.
+        what: String,
+        /// Why the system refused it.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread of the worker ended without an answer (it panicked).
+    #[error("{what} ended without an outcome")]
+    Lost {
+        /// Which thread.
+        what: String,
+    },
+    /// The transaction about to commit has no group metadata (taken when it
+    /// begins): a bug.
+    #[error("the transaction has no consumer group metadata")]
+    NoGroupMetadata,
+    /// The consumer had no group coordinator for longer than its limit.
+    #[error(
+        "the consumer has had no group coordinator for group {group} for {} s (librdkafka group \
+         state {state}); re-creating it so it looks the coordinator up afresh",
+        .lost.as_secs()
+    )]
+    CoordinatorLost {
+        /// The consumer group.
+        group: String,
+        /// How long it has been without one.
+        lost: Duration,
+        /// librdkafka's group state.
+        state: String,
+    },
+    /// A partition was assigned again without a revoke in between: the open
+    /// transaction may hold its records while the consumer reads them again.
+    #[error("partition {0} assigned twice without a revoke; rejoining cleanly")]
+    AssignedTwice(i32),
+    /// Something stayed unstable: a transaction holding it is still open.
+    #[error(
+        "{what} did not become stable within {} s: a transaction holding it is still open; if \
+         this repeats for longer than the transaction timeout, look for a hanging transaction \
+         with `kafka-transactions.sh find-hanging`",
+        .waited.as_secs()
+    )]
+    Unstable {
+        /// What: the committed offsets of a group, a changelog partition.
+        what: String,
+        /// How long the worker waited.
+        waited: Duration,
+        /// The client's last answer, if it gave one.
+        #[source]
+        source: Option<KafkaError>,
+    },
+}
+
+impl Restart {
+    /// A failed Kafka call while doing `operation`.
+    pub(crate) fn kafka(
+        operation: impl Into<String>,
+        e: rdkafka::error::KafkaError,
+    ) -> StreamError {
+        Restart::Kafka(KafkaError::client(operation, e)).into()
+    }
+
+    /// Fenced while doing `operation`.
+    pub(crate) fn fenced(
+        operation: impl Into<String>,
+        e: rdkafka::error::KafkaError,
+    ) -> StreamError {
+        Restart::Fenced(KafkaError::client(operation, e)).into()
+    }
+
+    /// Thread `what` could not be started.
+    pub(crate) fn spawn(what: impl Into<String>, source: std::io::Error) -> StreamError {
+        Restart::Spawn {
+            what: what.into(),
+            source,
+        }
+        .into()
+    }
+
+    /// Thread `what` ended without an answer.
+    pub(crate) fn lost(what: impl Into<String>) -> StreamError {
+        Restart::Lost { what: what.into() }.into()
+    }
 }
 
 impl StreamError {
@@ -253,7 +365,7 @@ pub fn run_with_metrics(
         let handle = std::thread::Builder::new()
             .name(format!("onceflow-worker-{n}"))
             .spawn(move || worker::run_worker(&d, n))
-            .map_err(|e| StreamError::Restart(format!("cannot start worker thread: {e}")))?;
+            .map_err(|e| Restart::spawn("a worker thread", e))?;
         handles.push(handle);
     }
     let standby =
@@ -306,7 +418,7 @@ pub fn run_with_metrics(
     for h in handles {
         let worker = h
             .join()
-            .unwrap_or_else(|_| Err(StreamError::Restart("a worker thread panicked".to_owned())));
+            .unwrap_or_else(|_| Err(Restart::lost("a worker thread")));
         // The first failure is the one to report.
         if let (Ok(()), Err(e)) = (&result, worker) {
             result = Err(e);

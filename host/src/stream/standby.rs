@@ -5,7 +5,7 @@
 //!
 //! One thread per deployment ([`run`]; under exactly-once also with no
 //! standbys, to remember which worker ran each partition: a host that takes
-//! over from a dead one fences its transactions, `worker::Core::start_fencing`)
+//! over from a dead one fences its transactions, `worker::producer`, `Core::start_fencing`)
 //! learns from the group coordinator
 //! which instance runs which partition (the group's description: a worker's
 //! client id names its instance, [`super::names::transactional_id`]). For
@@ -43,7 +43,7 @@ use crate::state::{PartitionStore, StoreChanges, WriteBatch};
 
 /// How often the group's assignment is read again: with standbys, and
 /// without (then only to know whose transactions to fence after a host
-/// died, `worker::Core::start_fencing`).
+/// died, `worker::producer`, `Core::start_fencing`).
 const PLAN_INTERVAL: Duration = Duration::from_secs(1);
 const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 /// How often followed changelog records are written to the stores.

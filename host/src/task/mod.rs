@@ -22,11 +22,15 @@ use crate::manifest::{ErrorPolicy, LateRecords, Manifest};
 use crate::sandbox::{
     CallFailure, Guest, INIT_FUEL, Lineage, Processor, ProcessorPolicy, SandboxError,
 };
-use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch, window};
-use crate::types::{
-    AccessError, Effects, EmitError, Entry, Header, InputRecord, OutputRecord, StoreAccessError,
-    WindowEntry, WindowKey,
-};
+use crate::state::window::WindowStore;
+use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch};
+use crate::types::{AccessError, Effects, Entry, InputRecord, OutputRecord, StoreAccessError};
+
+mod dead_letter;
+mod effects;
+
+pub use dead_letter::{dead_letter, dead_letter_headers};
+use effects::TaskEffects;
 
 /// Largest output record (key + value + headers) accepted, in bytes.
 pub const MAX_OUTPUT_BYTES: u64 = crate::types::MAX_RECORD_BYTES;
@@ -44,31 +48,6 @@ pub const MAX_CALL_BYTES: u64 = 64 << 20;
 /// call of their own (lowered into its memory again); past a few dozen
 /// records per call, the per-call cost no longer shows.
 pub const MAX_CALL_RECORDS: usize = 64;
-
-/// Longest reason a dead letter carries, in bytes (the rest is cut).
-const MAX_REASON_BYTES: usize = 4096;
-
-/// Header names on dead-lettered records.
-pub mod dead_letter_headers {
-    /// What every header the host adds to a dead letter starts with; an
-    /// input's own headers with this prefix are dropped from its dead
-    /// letter.
-    pub const PREFIX: &str = "onceflow.error.";
-    /// Why the record failed.
-    pub const ERROR: &str = "onceflow.error.message";
-    /// The input topic.
-    pub const TOPIC: &str = "onceflow.error.topic";
-    /// The input partition (decimal).
-    pub const PARTITION: &str = "onceflow.error.partition";
-    /// The input offset (decimal).
-    pub const OFFSET: &str = "onceflow.error.offset";
-    /// The application id (`tenant.processor`).
-    pub const PROCESSOR: &str = "onceflow.error.processor";
-    /// Present when the record's value was too large to go with it: the
-    /// value's size in bytes (decimal). Read the original from the input
-    /// topic at the given offset.
-    pub const VALUE_DROPPED: &str = "onceflow.error.value-dropped";
-}
 
 /// How a task handles failures, from the manifest.
 #[derive(Debug, Clone)]
@@ -218,293 +197,6 @@ pub struct BatchOutcome {
 }
 
 /// The effects of a task: its state and the outputs of the call in progress.
-struct TaskEffects {
-    state: TaskState,
-    /// Window stores and their retention, ms.
-    windows: Vec<(String, u64)>,
-    /// Table stores (read-only to the guest).
-    tables: Vec<String>,
-    outputs: Vec<(String, Arc<str>)>,
-    call_outputs: Vec<OutputRecord>,
-    /// Bytes of outputs and state writes in the call in progress.
-    call_bytes: u64,
-    /// Whether the call went past [`MAX_CALL_BYTES`].
-    over_budget: bool,
-    /// Whether a write of the call was refused for `limits.state-mb`.
-    state_full: bool,
-    /// `call_outputs.len()` and `call_bytes` when the current record of
-    /// the call began (`begin-record`).
-    record_mark: (usize, u64),
-}
-
-impl TaskEffects {
-    /// Counts `size` more bytes for the call; false (and every later
-    /// request of the call refused) past [`MAX_CALL_BYTES`].
-    fn spend(&mut self, size: u64) -> bool {
-        if self.over_budget || self.call_bytes + size > MAX_CALL_BYTES {
-            self.over_budget = true;
-            return false;
-        }
-        self.call_bytes += size;
-        true
-    }
-
-    /// Refuses writes to a table, and the key-value calls on a window store.
-    fn writable(&self, store: &str) -> Result<(), AccessError> {
-        if self.tables.iter().any(|t| t == store) {
-            return Err(StoreAccessError::ReadOnly(store.to_owned()).into());
-        }
-        self.key_value(store)
-    }
-
-    /// Refuses the key-value calls on a window store.
-    fn key_value(&self, store: &str) -> Result<(), AccessError> {
-        if self.windows.iter().any(|(name, _)| name == store) {
-            return Err(StoreAccessError::WrongKind {
-                store: store.to_owned(),
-                window: true,
-            }
-            .into());
-        }
-        Ok(())
-    }
-
-    /// A window store's retention; refuses the window calls on any other.
-    fn retention(&self, store: &str) -> Result<u64, AccessError> {
-        if let Some((_, retention)) = self.windows.iter().find(|(name, _)| name == store) {
-            return Ok(*retention);
-        }
-        if self.tables.iter().any(|t| t == store) {
-            return Err(StoreAccessError::WrongKind {
-                store: store.to_owned(),
-                window: false,
-            }
-            .into());
-        }
-        if !self.state.has_store(store) {
-            return Err(StoreAccessError::UnknownStore(store.to_owned()).into());
-        }
-        Err(StoreAccessError::WrongKind {
-            store: store.to_owned(),
-            window: false,
-        }
-        .into())
-    }
-
-    fn write(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
-        if !self.spend((key.len() + value.len()) as u64) {
-            return Err(AccessError::Refused(StoreAccessError::TooLarge(
-                MAX_CALL_BYTES,
-            )));
-        }
-        let put = self.state.put(store, key, value);
-        if matches!(
-            put,
-            Err(AccessError::Refused(StoreAccessError::StateFull(_)))
-        ) {
-            self.state_full = true;
-        }
-        put
-    }
-
-    /// A delete, counted against the call's [`MAX_CALL_BYTES`] as a put is:
-    /// the host holds each deleted key until the commit, whether or not
-    /// the key existed (before: one record deleting 1,500 absent 1 MB keys
-    /// took the host to 2.9 GB).
-    fn forget(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
-        if !self.spend(key.len() as u64) {
-            return Err(AccessError::Refused(StoreAccessError::TooLarge(
-                MAX_CALL_BYTES,
-            )));
-        }
-        self.state.delete(store, key)
-    }
-
-    /// Windows of `store` decoded from the raw entries in `[start, end)`,
-    /// starting in `[from, to]` and not expired at `now`, until `limit` are
-    /// found.
-    fn windows_in(
-        &mut self,
-        store: &str,
-        start: Option<Vec<u8>>,
-        end: Option<&[u8]>,
-        (from, to): (i64, i64),
-        limit: usize,
-        now: Option<i64>,
-    ) -> Result<Vec<WindowEntry>, AccessError> {
-        const PAGE: usize = 256;
-        let retention = self.retention(store)?;
-        let mut found = Vec::new();
-        let mut cursor = start;
-        while found.len() < limit {
-            let page = self.state.scan_range(store, cursor.as_deref(), end, PAGE)?;
-            let Some((last, _)) = page.last() else {
-                break;
-            };
-            // The smallest key after the last one seen.
-            let mut next = last.clone();
-            next.push(0);
-            let full = page.len() == PAGE;
-            for (raw, value) in page {
-                let Some(w) = window::decode(&raw) else {
-                    continue;
-                };
-                if (from..=to).contains(&w.start) && !window::expired(w.start, now, retention) {
-                    found.push((w, value));
-                    if found.len() == limit {
-                        break;
-                    }
-                }
-            }
-            if !full {
-                break;
-            }
-            cursor = Some(next);
-        }
-        Ok(found)
-    }
-}
-
-impl Effects for TaskEffects {
-    fn record_begun(&mut self) {
-        self.state.mark_record();
-        self.record_mark = (self.call_outputs.len(), self.call_bytes);
-    }
-
-    fn get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, AccessError> {
-        self.key_value(store)?;
-        self.state.get(store, key)
-    }
-    fn put(&mut self, store: &str, key: Vec<u8>, value: Vec<u8>) -> Result<(), AccessError> {
-        self.writable(store)?;
-        self.write(store, key, value)
-    }
-    fn delete(&mut self, store: &str, key: Vec<u8>) -> Result<(), AccessError> {
-        self.writable(store)?;
-        self.forget(store, key)
-    }
-    fn scan_prefix(
-        &mut self,
-        store: &str,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<Entry>, AccessError> {
-        self.key_value(store)?;
-        self.state.scan_prefix(store, prefix, after, limit)
-    }
-    fn scan_range(
-        &mut self,
-        store: &str,
-        start: Option<&[u8]>,
-        end: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<Entry>, AccessError> {
-        self.key_value(store)?;
-        self.state.scan_range(store, start, end, limit)
-    }
-    fn window_put(
-        &mut self,
-        store: &str,
-        w: WindowKey,
-        value: Vec<u8>,
-        now: Option<i64>,
-    ) -> Result<(), AccessError> {
-        if window::expired(w.start, now, self.retention(store)?) {
-            // Kafka Streams drops a write to an expired window too.
-            return Ok(());
-        }
-        self.write(store, window::encode(&w.key, w.start), value)
-    }
-    fn window_get(
-        &mut self,
-        store: &str,
-        w: WindowKey,
-        now: Option<i64>,
-    ) -> Result<Option<Vec<u8>>, AccessError> {
-        if window::expired(w.start, now, self.retention(store)?) {
-            return Ok(None);
-        }
-        self.state.get(store, &window::encode(&w.key, w.start))
-    }
-    fn window_delete(&mut self, store: &str, w: WindowKey) -> Result<(), AccessError> {
-        self.retention(store)?;
-        self.forget(store, window::encode(&w.key, w.start))
-    }
-    fn window_fetch(
-        &mut self,
-        store: &str,
-        key: &[u8],
-        from: i64,
-        to: i64,
-        now: Option<i64>,
-    ) -> Result<Vec<WindowEntry>, AccessError> {
-        if from > to {
-            return Ok(Vec::new());
-        }
-        let start = window::encode(key, from);
-        let end = window::encode(key, to.saturating_add(1));
-        let end = (to < i64::MAX).then_some(end);
-        let mut prefix_end = window::key_prefix(key);
-        // Past every window of the key: the terminator's last byte + 1.
-        if let Some(last) = prefix_end.last_mut() {
-            *last += 1;
-        }
-        let end = end.unwrap_or(prefix_end);
-        self.windows_in(store, Some(start), Some(&end), (from, to), usize::MAX, now)
-    }
-    fn window_fetch_all(
-        &mut self,
-        store: &str,
-        from: i64,
-        to: i64,
-        after: Option<WindowKey>,
-        limit: usize,
-        now: Option<i64>,
-    ) -> Result<Vec<WindowEntry>, AccessError> {
-        if from > to || limit == 0 {
-            self.retention(store)?;
-            return Ok(Vec::new());
-        }
-        let start = after.map(|w| {
-            let mut k = window::encode(&w.key, w.start);
-            k.push(0);
-            k
-        });
-        self.windows_in(store, start, None, (from, to), limit, now)
-    }
-    fn emit(
-        &mut self,
-        alias: &str,
-        key: Option<Vec<u8>>,
-        value: Option<Vec<u8>>,
-        headers: Vec<Header>,
-        timestamp: i64,
-    ) -> Result<(), EmitError> {
-        let topic = self
-            .outputs
-            .iter()
-            .find(|(a, _)| a == alias)
-            .map(|(_, t)| t.clone())
-            .ok_or_else(|| EmitError::UnknownAlias(alias.to_owned()))?;
-        let record = OutputRecord {
-            topic,
-            key,
-            value,
-            headers,
-            timestamp: Some(timestamp),
-        };
-        if record.size() as u64 > MAX_OUTPUT_BYTES {
-            return Err(EmitError::TooLarge(MAX_OUTPUT_BYTES));
-        }
-        if !self.spend(record.size() as u64) {
-            return Err(EmitError::TooLarge(MAX_CALL_BYTES));
-        }
-        self.call_outputs.push(record);
-        Ok(())
-    }
-}
-
 /// One input partition's processing.
 pub struct Task {
     partition: i32,
@@ -781,30 +473,13 @@ impl Task {
         self.swept_at = Some(now);
         let fx = self.fx();
         for (store, retention) in &windows {
-            let mut expired = Vec::new();
-            let mut cursor: Option<Vec<u8>> = None;
-            loop {
-                let page = fx
-                    .state
-                    .scan_range(store, cursor.as_deref(), None, 1024)
-                    .map_err(access_failure)?;
-                let full = page.len() == 1024;
-                if let Some((last, _)) = page.last() {
-                    let mut next = last.clone();
-                    next.push(0);
-                    cursor = Some(next);
-                }
-                for (raw, _) in page {
-                    if window::decode(&raw)
-                        .is_some_and(|w| window::expired(w.start, Some(now), *retention))
-                    {
-                        expired.push(raw);
-                    }
-                }
-                if !full {
-                    break;
-                }
+            let expired = WindowStore {
+                state: &fx.state,
+                store,
+                retention: *retention,
             }
+            .expired_keys(now)
+            .map_err(access_failure)?;
             for raw in expired {
                 fx.state.delete(store, raw).map_err(access_failure)?;
             }
@@ -1299,68 +974,6 @@ fn access_failure(e: AccessError) -> TaskError {
     })
 }
 
-/// The dead-letter record for `record`: its key, value and headers, plus
-/// the reason and its coordinates as headers. The reason is cut to 4 KiB;
-/// if the record would still be larger than Kafka takes, its value is
-/// dropped and header `onceflow.error.value-dropped` gives its size.
-pub fn dead_letter(
-    record: &InputRecord,
-    topic: &str,
-    application_id: &str,
-    mut reason: String,
-) -> OutputRecord {
-    use dead_letter_headers as h;
-    if reason.len() > MAX_REASON_BYTES {
-        let mut cut = MAX_REASON_BYTES;
-        while !reason.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        reason.truncate(cut);
-        reason.push_str(" [cut]");
-    }
-    // The host's headers win: an input that already carries
-    // `onceflow.error.*` headers (forged upstream, or a dead letter fed back
-    // in) loses them, so readers find exactly one of each, the host's.
-    let mut headers: Vec<Header> = record
-        .headers
-        .iter()
-        .filter(|x| !x.key.starts_with(h::PREFIX))
-        .cloned()
-        .collect();
-    let mut add = |key: &str, value: String| {
-        headers.push(Header {
-            key: key.to_owned(),
-            value: value.into_bytes(),
-        })
-    };
-    add(h::ERROR, reason);
-    add(h::TOPIC, record.topic.to_string());
-    add(h::PARTITION, record.partition.to_string());
-    add(h::OFFSET, record.offset.to_string());
-    add(h::PROCESSOR, application_id.to_owned());
-    let mut out = OutputRecord {
-        topic: topic.into(),
-        key: record.key.clone(),
-        value: record.value.clone(),
-        headers,
-        timestamp: Some(record.timestamp),
-    };
-    if out.size() as u64 > MAX_OUTPUT_BYTES {
-        let dropped = out.value.take().map_or(0, |v| v.len());
-        out.headers.push(Header {
-            key: h::VALUE_DROPPED.to_owned(),
-            value: dropped.to_string().into_bytes(),
-        });
-    }
-    if out.size() as u64 > MAX_OUTPUT_BYTES {
-        // The input's own key and headers are too large: keep only what
-        // says where the record was.
-        out.key = None;
-        out.headers.retain(|x| x.key.starts_with(h::PREFIX));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1378,41 +991,5 @@ mod tests {
             from_manifest.log_lines_per_second,
             default.log_lines_per_second
         );
-    }
-
-    /// An input carrying forged `onceflow.error.*` headers: its dead letter
-    /// has one of each, the host's (before, the forged ones came first and
-    /// `verify` read the forged offset).
-    #[test]
-    fn the_hosts_dead_letter_headers_win_over_the_inputs() {
-        let forged = |key: &str, value: &str| Header {
-            key: key.to_owned(),
-            value: value.as_bytes().to_vec(),
-        };
-        let record = InputRecord {
-            topic: "in".into(),
-            partition: 2,
-            offset: 41,
-            timestamp: 7,
-            key: Some(b"k".to_vec()),
-            value: Some(b"v".to_vec()),
-            headers: vec![
-                forged(dead_letter_headers::OFFSET, "999"),
-                forged(dead_letter_headers::ERROR, "all good"),
-                forged("trace-id", "abc"),
-            ],
-        };
-        let out = dead_letter(&record, "dlq", "t.p", "boom".to_owned());
-        let values = |key: &str| -> Vec<String> {
-            out.headers
-                .iter()
-                .filter(|x| x.key == key)
-                .map(|x| String::from_utf8_lossy(&x.value).into_owned())
-                .collect()
-        };
-        assert_eq!(values(dead_letter_headers::OFFSET), ["41"]);
-        assert_eq!(values(dead_letter_headers::ERROR), ["boom"]);
-        assert_eq!(values(dead_letter_headers::PARTITION), ["2"]);
-        assert_eq!(values("trace-id"), ["abc"], "other headers are kept");
     }
 }

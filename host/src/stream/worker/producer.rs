@@ -1,0 +1,422 @@
+//! The worker's transactional producer: its context (delivery reports:
+//! changelog positions and failures), its creation and `init_transactions`,
+//! the retries of transactional calls, and the fencing of
+//! the previous owners' transactional ids when partitions arrive.
+
+use super::*;
+
+/// How long a blocking transactional call may take before the producer is
+/// considered to be in an unknown state.
+pub(super) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Retries of a retriable transactional call.
+pub(super) const TXN_RETRIES: u32 = 5;
+
+/// Delivery reports: the last offset acknowledged per changelog partition
+/// (the store's position after the commit), and failures.
+#[derive(Default)]
+pub(super) struct Deliveries {
+    pub(super) changelog_offsets: HashMap<(String, i32), i64>,
+    pub(super) failures: u64,
+    pub(super) first_failure: Option<(Option<RDKafkaErrorCode>, FailedDelivery)>,
+}
+
+/// A record the brokers did not take.
+pub(super) struct FailedDelivery {
+    pub(super) topic: String,
+    /// The error, and the topic.
+    pub(super) message: String,
+}
+
+pub(super) struct ProducerCtx {
+    pub(super) changelog_topics: Vec<String>,
+    pub(super) deliveries: Mutex<Deliveries>,
+    pub(super) errors: kafka::ErrorLog,
+}
+
+impl ProducerCtx {
+    pub(super) fn deliveries(&self) -> MutexGuard<'_, Deliveries> {
+        self.deliveries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ClientContext for ProducerCtx {
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.errors.report("producer", &error, reason);
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::log(level, fac, message);
+    }
+}
+
+impl ProducerContext for ProducerCtx {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let mut d = self.deliveries();
+        match result {
+            Ok(m) => {
+                if self.changelog_topics.iter().any(|t| t == m.topic()) {
+                    let slot = d
+                        .changelog_offsets
+                        .entry((m.topic().to_owned(), m.partition()))
+                        .or_insert(-1);
+                    *slot = (*slot).max(m.offset());
+                }
+            }
+            Err((e, m)) => {
+                d.failures += 1;
+                if d.first_failure.is_none() {
+                    d.first_failure = Some((
+                        e.rdkafka_error_code(),
+                        FailedDelivery {
+                            topic: m.topic().to_owned(),
+                            message: format!("{e} (topic {})", m.topic()),
+                        },
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Worker `n`'s client id, also its transactional id.
+pub(super) fn client_id(d: &Deployment, n: u32) -> String {
+    crate::stream::names::transactional_id(&d.manifest.application_id(), &d.options.instance_id, n)
+}
+
+/// Worker `n`'s producer, transactional under exactly-once: its
+/// `init_transactions` fences any earlier producer with the same
+/// transactional id (a crashed incarnation of this worker, or this worker's
+/// previous producer) and aborts its open transaction.
+pub(super) fn new_producer(
+    d: &Deployment,
+    n: u32,
+) -> Result<Arc<BaseProducer<ProducerCtx>>, StreamError> {
+    let producer = create_producer(d, n)?;
+    if d.exactly_once() {
+        init_producer(d, n, &producer)?;
+    }
+    Ok(producer)
+}
+
+/// The worker's producer, its transactions not initialised yet.
+pub(super) fn create_producer(
+    d: &Deployment,
+    n: u32,
+) -> Result<Arc<BaseProducer<ProducerCtx>>, StreamError> {
+    let client_id = client_id(d, n);
+    let transactional_id = d.exactly_once().then(|| client_id.clone());
+    let producer: BaseProducer<ProducerCtx> =
+        producer_config(&d.options, transactional_id.as_deref(), &client_id)
+            .create_with_context(ProducerCtx {
+                changelog_topics: d.changelogs.iter().map(|(_, t)| t.clone()).collect(),
+                deliveries: Mutex::default(),
+                errors: kafka::ErrorLog::default(),
+            })
+            .map_err(|e| StreamError::kafka("creating the producer", e))?;
+    Ok(Arc::new(producer))
+}
+
+/// `init_transactions`: fences the previous incarnation of the worker's
+/// transactional id and aborts its open transaction.
+pub(super) fn init_producer(
+    d: &Deployment,
+    n: u32,
+    producer: &BaseProducer<ProducerCtx>,
+) -> Result<(), StreamError> {
+    let started = Instant::now();
+    let client_id = client_id(d, n);
+    let topic = d.manifest.sources().first().map(|t| t.to_string());
+    abort_previous_quickly(&d.options, &client_id, topic.as_deref());
+    if let Some(topic) = &topic {
+        connect_first(producer, topic, ABORT_PROBE_WAIT);
+    }
+    producer.init_transactions(TXN_CALL_TIMEOUT).map_err(
+        |e| match kafka::authorization_failure(&e) {
+            Some(code) => refused(d, n, code, None),
+            None => Restart::kafka("init_transactions", e),
+        },
+    )?;
+    tracing::debug!(
+        worker = n,
+        init_ms = started.elapsed().as_millis() as u64,
+        "transactional producer ready"
+    );
+    Ok(())
+}
+
+/// The brokers' authorizer refused worker `n` something (an ACL is
+/// missing): what, named from the answer's code (`topic` when the call
+/// names one). Retrying cannot help, so the deployment stops with this, as
+/// Kafka Streams stops on an authorization exception; grant the ACL, then
+/// start (or `resume`) it again.
+pub(super) fn refused(
+    d: &Deployment,
+    n: u32,
+    code: RDKafkaErrorCode,
+    topic: Option<&str>,
+) -> StreamError {
+    let (resource, operation) = match code {
+        RDKafkaErrorCode::GroupAuthorizationFailed => (
+            format!("consumer group {:?}", d.manifest.application_id()),
+            "Read",
+        ),
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
+            (format!("transactional id {:?}", client_id(d, n)), "Write")
+        }
+        RDKafkaErrorCode::TopicAuthorizationFailed => match topic {
+            Some(t) => (format!("topic {t:?}"), "Write"),
+            None => (
+                format!(
+                    "a topic of {} (inputs and tables {}, outputs, dead letters, changelogs)",
+                    d.manifest.application_id(),
+                    d.manifest.sources().join(", ")
+                ),
+                "Read or Write",
+            ),
+        },
+        _ => ("the cluster".to_owned(), "IdempotentWrite"),
+    };
+    StreamError::Kafka(kafka::KafkaError::not_authorized(resource, operation, code))
+}
+
+/// Fences the transactional id `id` of another instance's worker (see
+/// `Core::start_fencing`): `init_transactions` under it bumps its epoch and
+/// aborts its open transaction.
+pub(super) fn fence(
+    options: &crate::stream::RunOptions,
+    worker: u32,
+    id: &str,
+    topic: Option<&str>,
+) {
+    let started = Instant::now();
+    abort_previous_quickly(options, id, topic);
+    let fenced = producer_config(options, Some(id), &format!("{id}-fence"))
+        .create::<BaseProducer>()
+        .map_err(|e| e.to_string())
+        .and_then(|p| {
+            if let Some(topic) = topic {
+                connect_first(&p, topic, ABORT_PROBE_WAIT);
+            }
+            p.init_transactions(TXN_CALL_TIMEOUT)
+                .map_err(|e| e.to_string())
+        });
+    match fenced {
+        Ok(()) => tracing::info!(
+            worker,
+            transactional_id = %id,
+            ms = started.elapsed().as_millis() as u64,
+            "fenced a departed instance's worker (its open transaction is aborted)"
+        ),
+        Err(e) => tracing::info!(
+            worker,
+            transactional_id = %id,
+            "could not fence a departed instance's worker ({e}); waiting for its \
+             transaction to time out"
+        ),
+    }
+}
+
+/// How long each of [`abort_previous_quickly`]'s probes waits for its
+/// answer, and how long it goes on probing at most.
+pub(super) const ABORT_PROBE_WAIT: Duration = Duration::from_millis(150);
+pub(super) const ABORT_PROBE_BUDGET: Duration = Duration::from_secs(3);
+
+/// Waits until the open transaction of `transactional_id`'s previous
+/// incarnation (crashed, or a departed host's worker) is aborted, so that
+/// the `init_transactions` that follows succeeds at its first request.
+///
+/// An `InitProducerId` that meets an open transaction makes the
+/// coordinator abort it and answers CONCURRENT_TRANSACTIONS until the abort
+/// is complete (its markers written: a few milliseconds to most of a second
+/// on a busy broker); librdkafka asks again only after a fixed 500 ms
+/// (`rd_kafka_idemp_pid_timer_restart`, not configurable), so a restart
+/// would pay 0.5 s for every answer that came too early (0, 1 or 2 of them
+/// in the recovery benchmark: results/2026-12-05-recovery.md). Instead,
+/// throwaway producers ask, one after another, each dropped after
+/// [`ABORT_PROBE_WAIT`] unless it got its producer id (the abort is done,
+/// or nothing was open), for at most [`ABORT_PROBE_BUDGET`]; an answer the
+/// probes cannot help with (not authorized, say) ends them at once and
+/// the real `init_transactions` reports it. Fencing is unchanged: every
+/// successful `InitProducerId` bumps the epoch, and the caller's comes last.
+/// (Were a probe's request still in flight when it is dropped and handled
+/// after the caller's, the caller's producer would be fenced by it: its
+/// next transactional call fails, and the worker starts a new session, as
+/// for any fencing.)
+pub(super) fn abort_previous_quickly(
+    options: &crate::stream::RunOptions,
+    transactional_id: &str,
+    topic: Option<&str>,
+) {
+    let started = Instant::now();
+    let mut probes = 0;
+    let outcome = loop {
+        let probe = match producer_config(
+            options,
+            Some(transactional_id),
+            &format!("{transactional_id}-probe"),
+        )
+        .create::<BaseProducer>()
+        {
+            Ok(p) => p,
+            Err(e) => break Err(e),
+        };
+        probes += 1;
+        if let Some(topic) = topic {
+            connect_first(&probe, topic, ABORT_PROBE_WAIT);
+        }
+        let outcome = probe.init_transactions(ABORT_PROBE_WAIT);
+        drop(probe);
+        match outcome {
+            // A timeout, or CONCURRENT_TRANSACTIONS: the abort goes on.
+            Err(KafkaError::Transaction(e))
+                if e.is_retriable() && started.elapsed() < ABORT_PROBE_BUDGET => {}
+            outcome => break outcome,
+        }
+    };
+    tracing::debug!(
+        transactional_id,
+        probes,
+        ms = started.elapsed().as_millis() as u64,
+        // Ok: no transaction open (any more).
+        outcome = ?outcome.err(),
+        "abort probes"
+    );
+}
+
+/// Connects a new producer to a broker (a metadata request for `topic`, one
+/// of the deployment's, waited for at most `timeout`) before its
+/// `init_transactions`. A producer connects only when it has something to
+/// send, and `init_transactions` called with no broker connection up finds
+/// no broker to ask for the transaction coordinator: it asks again on
+/// librdkafka's 500 ms coordinator-query timer (seen in the recovery
+/// benchmark: the real `init_transactions` returning 0.5 s after probes
+/// that had found the abort done). A failure here is left to
+/// `init_transactions` to report.
+pub(super) fn connect_first<C: ProducerContext>(
+    producer: &BaseProducer<C>,
+    topic: &str,
+    timeout: Duration,
+) {
+    if let Err(e) = producer.client().fetch_metadata(Some(topic), timeout) {
+        tracing::debug!(topic, "no broker connection before init_transactions: {e}");
+    }
+}
+
+/// Errors that sending the same record again cannot cure.
+pub(super) fn is_unsendable(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+    )
+}
+
+/// Errors that leave a request's outcome unknown.
+pub(super) fn is_timeout(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::MessageTimedOut
+            | RDKafkaErrorCode::TimedOutQueue
+    )
+}
+
+/// Calls a transactional operation again while it fails retriably, within
+/// one budget of [`TXN_CALL_TIMEOUT`] for all attempts together: a timed-out
+/// call resumes where it was on the next attempt, but when librdkafka has
+/// lost its coordinator (librdkafka#5511) no attempt succeeds, and only a
+/// new producer (a new session) finds it again.
+pub(super) fn retry(
+    operation: &str,
+    mut call: impl FnMut(Duration) -> Result<(), KafkaError>,
+) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + TXN_CALL_TIMEOUT;
+    let mut attempt = 0;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match call(left.max(Duration::from_secs(1))) {
+            Err(e)
+                if kafka::classify(&e) == TxnFailure::Retry
+                    && attempt < TXN_RETRIES
+                    && Instant::now() < deadline =>
+            {
+                attempt += 1;
+                tracing::warn!("{operation}: {e}; retrying (attempt {attempt})");
+                std::thread::sleep(Duration::from_millis(100 << attempt).min(left));
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Core {
+    /// Starts fencing the workers of other instances that ran `partitions`
+    /// before and are no longer in the group (killed, or paused past their
+    /// session), on a thread of its own while the stores open: a
+    /// transaction session started under their transactional ids aborts
+    /// their last transaction at once. Left open, it would hold the
+    /// committed offsets unstable (KIP-447) and the changelogs' ends until
+    /// the broker aborts it after the transaction timeout, on its next scan
+    /// for expired transactions (every 10 s by default): 10 to 20 s before a
+    /// failover could go on. A zombie still alive finds itself fenced at its
+    /// next commit, as when its own instance restarts.
+    ///
+    /// Nothing waits for the thread: the coordinator begins aborting at the
+    /// first InitProducerId, sent as soon as the fencing producer has found
+    /// it, and `restore_pending` goes on once the offsets are stable; the
+    /// rest of `init_transactions` is librdkafka's 500 ms retry timers
+    /// (0.5 to 1 s measured in the failover benchmark).
+    ///
+    /// The previous owners are known from the standby thread's view of the
+    /// group (read every second with standbys, every 5 s without: a
+    /// partition that moved in the last seconds before its owner died may
+    /// still wait for the transaction timeout). A worker fenced twice (its
+    /// partitions came in two assignments) is harmless: its epoch is bumped
+    /// again.
+    pub(super) fn start_fencing(&self, consumer: &BaseConsumer<WorkerContext>, partitions: &[i32]) {
+        if !self.d.exactly_once() {
+            return;
+        }
+        let app = self.d.manifest.application_id();
+        let me = &self.d.options.instance_id;
+        let previous: BTreeSet<String> = partitions
+            .iter()
+            .filter_map(|p| self.d.standbys.previous_owner(&app, me, *p))
+            .collect();
+        if previous.is_empty() {
+            return;
+        }
+        let members = match kafka::group_members(consumer, &app) {
+            Ok(Some(members)) => members,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!("cannot describe the group to fence departed workers: {e}");
+                return;
+            }
+        };
+        let departed: Vec<String> = previous
+            .into_iter()
+            .filter(|id| !members.iter().any(|m| m.client_id == *id))
+            .collect();
+        if departed.is_empty() {
+            return;
+        }
+        let options = self.d.options.clone();
+        let worker = self.worker;
+        let topic = self.d.manifest.sources().first().map(|t| t.to_string());
+        let spawned = std::thread::Builder::new()
+            .name(format!("onceflow-fence-{worker}"))
+            .spawn(move || {
+                for id in departed {
+                    fence(&options, worker, &id, topic.as_deref());
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::info!("cannot start a thread to fence departed workers: {e}");
+        }
+    }
+}
