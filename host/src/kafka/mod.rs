@@ -1,0 +1,190 @@
+//! The shared Kafka plumbing: client settings, topic admin, reading a topic
+//! to its end, sending records, and what a client error means.
+//!
+//! Here: [`Connection`] and [`KafkaError`]; reading in `read.rs`, sending in
+//! `send.rs`, topic admin in `topics.rs`, what an error means in `errors.rs`,
+//! secrets in `secrets.rs`.
+//!
+//! rdkafka is owned here, by `stream` (the EOS loop's consumer and
+//! transactional producer), by the fleet's control I/O and by the sink's
+//! loop (docs/architecture.md, "Rules"). No `pub` signature names an rdkafka
+//! type (`scripts/check-layers`): callers see [`Connection`] and
+//! [`KafkaError`].
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::types::{Header, InputRecord, OutputRecord};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Header as KHeader, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+
+mod secrets;
+pub use secrets::{ConfigError, FILE_SECRETS, PASSWORD_ENV, extra_config, is_secret};
+
+mod errors;
+mod read;
+mod send;
+mod topics;
+
+pub(crate) use errors::*;
+pub(crate) use read::*;
+pub(crate) use send::*;
+pub use topics::*;
+
+/// Where the cluster is, and the extra librdkafka properties (`-X k=v`) every
+/// client of this process gets. Its `Debug` shows secret values (see
+/// [`is_secret`]) as `[redacted]`.
+#[derive(Clone, Default)]
+pub struct Connection {
+    /// Kafka bootstrap servers (`host:port,...`).
+    pub bootstrap_servers: String,
+    /// Extra librdkafka properties for every client, applied last.
+    pub extra_config: Vec<(String, String)>,
+}
+
+/// A Kafka operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// A client call failed; the source is the client's error.
+    #[error("kafka: {operation}")]
+    Client {
+        /// What was being done.
+        operation: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A call got no answer in time.
+    #[error("kafka: {operation}: {what}")]
+    Timeout {
+        /// What was being done.
+        operation: String,
+        /// What did not happen in time, and what to check.
+        what: String,
+    },
+    /// A topic is missing or unusable.
+    #[error("topic {topic:?}: {message}")]
+    Topic {
+        /// The topic.
+        topic: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// The brokers' authorizer refused this client's principal an operation
+    /// on a resource: retrying cannot help until an ACL is granted.
+    #[error(
+        "{resource}: not authorized: the brokers refused {operation} on it to this client's \
+         principal: {code}; grant the principal its prefixed ACLs (docs/kafka-security.md), or \
+         check -X sasl.username"
+    )]
+    NotAuthorized {
+        /// What was refused, e.g. `topic "acme.payments"`.
+        resource: String,
+        /// The ACL operation needed (Describe, Read, Write, Create, ...).
+        operation: String,
+        /// The brokers' answer (librdkafka's text for its error code).
+        code: String,
+    },
+}
+
+impl KafkaError {
+    /// A client error while doing `operation`.
+    pub(crate) fn client(operation: impl Into<String>, source: ClientError) -> Self {
+        Self::Client {
+            operation: operation.into(),
+            source: Box::new(source),
+        }
+    }
+
+    /// A call that timed out.
+    pub(crate) fn timeout(operation: impl Into<String>, what: impl Into<String>) -> Self {
+        Self::Timeout {
+            operation: operation.into(),
+            what: what.into(),
+        }
+    }
+
+    /// A topic problem.
+    pub(crate) fn topic(topic: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Topic {
+            topic: topic.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The authorizer refused `operation` on `resource` (see
+    /// [`authorization_failure`]).
+    pub(crate) fn not_authorized(
+        resource: impl Into<String>,
+        operation: impl Into<String>,
+        code: RDKafkaErrorCode,
+    ) -> Self {
+        Self::NotAuthorized {
+            resource: resource.into(),
+            operation: operation.into(),
+            code: code.to_string(),
+        }
+    }
+}
+
+impl Connection {
+    /// The settings every client shares: the bootstrap servers, then `-X`.
+    pub(crate) fn config(&self) -> ClientConfig {
+        self.config_with(&[])
+    }
+
+    /// The bootstrap servers, then `settings`, then `-X` (which wins).
+    pub(crate) fn config_with(&self, settings: &[(&str, &str)]) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in settings {
+            c.set(*k, *v);
+        }
+        for (k, v) in &self.extra_config {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// A consumer that reads assigned partitions to their end: never in a
+    /// group (`group.id` only names it), never committing, reporting each
+    /// partition's end; `isolation` is `read_committed` or
+    /// `read_uncommitted`. An empty fetch returns after `fetch_wait_ms`.
+    pub(crate) fn reader<C: ConsumerContext>(
+        &self,
+        group: &str,
+        isolation: &str,
+        fetch_wait_ms: u32,
+        context: C,
+    ) -> Result<BaseConsumer<C>, KafkaError> {
+        let fetch_wait = fetch_wait_ms.to_string();
+        let c = self.config_with(&[
+            ("group.id", group),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("enable.partition.eof", "true"),
+            ("auto.offset.reset", "earliest"),
+            ("isolation.level", isolation),
+            ("fetch.wait.max.ms", &fetch_wait),
+        ]);
+        c.create_with_context(context)
+            .map_err(|e| KafkaError::client(format!("creating a consumer ({group})"), e))
+    }
+}
+
+/// A group member's session timeout, and heartbeats at a tenth of it (at
+/// least 100 ms apart): members learn of a rebalance within a tenth of a
+/// session (the failover benchmark, bench/README.md). Classic protocol.
+pub(crate) fn set_session(c: &mut ClientConfig, session: Duration) {
+    c.set("session.timeout.ms", session.as_millis().to_string())
+        .set(
+            "heartbeat.interval.ms",
+            (session.as_millis() / 10).max(100).to_string(),
+        );
+}
