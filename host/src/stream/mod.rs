@@ -368,23 +368,7 @@ pub fn run_with_metrics(
             .map_err(|e| Restart::spawn("a worker thread", e))?;
         handles.push(handle);
     }
-    let standby =
-        if deployment.manifest.processing.standby_replicas > 0 || deployment.exactly_once() {
-            let d = deployment.clone();
-            // Optional: the workers are running, and go on without it.
-            std::thread::Builder::new()
-                .name("onceflow-standby".to_owned())
-                .spawn(move || standby::run(&d))
-                .inspect_err(|e| {
-                    tracing::warn!(
-                        "cannot start the standby thread ({e}): no standby replicas, and a dead \
-                     host's transactions are not fenced at once"
-                    );
-                })
-                .ok()
-        } else {
-            None
-        };
+    let standby = start_standby(&deployment);
 
     let app = deployment.manifest.application_id();
     let mut last_report = Instant::now();
@@ -425,6 +409,31 @@ pub fn run_with_metrics(
         }
     }
     report(&app, &metrics, last, last_report.elapsed());
+    log_stopped(&metrics);
+    result.map(|()| metrics)
+}
+
+/// Starts the standby thread (standby replicas, and fencing a dead host's
+/// transactions): optional, the workers go on without it.
+fn start_standby(deployment: &Arc<Deployment>) -> Option<std::thread::JoinHandle<()>> {
+    if deployment.manifest.processing.standby_replicas == 0 && !deployment.exactly_once() {
+        return None;
+    }
+    let d = deployment.clone();
+    std::thread::Builder::new()
+        .name("onceflow-standby".to_owned())
+        .spawn(move || standby::run(&d))
+        .inspect_err(|e| {
+            tracing::warn!(
+                "cannot start the standby thread ({e}): no standby replicas, and a dead host's \
+                 transactions are not fenced at once"
+            );
+        })
+        .ok()
+}
+
+/// The deployment's totals, once it stopped.
+fn log_stopped(metrics: &Metrics) {
     let total = metrics.snapshot();
     let latency = metrics.overall_latency();
     tracing::info!(
@@ -440,7 +449,6 @@ pub fn run_with_metrics(
         standby_records = total.standby_records,
         "deployment stopped"
     );
-    result.map(|()| metrics)
 }
 
 /// Removes the local stores of partitions no task of this instance has had

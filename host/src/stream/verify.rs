@@ -154,145 +154,181 @@ pub fn verify(o: &VerifyOptions) -> Result<VerifyReport, KafkaError> {
         .collect();
 
     if let Some(echo) = &o.echo {
-        let records = read_all(o, echo, deadline)?;
-        report.echo_records = records.len() as u64;
-        let mut seen: HashMap<String, u64> = HashMap::new();
-        for r in &records {
-            let id = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
-            *seen.entry(id).or_insert(0) += 1;
-        }
-        let mut missing = Vec::new();
-        for id in valid_ids.keys() {
-            match seen.get(id) {
-                None => {
-                    report.missing += 1;
-                    missing.push(id.clone());
-                }
-                Some(&n) if n > 1 => report.duplicates += n - 1,
-                _ => {}
-            }
-        }
-        report.unexpected = seen
-            .keys()
-            .filter(|id| !valid_ids.contains_key(*id))
-            .count() as u64;
-        if report.missing > 0 {
-            missing.sort();
-            missing.truncate(EXAMPLES);
-            report.findings.push(format!(
-                "{echo}: {} valid inputs missing (gap), e.g. {missing:?}",
-                report.missing
-            ));
-        }
-        if report.duplicates > 0 {
-            let mut dups: Vec<_> = seen
-                .iter()
-                .filter(|(_, n)| **n > 1)
-                .map(|(id, n)| format!("{id} x{n}"))
-                .collect();
-            dups.sort();
-            dups.truncate(EXAMPLES);
-            report.findings.push(format!(
-                "{echo}: {} duplicate records, e.g. {dups:?}",
-                report.duplicates
-            ));
-        }
-        if report.unexpected > 0 {
-            report.findings.push(format!(
-                "{echo}: {} keys match no valid input",
-                report.unexpected
-            ));
-        }
+        check_echo(o, echo, deadline, &valid_ids, &mut report)?;
     }
-
     if let Some(totals) = &o.totals {
-        let records = read_all(o, totals, deadline)?;
-        report.totals_records = records.len() as u64;
-        let mut observed: HashMap<String, Vec<Option<i64>>> = HashMap::new();
-        for r in &records {
-            let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
-            let total = r
-                .value
-                .as_deref()
-                .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
-                .and_then(|v| v.get(&o.total_field).and_then(serde_json::Value::as_i64));
-            observed.entry(key).or_default().push(total);
-        }
-        let mut examples = Vec::new();
-        for (key, expected) in &expected_totals {
-            let got = observed.remove(key).unwrap_or_default();
-            let exact = got.len() == expected.len()
-                && got.iter().zip(expected).all(|(g, e)| *g == Some(*e));
-            if !exact {
-                report.keys_wrong += 1;
-                if examples.len() < EXAMPLES {
-                    examples.push(describe_divergence(key, expected, &got));
-                }
-            }
-        }
-        for (key, got) in observed {
-            report.keys_wrong += 1;
-            if examples.len() < EXAMPLES {
-                examples.push(format!(
-                    "{key}: {} totals for a key with no valid input",
-                    got.len()
-                ));
-            }
-        }
-        if report.keys_wrong > 0 {
-            report.findings.push(format!(
-                "{totals}: {} keys whose totals are not exactly the running sums: {}",
-                report.keys_wrong,
-                examples.join("; ")
-            ));
-        }
+        check_totals(o, totals, deadline, &expected_totals, &mut report)?;
     }
-
     if let Some(dlq) = &o.dead_letter {
-        let records = read_all(o, dlq, deadline)?;
-        report.dead_letters = records.len() as u64;
-        let mut foreign = 0u64;
-        for r in &records {
-            let header = |name: &str| {
-                r.headers
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
-            };
-            let topic_ok = r.headers.iter().any(|(k, v)| {
-                k == dead_letter_headers::TOPIC && v.as_slice() == o.input.as_bytes()
-            });
-            match (
-                topic_ok,
-                header(dead_letter_headers::PARTITION),
-                header(dead_letter_headers::OFFSET),
-            ) {
-                (true, Some(p), Some(off)) => match invalid.get_mut(&(p as i32, off)) {
-                    Some(n) => *n += 1,
-                    None => foreign += 1,
-                },
-                _ => foreign += 1,
-            }
-        }
-        let missing = invalid.values().filter(|n| **n == 0).count();
-        let dups: u32 = invalid.values().filter(|n| **n > 1).map(|n| n - 1).sum();
-        if missing > 0 {
-            report.findings.push(format!(
-                "{dlq}: {missing} invalid inputs were not dead-lettered"
-            ));
-        }
-        if dups > 0 {
-            report
-                .findings
-                .push(format!("{dlq}: {dups} duplicate dead letters"));
-        }
-        if foreign > 0 {
-            report.findings.push(format!(
-                "{dlq}: {foreign} dead letters match no invalid input"
-            ));
-        }
+        check_dead_letters(o, dlq, deadline, invalid, &mut report)?;
     }
     Ok(report)
+}
+
+/// The echo topic against the valid inputs: each once.
+fn check_echo(
+    o: &VerifyOptions,
+    echo: &str,
+    deadline: Instant,
+    valid_ids: &HashMap<String, ()>,
+    report: &mut VerifyReport,
+) -> Result<(), KafkaError> {
+    let records = read_all(o, echo, deadline)?;
+    report.echo_records = records.len() as u64;
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    for r in &records {
+        let id = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+        *seen.entry(id).or_insert(0) += 1;
+    }
+    let mut missing = Vec::new();
+    for id in valid_ids.keys() {
+        match seen.get(id) {
+            None => {
+                report.missing += 1;
+                missing.push(id.clone());
+            }
+            Some(&n) if n > 1 => report.duplicates += n - 1,
+            _ => {}
+        }
+    }
+    report.unexpected = seen
+        .keys()
+        .filter(|id| !valid_ids.contains_key(*id))
+        .count() as u64;
+    if report.missing > 0 {
+        missing.sort();
+        missing.truncate(EXAMPLES);
+        report.findings.push(format!(
+            "{echo}: {} valid inputs missing (gap), e.g. {missing:?}",
+            report.missing
+        ));
+    }
+    if report.duplicates > 0 {
+        let mut dups: Vec<_> = seen
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, n)| format!("{id} x{n}"))
+            .collect();
+        dups.sort();
+        dups.truncate(EXAMPLES);
+        report.findings.push(format!(
+            "{echo}: {} duplicate records, e.g. {dups:?}",
+            report.duplicates
+        ));
+    }
+    if report.unexpected > 0 {
+        report.findings.push(format!(
+            "{echo}: {} keys match no valid input",
+            report.unexpected
+        ));
+    }
+    Ok(())
+}
+
+/// The totals topic against the running sums of the valid inputs per key.
+fn check_totals(
+    o: &VerifyOptions,
+    totals: &str,
+    deadline: Instant,
+    expected_totals: &HashMap<String, Vec<i64>>,
+    report: &mut VerifyReport,
+) -> Result<(), KafkaError> {
+    let records = read_all(o, totals, deadline)?;
+    report.totals_records = records.len() as u64;
+    let mut observed: HashMap<String, Vec<Option<i64>>> = HashMap::new();
+    for r in &records {
+        let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+        let total = r
+            .value
+            .as_deref()
+            .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+            .and_then(|v| v.get(&o.total_field).and_then(serde_json::Value::as_i64));
+        observed.entry(key).or_default().push(total);
+    }
+    let mut examples = Vec::new();
+    for (key, expected) in expected_totals {
+        let got = observed.remove(key).unwrap_or_default();
+        let exact =
+            got.len() == expected.len() && got.iter().zip(expected).all(|(g, e)| *g == Some(*e));
+        if !exact {
+            report.keys_wrong += 1;
+            if examples.len() < EXAMPLES {
+                examples.push(describe_divergence(key, expected, &got));
+            }
+        }
+    }
+    for (key, got) in observed {
+        report.keys_wrong += 1;
+        if examples.len() < EXAMPLES {
+            examples.push(format!(
+                "{key}: {} totals for a key with no valid input",
+                got.len()
+            ));
+        }
+    }
+    if report.keys_wrong > 0 {
+        report.findings.push(format!(
+            "{totals}: {} keys whose totals are not exactly the running sums: {}",
+            report.keys_wrong,
+            examples.join("; ")
+        ));
+    }
+    Ok(())
+}
+
+/// The dead-letter topic against the invalid inputs (by partition and
+/// offset): each once.
+fn check_dead_letters(
+    o: &VerifyOptions,
+    dlq: &str,
+    deadline: Instant,
+    mut invalid: HashMap<(i32, i64), u32>,
+    report: &mut VerifyReport,
+) -> Result<(), KafkaError> {
+    let records = read_all(o, dlq, deadline)?;
+    report.dead_letters = records.len() as u64;
+    let mut foreign = 0u64;
+    for r in &records {
+        let header = |name: &str| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
+        };
+        let topic_ok = r
+            .headers
+            .iter()
+            .any(|(k, v)| k == dead_letter_headers::TOPIC && v.as_slice() == o.input.as_bytes());
+        match (
+            topic_ok,
+            header(dead_letter_headers::PARTITION),
+            header(dead_letter_headers::OFFSET),
+        ) {
+            (true, Some(p), Some(off)) => match invalid.get_mut(&(p as i32, off)) {
+                Some(n) => *n += 1,
+                None => foreign += 1,
+            },
+            _ => foreign += 1,
+        }
+    }
+    let missing = invalid.values().filter(|n| **n == 0).count();
+    let dups: u32 = invalid.values().filter(|n| **n > 1).map(|n| n - 1).sum();
+    if missing > 0 {
+        report.findings.push(format!(
+            "{dlq}: {missing} invalid inputs were not dead-lettered"
+        ));
+    }
+    if dups > 0 {
+        report
+            .findings
+            .push(format!("{dlq}: {dups} duplicate dead letters"));
+    }
+    if foreign > 0 {
+        report.findings.push(format!(
+            "{dlq}: {foreign} dead letters match no invalid input"
+        ));
+    }
+    Ok(())
 }
 
 fn describe_divergence(key: &str, expected: &[i64], got: &[Option<i64>]) -> String {

@@ -100,62 +100,13 @@ impl Core {
 
         // 1. Every dirty key's latest value (or tombstone) to its store's
         //    changelog, in the same partition as the task's input.
-        for task in self.tasks.values() {
-            for changes in task.pending_changes() {
-                let topic = self.changelog_of(&changes.store);
-                for (key, value) in &changes.changes {
-                    let record = kafka::Outgoing {
-                        topic: &topic,
-                        partition: Some(task.partition()),
-                        key: Some(key),
-                        value: value.as_deref(),
-                        headers: &[],
-                        timestamp: None,
-                    };
-                    if let Err(e) = kafka::send(&self.producer, record) {
-                        return self.on_txn_error(consumer, "producing a changelog record", e);
-                    }
-                    self.pending.state_bytes +=
-                        (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
-                }
-            }
+        if let Err(e) = self.send_changes() {
+            return self.on_txn_error(consumer, "producing a changelog record", e);
         }
-
         // 1b. What this transaction's work used, in the same transaction
         //     (a fleet host only): committed work is counted exactly once.
-        if let Some(topic) = self.d.options.usage_topic.clone() {
-            self.pending.log_lines += self
-                .d
-                .metrics
-                .unbilled_log_lines
-                .swap(0, std::sync::atomic::Ordering::Relaxed);
-            let usage = self.pending.usage();
-            if usage != Usage::default() {
-                let m = &self.d.manifest;
-                let record = UsageRecord {
-                    tenant: m.tenant.clone(),
-                    deployment: m.name.clone(),
-                    host: self.d.options.instance_id.clone(),
-                    ts_ms: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as i64),
-                    usage,
-                    id: None,
-                };
-                let key = format!("{}/{}", m.tenant, m.name);
-                let value = serde_json::to_vec(&record).unwrap_or_default();
-                let out = kafka::Outgoing {
-                    topic: &topic,
-                    partition: None,
-                    key: Some(key.as_bytes()),
-                    value: Some(&value),
-                    headers: &[],
-                    timestamp: None,
-                };
-                if let Err(e) = kafka::send(&self.producer, out) {
-                    return self.on_txn_error(consumer, "producing a usage record", e);
-                }
-            }
+        if let Err(e) = self.send_usage() {
+            return self.on_txn_error(consumer, "producing a usage record", e);
         }
 
         // Each input offset of a task that keeps time (window stores or
@@ -211,6 +162,69 @@ impl Core {
             .submit(&self.producer, offsets, group, started, taken)?;
         self.in_flight = Some(flight);
         Ok(())
+    }
+
+    /// Step 1: each task's pending changes to its stores' changelogs.
+    fn send_changes(&mut self) -> Result<(), KafkaError> {
+        for task in self.tasks.values() {
+            for changes in task.pending_changes() {
+                let topic = self.changelog_of(&changes.store);
+                for (key, value) in &changes.changes {
+                    let record = kafka::Outgoing {
+                        topic: &topic,
+                        partition: Some(task.partition()),
+                        key: Some(key),
+                        value: value.as_deref(),
+                        headers: &[],
+                        timestamp: None,
+                    };
+                    kafka::send(&self.producer, record)?;
+                    self.pending.state_bytes +=
+                        (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 1b: the transaction's usage record (a fleet host only).
+    fn send_usage(&mut self) -> Result<(), KafkaError> {
+        let Some(topic) = self.d.options.usage_topic.clone() else {
+            return Ok(());
+        };
+        self.pending.log_lines += self
+            .d
+            .metrics
+            .unbilled_log_lines
+            .swap(0, std::sync::atomic::Ordering::Relaxed);
+        let usage = self.pending.usage();
+        if usage == Usage::default() {
+            return Ok(());
+        }
+        let m = &self.d.manifest;
+        let record = UsageRecord {
+            tenant: m.tenant.clone(),
+            deployment: m.name.clone(),
+            host: self.d.options.instance_id.clone(),
+            ts_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+            usage,
+            id: None,
+        };
+        let key = format!("{}/{}", m.tenant, m.name);
+        let value = serde_json::to_vec(&record).unwrap_or_default();
+        kafka::send(
+            &self.producer,
+            kafka::Outgoing {
+                topic: &topic,
+                partition: None,
+                key: Some(key.as_bytes()),
+                value: Some(&value),
+                headers: &[],
+                timestamp: None,
+            },
+        )
     }
 
     /// Acts on the commit in flight if it has returned (the loop asks every

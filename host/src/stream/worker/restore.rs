@@ -130,52 +130,7 @@ impl Core {
     ) -> Result<(), StreamError> {
         self.producer_ready()?;
         let partitions: Vec<i32> = self.restoring.iter().copied().collect();
-        let mut tpl = TopicPartitionList::new();
-        for topic in self.d.manifest.sources() {
-            for p in &partitions {
-                tpl.add_partition(topic, *p);
-            }
-        }
-        // Wait for the committed offsets to be stable (KIP-447: the previous
-        // owner's pending transaction has committed or aborted). Only then
-        // is the changelog's end final for what those offsets cover.
-        let committed = consumer
-            .committed_offsets(tpl.clone(), TXN_CALL_TIMEOUT)
-            .map_err(|e| {
-                // librdkafka retries UNSTABLE_OFFSET_COMMIT until the timeout
-                // and then reports a timeout: say what it usually means.
-                StreamError::from(Restart::Unstable {
-                    what: format!(
-                        "the committed offsets of group {}",
-                        self.d.manifest.application_id()
-                    ),
-                    waited: TXN_CALL_TIMEOUT,
-                    source: Some(crate::kafka::KafkaError::client("committed offsets", e)),
-                })
-            })?;
-        // Where each table's store must be restored to: the committed offset
-        // of its topic (the records after it come through the consumer).
-        let mut table_ends = BTreeMap::new();
-        for elem in committed.elements() {
-            let at = (elem.topic().to_owned(), elem.partition());
-            if let Offset::Offset(o) = elem.offset() {
-                table_ends.insert(at.clone(), o);
-                self.read_from.insert(at, o);
-            } else {
-                self.read_from.remove(&at);
-            }
-        }
-        // The stream time each task had at its last commit.
-        for elem in committed.elements() {
-            let Some(time) = parse_stream_time_metadata(&elem) else {
-                continue;
-            };
-            if let Some(task) = self.tasks.get_mut(&elem.partition())
-                && task.stream_time().is_none_or(|t| t < time)
-            {
-                task.restore_stream_time(Some(time));
-            }
-        }
+        let table_ends = self.stable_positions(consumer, &partitions)?;
         if self.restore_consumer.is_none() {
             self.restore_consumer = Some(changelog::restorer(&self.d)?);
         }
@@ -269,5 +224,62 @@ impl Core {
             wake_fetchers(consumer, &done);
         }
         Ok(())
+    }
+
+    /// Waits for the committed offsets of `partitions` to be stable and
+    /// takes from them where each source is read from, each task's stream
+    /// time at its last commit, and where each table's store must be
+    /// restored to (returned: the committed offset of its topic; the records
+    /// after it come through the consumer).
+    fn stable_positions(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        partitions: &[i32],
+    ) -> Result<BTreeMap<(String, i32), i64>, StreamError> {
+        let mut tpl = TopicPartitionList::new();
+        for topic in self.d.manifest.sources() {
+            for p in partitions {
+                tpl.add_partition(topic, *p);
+            }
+        }
+        // Wait for the committed offsets to be stable (KIP-447: the previous
+        // owner's pending transaction has committed or aborted). Only then
+        // is the changelog's end final for what those offsets cover.
+        let committed = consumer
+            .committed_offsets(tpl.clone(), TXN_CALL_TIMEOUT)
+            .map_err(|e| {
+                // librdkafka retries UNSTABLE_OFFSET_COMMIT until the timeout
+                // and then reports a timeout: say what it usually means.
+                StreamError::from(Restart::Unstable {
+                    what: format!(
+                        "the committed offsets of group {}",
+                        self.d.manifest.application_id()
+                    ),
+                    waited: TXN_CALL_TIMEOUT,
+                    source: Some(crate::kafka::KafkaError::client("committed offsets", e)),
+                })
+            })?;
+        let mut table_ends = BTreeMap::new();
+        for elem in committed.elements() {
+            let at = (elem.topic().to_owned(), elem.partition());
+            if let Offset::Offset(o) = elem.offset() {
+                table_ends.insert(at.clone(), o);
+                self.read_from.insert(at, o);
+            } else {
+                self.read_from.remove(&at);
+            }
+        }
+        // The stream time each task had at its last commit.
+        for elem in committed.elements() {
+            let Some(time) = parse_stream_time_metadata(&elem) else {
+                continue;
+            };
+            if let Some(task) = self.tasks.get_mut(&elem.partition())
+                && task.stream_time().is_none_or(|t| t < time)
+            {
+                task.restore_stream_time(Some(time));
+            }
+        }
+        Ok(table_ends)
     }
 }
