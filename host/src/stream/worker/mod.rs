@@ -735,18 +735,12 @@ impl Core {
         }
         // The records it finished: the rest is for the next part.
         debug_assert!(outcome.full || outcome.done == records.len());
-        let records = if outcome.full {
-            &records[..outcome.done]
-        } else {
-            records
-        };
+        let records = &records[..outcome.done];
+        self.pending.output_bytes += outcome.output_bytes;
         if self.deferred {
             // A commit is in flight: the outputs wait for the next
             // transaction.
-            for o in outcome.outputs.drain(..) {
-                self.pending.output_bytes += o.size() as u64;
-                self.held.push(o);
-            }
+            self.held.append(&mut outcome.outputs);
         } else {
             for o in &outcome.outputs {
                 if let Err(e) = kafka::send_output(&self.producer, o) {
@@ -754,7 +748,6 @@ impl Core {
                         .on_txn_error(consumer, "producing an output", e)
                         .map(|()| records.len());
                 }
-                self.pending.output_bytes += o.size() as u64;
             }
             self.producer.poll(Duration::ZERO);
         }
