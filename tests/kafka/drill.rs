@@ -52,6 +52,9 @@ use crate::common::wallet::{Produced, Wallet};
 
 use onceflow::stream::verify::VerifyReport;
 
+#[path = "abort_in_flight.rs"]
+mod abort_in_flight;
+
 const EXACTLY_ONCE: &str = "exactly_once_v2";
 const AT_LEAST_ONCE: &str = "at_least_once";
 const HOSTS: [&str; 3] = ["a", "b", "c"];
@@ -511,38 +514,8 @@ impl<'a> Drill<'a> {
         "no open transaction seen within 10 s"
     }
 
-    /// The brokers coordinating this wallet's transactions (or, with none,
-    /// its group), from the brokers' own view; every broker if neither is
-    /// found.
     fn coordinators(&self) -> Vec<u32> {
-        let mut ids: BTreeSet<u32> = BTreeSet::new();
-        let out = self.cluster.script(&["transactions", "list"]);
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if line.starts_with(&format!("{}-", self.w.app))
-                && let Some(id) = line.split_whitespace().nth(1).and_then(|c| c.parse().ok())
-            {
-                ids.insert(id);
-            }
-        }
-        if ids.is_empty() {
-            let out =
-                self.cluster
-                    .script(&["groups", "--describe", "--state", "--group", &self.w.app]);
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                if line.starts_with(&self.w.app) {
-                    let id: Option<u32> = line
-                        .split_once('(')
-                        .and_then(|(_, rest)| rest.split_once(')'))
-                        .and_then(|(id, _)| id.trim().parse().ok());
-                    ids.extend(id);
-                }
-            }
-        }
-        if ids.is_empty() {
-            (1..=self.cluster.brokers).collect()
-        } else {
-            ids.into_iter().collect()
-        }
+        coordinators(self.cluster, &self.w.app)
     }
 
     /// Restarts hosts that exited on their own (a finding).
@@ -779,6 +752,44 @@ impl<'a> Drill<'a> {
         ));
         text
     }
+}
+
+/// The brokers coordinating application `app`'s transactions (or, with none,
+/// its group), from the brokers' own view; every broker if neither is
+/// found.
+pub(crate) fn coordinators(cluster: &Cluster, app: &str) -> Vec<u32> {
+    let mut ids = transaction_coordinators(cluster, app);
+    if ids.is_empty() {
+        ids.extend(group_coordinator(cluster, app));
+    }
+    if ids.is_empty() {
+        (1..=cluster.brokers).collect()
+    } else {
+        ids.into_iter().collect()
+    }
+}
+
+/// The brokers coordinating application `app`'s transactional ids.
+pub(crate) fn transaction_coordinators(cluster: &Cluster, app: &str) -> BTreeSet<u32> {
+    let out = cluster.script(&["transactions", "list"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.starts_with(&format!("{app}-")))
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .collect()
+}
+
+/// The broker coordinating group `app`, if the brokers know it.
+pub(crate) fn group_coordinator(cluster: &Cluster, app: &str) -> Option<u32> {
+    let out = cluster.script(&["groups", "--describe", "--state", "--group", app]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.starts_with(app))
+        .find_map(|line| {
+            let (_, rest) = line.split_once('(')?;
+            let (id, _) = rest.split_once(')')?;
+            id.trim().parse().ok()
+        })
 }
 
 /// Produces payments in chunks until `stop`; returns what was produced and

@@ -512,28 +512,34 @@ impl Core {
             }
         }
         if self.d.exactly_once() && self.in_txn {
-            // librdkafka's abort waits until every outstanding record's
-            // delivery report is served, and on this thread nobody would
-            // serve them while it waits: purge and serve them first.
-            self.producer
-                .purge(PurgeConfig::default().queue().inflight());
-            let _ = kafka::drain(&self.producer, Duration::from_secs(5));
-            if let Err(e) = self.producer.abort_transaction(TXN_CALL_TIMEOUT) {
-                // The coordinator may have aborted it already (a
-                // transaction past its timeout: "invalid state", or the
-                // epoch bumped: "fenced"). A new
-                // producer's init_transactions aborts it in any case, and
-                // the consumer keeps its membership: restarting the session
-                // here (as before) rejoined as the same static member in
-                // the middle of a cooperative rebalance, and partitions
-                // revoked in its first round were then owned by nobody
-                // (seen in the network-fault drill: 2 of 6 partitions
-                // stranded).
-                tracing::info!(
-                    worker = self.worker,
-                    "abort_transaction: {e}; replacing the producer instead"
-                );
-                self.replace_producer()?;
+            match abort_transaction(&self.producer) {
+                Aborted::Clean => {}
+                Aborted::Unacknowledged(records) => {
+                    tracing::info!(
+                        worker = self.worker,
+                        records,
+                        "records of the aborted transaction unacknowledged after {ABORT_DRAIN:?}; \
+                         replacing the producer (its new epoch fences them)"
+                    );
+                    self.replace_producer()?;
+                }
+                Aborted::Refused(e) => {
+                    // The coordinator may have aborted it already (a
+                    // transaction past its timeout: "invalid state", or the
+                    // epoch bumped: "fenced"). A new producer's
+                    // init_transactions aborts it in any case, and the
+                    // consumer keeps its membership: restarting the session
+                    // here (as before) rejoined as the same static member in
+                    // the middle of a cooperative rebalance, and partitions
+                    // revoked in its first round were then owned by nobody
+                    // (seen in the network-fault drill: 2 of 6 partitions
+                    // stranded).
+                    tracing::info!(
+                        worker = self.worker,
+                        "abort_transaction: {e}; replacing the producer instead"
+                    );
+                    self.replace_producer()?;
+                }
             }
         }
         self.forget_txn();
@@ -551,11 +557,11 @@ impl Core {
 
     /// A new producer with the same transactional id: its
     /// `init_transactions` fences the old one (a new epoch) and resolves its
-    /// transaction; the old one's queued and in-flight records are purged.
+    /// transaction; the old one is retired (see [`retire`]).
     pub(super) fn replace_producer(&mut self) -> Result<(), StreamError> {
         let fresh = new_producer(&self.d, self.worker)?;
         let old = std::mem::replace(&mut self.producer, fresh);
-        old.purge(PurgeConfig::default().queue().inflight());
+        retire(&old);
         Ok(())
     }
 

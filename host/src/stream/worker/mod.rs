@@ -561,10 +561,11 @@ impl Session {
             }
         }
         if core.in_txn && self.d.exactly_once() {
-            core.producer
-                .purge(PurgeConfig::default().queue().inflight());
-            let _ = kafka::drain(&core.producer, Duration::from_secs(5));
-            let _ = core.producer.abort_transaction(Duration::from_secs(5));
+            // Whatever the abort's outcome, the session ends here, and the
+            // next one's producer fences this one (a new epoch).
+            if !matches!(abort_transaction(&core.producer), Aborted::Clean) {
+                retire(&core.producer);
+            }
         }
         core.in_txn = false;
         core.deferred = false;

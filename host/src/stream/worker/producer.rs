@@ -31,6 +31,9 @@ pub(super) struct ProducerCtx {
     pub(super) changelog_topics: Vec<String>,
     pub(super) deliveries: Mutex<Deliveries>,
     pub(super) errors: kafka::ErrorLog,
+    /// Set once another producer replaced this one (see [`retire`]): what
+    /// librdkafka says about it from then on is its purge, logged at debug.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl ProducerCtx {
@@ -45,6 +48,10 @@ impl ClientContext for ProducerCtx {
     }
 
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        if self.retired.load(Ordering::Relaxed) {
+            tracing::debug!(target: "librdkafka", "librdkafka (a retired producer): {fac} {message}");
+            return;
+        }
         crate::kafka::log(level, fac, message);
     }
 }
@@ -113,9 +120,58 @@ pub(super) fn create_producer(
                 changelog_topics: d.changelogs.iter().map(|(_, t)| t.clone()).collect(),
                 deliveries: Mutex::default(),
                 errors: kafka::ErrorLog::default(),
+                retired: Default::default(),
             })
             .map_err(|e| StreamError::kafka("creating the producer", e))?;
     Ok(Arc::new(producer))
+}
+
+/// How long an abort waits for the records of the transaction that were
+/// sent already to be acknowledged, before it replaces the producer instead
+/// (see [`abort_transaction`]). A healthy broker answers within
+/// milliseconds; a request held longer is what a new epoch is for.
+pub(super) const ABORT_DRAIN: Duration = Duration::from_secs(5);
+
+/// How an abort ended on the producer's side.
+#[must_use]
+pub(super) enum Aborted {
+    /// The coordinator aborted the transaction: every record of it was
+    /// acknowledged (or failed) first, and none can arrive later.
+    Clean,
+    /// Records of it were still unacknowledged after [`ABORT_DRAIN`]: the
+    /// producer must be replaced, so that its new epoch fences them.
+    Unacknowledged(u64),
+    /// `abort_transaction` failed: the producer must be replaced, whose
+    /// `init_transactions` aborts the transaction.
+    Refused(KafkaError),
+}
+
+/// Aborts `producer`'s open transaction without purging a request in
+/// flight. librdkafka's own abort waits for those ("purging these messages
+/// may lead to gaps in the idempotent producer sequences",
+/// rdkafka_txnmgr.c), but it cannot serve our delivery reports while it
+/// waits, so they are served here first. A purged request is not recalled:
+/// arriving after the next transaction added its partition, it passes the
+/// leader's checks (same producer id and epoch, an ongoing transaction, its
+/// sequence the next expected) and commits with that transaction: records
+/// of an aborted transaction, processed again, written twice (before:
+/// `abort_with_requests_in_flight`, tests/kafka/abort_in_flight.rs).
+pub(super) fn abort_transaction(producer: &BaseProducer<ProducerCtx>) -> Aborted {
+    if kafka::drain(producer, ABORT_DRAIN).is_err() {
+        return Aborted::Unacknowledged(producer.in_flight_count().max(0) as u64);
+    }
+    match producer.abort_transaction(TXN_CALL_TIMEOUT) {
+        Ok(()) => Aborted::Clean,
+        Err(e) => Aborted::Refused(e),
+    }
+}
+
+/// Drops a producer that a new one with the same transactional id fenced
+/// (or is about to): its queued and in-flight records are purged (the new
+/// epoch refuses any that still arrive) and its log goes quiet.
+pub(super) fn retire(producer: &BaseProducer<ProducerCtx>) {
+    producer.context().retired.store(true, Ordering::Relaxed);
+    producer.purge(PurgeConfig::default().queue().inflight());
 }
 
 /// `init_transactions`: fences the previous incarnation of the worker's

@@ -115,6 +115,7 @@ impl ConsumerContext for WorkerContext {
                 tracing::info!(
                     worker = core.worker,
                     lost = consumer.assignment_lost(),
+                    unacknowledged = core.producer.in_flight_count(),
                     "rebalance: aborting the open transaction"
                 );
                 // The partitions we keep are rewound by the loop.
@@ -164,10 +165,15 @@ impl ConsumerContext for WorkerContext {
         // `pre_rebalance`), and the tasks kept may have been another
         // member's meanwhile.
         core.in_callback = true;
-        if core.busy()
-            && let Err(e) = core.abort(Some(consumer))
-        {
-            core.failure.get_or_insert(e);
+        if core.busy() {
+            tracing::info!(
+                worker = core.worker,
+                unacknowledged = core.producer.in_flight_count(),
+                "rebalance: aborting the open transaction"
+            );
+            if let Err(e) = core.abort(Some(consumer)) {
+                core.failure.get_or_insert(e);
+            }
         }
         core.in_callback = false;
         if let Err(e) = core.resync_after_rebalance(consumer) {
