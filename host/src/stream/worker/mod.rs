@@ -60,17 +60,20 @@ use crate::state::rocks::RocksPartition;
 use crate::task::{BatchOutcome, Task, TaskError};
 use crate::types::{InputRecord, OutputRecord, Usage, UsageRecord, error_chain};
 
+mod abort;
 mod alignment;
 mod commit;
 mod committer;
 mod producer;
 mod rebalance;
 mod restore;
+mod txn;
 
 use alignment::*;
 use committer::*;
 use producer::*;
 use rebalance::*;
+use txn::*;
 
 pub(super) use restore::last_written;
 
@@ -118,6 +121,16 @@ pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError>
             }
         }
     }
+}
+
+/// How far [`Core::process_part`] got.
+#[must_use]
+enum Part {
+    /// This many records finished (or dropped as no longer ours).
+    Done(usize),
+    /// The transaction aborted and the input was rewound: the rest is read
+    /// again.
+    Aborted,
 }
 
 /// Counts of the open transaction, added to the metrics when it commits.
@@ -197,21 +210,12 @@ struct Core {
     pub(super) tasks: BTreeMap<i32, Task>,
     /// Assigned partitions whose stores are not restored yet (paused).
     pub(super) restoring: BTreeSet<i32>,
-    /// A Kafka transaction is open (or, at_least_once, a batch is
-    /// uncommitted).
-    pub(super) in_txn: bool,
-    pub(super) txn_started: Instant,
-    /// The transaction whose commit runs on a thread of its own while the
-    /// worker goes on (pipelined commits; see [`Core::start_commit`]).
-    pub(super) in_flight: Option<InFlight>,
-    /// Records were processed while a commit was in flight: they go into
-    /// the next Kafka transaction, which begins when that commit returns;
-    /// their outputs wait in `held` until then.
-    pub(super) deferred: bool,
-    pub(super) held: Vec<OutputRecord>,
-    /// Next offset to read per input partition consumed in this transaction.
-    pub(super) next_offsets: BTreeMap<(String, i32), i64>,
-    pub(super) pending: Pending,
+    /// The transaction: idle, open, or committing with the next one
+    /// behind it (`txn.rs`; pipelined commits, see [`Core::start_commit`]).
+    pub(super) txn: Txn,
+    /// What aborted transactions' work burned (fuel, log lines), billed
+    /// with the next commit.
+    pub(super) carried: Pending,
     /// An error raised inside a rebalance callback, for the loop to act on.
     pub(super) failure: Option<StreamError>,
     /// Inside a rebalance callback: an abort cannot rewind there, so it
@@ -225,14 +229,9 @@ struct Core {
     /// seeking is not allowed): the loop rewinds the partitions it keeps to
     /// the committed offsets before it processes anything else.
     pub(super) rewind_pending: bool,
-    /// The group metadata (generation) when the open transaction began.
-    pub(super) txn_group: Option<rdkafka::consumer::ConsumerGroupMetadata>,
     /// When each restoring partition's restore began failing (brokers
     /// away), for [`RESTORE_RETRY_LIMIT`].
     pub(super) restore_failing_since: BTreeMap<i32, Instant>,
-    /// Transactions aborted by this session: a batch polled before an
-    /// abort is stale (the input was rewound) and must not be processed.
-    pub(super) aborts: u64,
     pub(super) restore_consumer: Option<changelog::Restorer>,
     /// Records polled and not processed yet, of tasks with more than one
     /// source topic (see [`Queued`]).
@@ -311,19 +310,12 @@ impl Session {
             producer_init,
             tasks: BTreeMap::new(),
             restoring: BTreeSet::new(),
-            in_txn: false,
-            in_flight: None,
-            deferred: false,
-            held: Vec::new(),
-            txn_started: Instant::now(),
-            next_offsets: BTreeMap::new(),
-            pending: Pending::default(),
+            txn: Txn::Idle,
+            carried: Pending::default(),
             failure: None,
             in_callback: false,
             revoked_during_poll: BTreeSet::new(),
             rewind_pending: false,
-            txn_group: None,
-            aborts: 0,
             restore_failing_since: BTreeMap::new(),
             restore_consumer,
             queued: BTreeMap::new(),
@@ -375,13 +367,11 @@ impl Session {
             let wait = {
                 let mut core = lock(&self.core);
                 core.revoked_during_poll.clear();
-                if core.in_flight.is_some() {
+                match &core.txn {
                     // Back soon to see the commit return.
-                    COMMIT_POLL
-                } else if core.in_txn || core.deferred {
-                    interval.saturating_sub(core.txn_started.elapsed())
-                } else {
-                    Duration::from_millis(100)
+                    Txn::Committing { .. } => COMMIT_POLL,
+                    Txn::Open(open) => interval.saturating_sub(open.started.elapsed()),
+                    Txn::Idle => Duration::from_millis(100),
                 }
             };
             let batch = self.poll_batch(wait.min(Duration::from_millis(100)), max_batch)?;
@@ -407,20 +397,17 @@ impl Session {
             }
             // The commit in flight returned: its outcome, and the next
             // transaction for what was processed meanwhile.
-            let aborts = core.aborts;
-            core.poll_commit(&self.consumer)?;
-            if core.rewind_pending || core.aborts != aborts {
+            if core.poll_commit(&self.consumer)? == Flow::Aborted {
                 continue;
             }
             if !core.restoring.is_empty() {
                 // Restoring takes a while: nothing may stay open meanwhile
                 // (the transaction timeout runs).
-                let aborts = core.aborts;
-                if core.busy() {
-                    core.commit(&self.consumer)?;
+                if core.commit(&self.consumer)? == Flow::Aborted {
+                    continue;
                 }
                 core.restore_pending(&self.consumer)?;
-                if core.rewind_pending || core.aborts != aborts {
+                if core.rewind_pending {
                     continue;
                 }
             }
@@ -442,15 +429,20 @@ impl Session {
             // progress: the offsets would carry a generation that is about
             // to change. Interval commits wait for the group to settle, up
             // to half the transaction timeout.
-            let open_for = core.txn_started.elapsed();
-            let due = core.in_txn
-                && ((open_for >= interval && steady)
-                    || open_for >= self.d.options.transaction_timeout / 2
-                    || core.pending.records >= 20 * max_batch as u64
-                    || core.pending.output_bytes >= MAX_TXN_OUTPUT_BYTES);
-            if due && core.in_flight.is_none() {
-                // Pipelined: the worker goes on while it commits.
-                core.start_commit(&self.consumer)?;
+            let due = match &core.txn {
+                Txn::Open(open) => {
+                    let open_for = open.started.elapsed();
+                    (open_for >= interval && steady)
+                        || open_for >= self.d.options.transaction_timeout / 2
+                        || open.pending.records >= 20 * max_batch as u64
+                        || open.pending.output_bytes >= MAX_TXN_OUTPUT_BYTES
+                }
+                _ => false,
+            };
+            if due {
+                // Pipelined: the worker goes on while it commits. An abort
+                // rewound the input; the next round polls again.
+                let _ = core.start_commit(&self.consumer)?;
             }
             drop(core);
             if self.last_load_report.elapsed() >= Duration::from_secs(1) {
@@ -551,39 +543,37 @@ impl Session {
     /// when the consumer closes (its revoke callback would try).
     fn discard(&mut self) {
         let mut core = lock(&self.core);
-        if let Some(f) = core.in_flight.take() {
+        let producer_open = match std::mem::replace(&mut core.txn, Txn::Idle) {
+            Txn::Idle => false,
+            Txn::Open(_) => true,
             // Not under a commit in flight: it ends first. One that
             // committed stays committed (the stores catch up from their
             // changelogs when the tasks open again); one that failed is
             // aborted here with the rest.
-            if !matches!(f.wait(), Ok(CommitOutcome::Committed { .. })) {
-                core.in_txn = true;
+            Txn::Committing { flight, .. } => {
+                !matches!(flight.wait(), Ok(CommitOutcome::Committed { .. }))
             }
-        }
-        if core.in_txn && self.d.exactly_once() {
+        };
+        if producer_open && self.d.exactly_once() {
             // Whatever the abort's outcome, the session ends here, and the
             // next one's producer fences this one (a new epoch).
             if !matches!(abort_transaction(&core.producer), Aborted::Clean) {
                 retire(&core.producer);
             }
         }
-        core.in_txn = false;
-        core.deferred = false;
-        core.held.clear();
         for task in core.tasks.values_mut() {
             task.abort();
         }
-        core.next_offsets.clear();
-        core.pending = Pending::default();
+        core.carried = Pending::default();
     }
 
     /// Clean shutdown: commit what was processed, then leave the group.
     fn shut_down(&mut self) -> Result<(), StreamError> {
         {
             let mut core = lock(&self.core);
-            if core.busy() {
-                core.commit(&self.consumer)?;
-            }
+            // Aborted instead, it is read again by the partitions' next
+            // owners.
+            let _ = core.commit(&self.consumer)?;
         }
         // Dropping the consumer closes it: the revoke callback runs with no
         // open transaction and closes the tasks (their stores are up to
@@ -614,10 +604,8 @@ impl Core {
             self.queue(batch);
             self.take_ready(consumer)
         };
-        let aborts = self.aborts;
         for (partition, records) in ready {
-            self.process_task(consumer, partition, records)?;
-            if self.aborts != aborts {
+            if self.process_task(consumer, partition, records)? == Flow::Aborted {
                 // A commit failed and the input was rewound: the rest of
                 // the batch is read again.
                 return Ok(());
@@ -640,13 +628,12 @@ impl Core {
         consumer: &BaseConsumer<WorkerContext>,
         partition: i32,
         records: Vec<InputRecord>,
-    ) -> Result<(), StreamError> {
-        let aborts = self.aborts;
+    ) -> Result<Flow, StreamError> {
         let mut from = 0;
         while from < records.len() {
-            from += self.process_part(consumer, partition, &records[from..])?;
-            if self.aborts != aborts {
-                return Ok(());
+            match self.process_part(consumer, partition, &records[from..])? {
+                Part::Done(n) => from += n,
+                Part::Aborted => return Ok(Flow::Aborted),
             }
             if !self.hold() {
                 tracing::debug!(
@@ -655,38 +642,32 @@ impl Core {
                     "over the memory budget: committing the batch's part done"
                 );
                 Metrics::add(&self.d.metrics.memory_commits, 1);
-                self.commit(consumer)?;
-                if self.aborts != aborts {
-                    return Ok(());
+                if self.commit(consumer)? == Flow::Aborted {
+                    return Ok(Flow::Aborted);
                 }
                 self.hold();
             }
         }
-        Ok(())
+        Ok(Flow::Go)
     }
 
     /// Counts what the worker holds until its commits (outputs of the open
     /// transaction, held or sent, those of the commit in flight, the
     /// tasks' state changes) against its budgets: false when over one.
     fn hold(&mut self) -> bool {
-        let in_flight = self
-            .in_flight
-            .as_ref()
-            .map_or(0, |f| f.pending.output_bytes);
         let state: u64 = self.tasks.values().map(Task::held_bytes).sum();
-        self.memory
-            .set(self.pending.output_bytes + in_flight + state)
+        self.memory.set(self.txn.output_bytes() + state)
     }
 
     /// [`Core::process_task`] until the memory budgets' room runs out: how
     /// many of `records` it finished (all of them, or dropped, unless it
-    /// stopped early; at least one).
+    /// stopped early; at least one), or that the transaction aborted.
     fn process_part(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
         partition: i32,
         records: &[InputRecord],
-    ) -> Result<usize, StreamError> {
+    ) -> Result<Part, StreamError> {
         if !self.tasks.contains_key(&partition) {
             // Fetched before a revoke took the partition away: not ours
             // to process; the new owner reads it from the committed
@@ -695,18 +676,19 @@ impl Core {
                 partition,
                 "dropping records of a partition no longer assigned"
             );
-            return Ok(records.len());
+            return Ok(Part::Done(records.len()));
         }
         // A call is at most limits.timeout-ms, which is at most the
         // transaction timeout (checked at start); the broker's clock starts
         // with the transaction's first record, after the first call.
         let budget = self.d.options.transaction_timeout / 2;
-        if (self.in_txn || self.deferred) && self.txn_started.elapsed() >= budget {
-            let aborts = self.aborts;
-            self.commit(consumer)?;
-            if self.aborts != aborts {
-                return Ok(records.len());
-            }
+        if self
+            .txn
+            .current()
+            .is_some_and(|open| open.started.elapsed() >= budget)
+            && self.commit(consumer)? == Flow::Aborted
+        {
+            return Ok(Part::Aborted);
         }
         self.ensure_txn(consumer)?;
         let task = self.tasks.get_mut(&partition).expect("checked above");
@@ -730,28 +712,29 @@ impl Core {
         );
         let fuel = task.take_fuel_used();
         Metrics::add(&self.d.metrics.fuel, fuel);
-        self.pending.fuel += fuel;
+        self.txn.receiving().pending.fuel += fuel;
         if let Err(e) = result {
             return Err(self.fail_batch(e));
         }
         // The records it finished: the rest is for the next part.
         debug_assert!(outcome.full || outcome.done == records.len());
         let records = &records[..outcome.done];
-        self.pending.output_bytes += outcome.output_bytes;
-        if self.deferred {
+        self.txn.receiving().pending.output_bytes += outcome.output_bytes;
+        let behind_commit = matches!(self.txn, Txn::Committing { .. });
+        if behind_commit {
             // A commit is in flight: the outputs wait for the next
             // transaction.
-            self.held.append(&mut outcome.outputs);
+            self.txn.receiving().held.append(&mut outcome.outputs);
         } else {
             for o in &outcome.outputs {
                 if let Err(e) = kafka::send_output(&self.producer, o) {
-                    return self
-                        .on_txn_error(consumer, "producing an output", e)
-                        .map(|()| records.len());
+                    let _aborted = self.on_txn_error(consumer, "producing an output", e)?;
+                    return Ok(Part::Aborted);
                 }
             }
             self.producer.poll(Duration::ZERO);
         }
+        let open = self.txn.receiving();
         // Only each source topic's last record moves its offset (records of
         // a topic are in offset order): no per-record work here.
         let sources = self.d.manifest.inputs.len() + self.d.manifest.tables.len();
@@ -759,24 +742,28 @@ impl Core {
         for r in records.iter().rev() {
             if !seen.contains(&&*r.topic) {
                 seen.push(&r.topic);
-                self.next_offsets
+                open.offsets
                     .insert((r.topic.to_string(), r.partition), r.offset + 1);
                 if seen.len() == sources {
                     break;
                 }
             }
         }
-        self.pending.records += records.len() as u64;
-        self.pending.input_bytes += records.iter().map(|r| r.size() as u64).sum::<u64>();
-        self.pending.outputs += outputs;
-        self.pending.dead_lettered += outcome.dead_lettered;
-        self.pending.skipped += outcome.skipped;
-        self.pending.late_dropped += outcome.late_dropped;
-        self.pending.punctuations += outcome.punctuations;
-        if self.deferred && self.pending.output_bytes >= MAX_HELD_OUTPUT_BYTES {
-            self.settle(consumer)?;
+        let p = &mut open.pending;
+        p.records += records.len() as u64;
+        p.input_bytes += records.iter().map(|r| r.size() as u64).sum::<u64>();
+        p.outputs += outputs;
+        p.dead_lettered += outcome.dead_lettered;
+        p.skipped += outcome.skipped;
+        p.late_dropped += outcome.late_dropped;
+        p.punctuations += outcome.punctuations;
+        if behind_commit
+            && p.output_bytes >= MAX_HELD_OUTPUT_BYTES
+            && self.settle(consumer)? == Flow::Aborted
+        {
+            return Ok(Part::Aborted);
         }
-        Ok(records.len())
+        Ok(Part::Done(records.len()))
     }
 
     fn fail_batch(&mut self, e: TaskError) -> StreamError {
