@@ -422,9 +422,7 @@ fn done(io: &Io, workers: &[Worker], inputs: &BTreeMap<u32, Vec<Input>>) -> bool
         .iter()
         .all(|(p, records)| io.kafka.committed.get(p).copied().unwrap_or(0) == records.len() as u64)
         && !io.kafka.any_open()
-        && workers
-            .iter()
-            .all(|w| w.blocked.is_none() && w.txn.is_none())
+        && workers.iter().all(|w| w.blocked.is_none() && !w.busy())
 }
 
 /// The end state: every output once, the exact counts, the stores.
@@ -589,7 +587,7 @@ fn inject(io: &mut Io, workers: &mut [Worker]) {
                 worker.generation = None;
                 worker.assignment.clear();
                 worker.positions.clear();
-                worker.txn = None;
+                worker.txn = worker::Txn::Idle;
                 worker.blocked = None;
                 worker.in_flight.clear();
                 worker.store.clear();

@@ -2,7 +2,11 @@
 //! transactional producer (librdkafka 2.12, transaction version 1) and one
 //! group member, processing input records into outputs and a keyed count
 //! whose changes go to a changelog at commit, and applying them to its
-//! store ("RocksDB") only once the commit returned.
+//! store ("RocksDB") only once the commit returned. Commits are pipelined
+//! as in production (`Txn::Committing { flight, next }`): while one commits,
+//! the records that follow go into the next transaction, their outputs held
+//! and their counts layered over the frozen changes, and an abort (a
+//! rebalance callback's) waits for the commit in flight first.
 //!
 //! The protocol's decisions follow the production code, with the variants
 //! that the simulation must be able to tell apart ([`Logic`]): how an abort
@@ -13,24 +17,53 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::kafka::{Refusal, Topic, Tp, Value};
+use super::kafka::{Broken, Refusal, Topic, Tp, Value};
 use super::{Io, Logic, Request, Time};
 
 /// How long an abort waits for its records in flight before it replaces
 /// the producer (`ABORT_DRAIN`, scaled to the simulation's clock).
 pub const ABORT_DRAIN: Time = 500;
 pub const COMMIT_INTERVAL: Time = 20;
+/// Records processed behind a commit in flight before the worker waits for
+/// it (production: `MAX_HELD_OUTPUT_BYTES`).
+const MAX_HELD: usize = 8;
 
-/// The open transaction (no pipelining in the model: a commit blocks).
-#[derive(Debug)]
+/// A transaction's records.
+#[derive(Debug, Default)]
 pub struct Open {
     pub started: Time,
     /// The generation when its first record was read.
     pub generation: u32,
     pub read_under: BTreeSet<u32>,
     pub offsets: BTreeMap<u32, u64>,
-    /// The store's new values (the overlay over `store`).
+    /// The store's new values (layered over the store, and over the
+    /// frozen changes of a commit in flight).
     pub changes: BTreeMap<u32, i64>,
+    /// Outputs held until the producer's transaction begins (behind a
+    /// commit in flight).
+    pub held: Vec<(Tp, Value)>,
+}
+
+/// Where a commit in flight is (steps 2-4, the committer's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Waiting for every record to be acknowledged, until the deadline.
+    Flush(Time),
+    Offsets(u64),
+    End(u64),
+}
+
+/// The worker's transaction (production: `Txn`).
+#[derive(Debug, Default)]
+pub enum Txn {
+    #[default]
+    Idle,
+    Open(Open),
+    Committing {
+        frozen: Open,
+        stage: Stage,
+        next: Option<Open>,
+    },
 }
 
 /// A blocking step the worker waits on.
@@ -38,15 +71,14 @@ pub struct Open {
 pub enum Blocked {
     /// `init_transactions` (request id).
     Init(u64),
-    /// Flushing before the offsets, until this deadline.
-    Flush(Time),
-    Offsets(u64),
-    End {
-        req: u64,
-        commit: bool,
-    },
     /// Waiting for the aborted transaction's records, until this deadline.
     AbortDrain(Time),
+    /// `abort_transaction`'s EndTxn.
+    EndAbort(u64),
+    /// An abort waits for the commit in flight to return first.
+    Flight,
+    /// Too much processed behind the commit in flight: wait for it.
+    Settle,
 }
 
 /// What a request in flight was for.
@@ -74,14 +106,14 @@ pub struct Worker {
     /// Records waiting for their partition's `AddPartitionsToTxn`.
     pub waiting_add: Vec<(Tp, u32, Value)>,
     /// A produce request failed: the transaction must abort (and, with
-    /// `bump`, the epoch be bumped: librdkafka's "requires epoch bump").
+    /// `true`, the epoch be bumped: librdkafka's "requires epoch bump").
     pub abortable: Option<bool>,
     // The consumer.
     pub generation: Option<u32>,
     pub assignment: BTreeSet<u32>,
     pub positions: BTreeMap<u32, u64>,
     // The transaction and the store.
-    pub txn: Option<Open>,
+    pub txn: Txn,
     pub store: BTreeMap<u32, i64>,
     pub blocked: Option<Blocked>,
 }
@@ -114,7 +146,7 @@ impl Worker {
             generation: None,
             assignment: BTreeSet::new(),
             positions: BTreeMap::new(),
-            txn: None,
+            txn: Txn::Idle,
             store: BTreeMap::new(),
             blocked: None,
         }
@@ -131,7 +163,7 @@ impl Worker {
         self.next_seq.clear();
         self.added.clear();
         self.abortable = None;
-        self.txn = None;
+        self.txn = Txn::Idle;
         let req = io.send(self, Request::InitPid);
         self.in_flight.insert(req, Sent::Other);
         self.blocked = Some(Blocked::Init(req));
@@ -152,8 +184,8 @@ impl Worker {
         self.positions = positions;
     }
 
-    fn busy(&self) -> bool {
-        self.txn.is_some()
+    pub fn busy(&self) -> bool {
+        !matches!(self.txn, Txn::Idle)
     }
 
     /// One round of the loop.
@@ -162,14 +194,6 @@ impl Worker {
             return;
         }
         match self.blocked {
-            Some(Blocked::Flush(deadline)) => {
-                if self.flushed() {
-                    self.send_offsets(io);
-                } else if io.now >= deadline {
-                    self.abort_unknown(io);
-                }
-                return;
-            }
             Some(Blocked::AbortDrain(deadline)) => {
                 if self.flushed() {
                     self.end_abort(io);
@@ -181,8 +205,18 @@ impl Worker {
                 }
                 return;
             }
+            Some(Blocked::Flight | Blocked::Settle) => {
+                // The committer goes on meanwhile (its flush is watched
+                // here).
+                self.watch_flush(io);
+                return;
+            }
             Some(_) => return,
             None => {}
+        }
+        self.watch_flush(io);
+        if self.blocked.is_some() || !self.alive {
+            return;
         }
         // The group, as the consumer's poll serves it: a member that was
         // expired rejoins, and a new generation's callbacks run.
@@ -196,17 +230,37 @@ impl Worker {
                 return;
             }
         }
-        if let Some(bump) = self.abortable {
+        if let (Some(bump), Txn::Open(_)) = (self.abortable, &self.txn) {
             return self.abort(io, bump);
         }
-        let due = self
-            .txn
-            .as_ref()
-            .is_some_and(|t| io.now.saturating_sub(t.started) >= COMMIT_INTERVAL);
+        let due = match &self.txn {
+            Txn::Open(t) => io.now.saturating_sub(t.started) >= COMMIT_INTERVAL,
+            _ => false,
+        };
         if due {
             return self.start_commit(io);
         }
         self.process_one(io, inputs);
+    }
+
+    /// The committer's step 2 (flush), then step 3 (the offsets).
+    fn watch_flush(&mut self, io: &mut Io) {
+        let Txn::Committing {
+            stage: Stage::Flush(deadline),
+            ..
+        } = self.txn
+        else {
+            return;
+        };
+        if self.flushed() {
+            if let Some(bump) = self.abortable {
+                // Records of it were not delivered: the commit failed.
+                return self.failed_commit(io, bump);
+            }
+            self.send_offsets(io);
+        } else if io.now >= deadline {
+            self.abort_unknown(io);
+        }
     }
 
     /// The rebalance callbacks (pre- and post-rebalance in one).
@@ -217,23 +271,23 @@ impl Worker {
             None => BTreeSet::new(),
         };
         self.positions.retain(|p, _| kept.contains(p));
-        if self.busy() {
-            if self.logic.commit_in_callback {
-                // The hole: commit what is open, under the generation the
-                // member holds now.
-                io.note("callback commits the open transaction");
-                self.generation = Some(generation);
-                self.assignment = new;
-                return self.start_commit(io);
-            }
-            // Production: a transaction never spans a rebalance.
-            io.note("callback aborts the open transaction");
-            self.generation = Some(generation);
-            self.assignment = new;
-            return self.abort(io, false);
-        }
         self.generation = Some(generation);
         self.assignment = new;
+        if !self.busy() {
+            return;
+        }
+        if self.logic.commit_in_callback {
+            // The hole: commit what is open, under the generation the
+            // member holds now.
+            io.note("callback commits the open transaction");
+            if let Txn::Open(_) = self.txn {
+                self.start_commit(io);
+            }
+            return;
+        }
+        // Production: a transaction never spans a rebalance.
+        io.note("callback aborts the open transaction");
+        self.abort(io, false);
     }
 
     /// Reads and processes one record of an assigned partition.
@@ -241,6 +295,12 @@ impl Worker {
         let Some(generation) = self.generation else {
             return;
         };
+        if let Txn::Committing { next: Some(n), .. } = &self.txn
+            && n.held.len() >= MAX_HELD
+        {
+            self.blocked = Some(Blocked::Settle);
+            return;
+        }
         let candidates: Vec<u32> = self.assignment.iter().copied().collect();
         if candidates.is_empty() {
             return;
@@ -269,25 +329,42 @@ impl Worker {
         let Some(input) = inputs[&p].get(position as usize).copied() else {
             return;
         };
-        let open = self.txn.get_or_insert_with(|| Open {
+        let fresh = || Open {
             started: io.now,
             generation,
-            read_under: BTreeSet::new(),
-            offsets: BTreeMap::new(),
-            changes: BTreeMap::new(),
-        });
+            ..Open::default()
+        };
+        let (open, frozen) = match &mut self.txn {
+            Txn::Idle => {
+                self.txn = Txn::Open(fresh());
+                let Txn::Open(open) = &mut self.txn else {
+                    unreachable!()
+                };
+                (open, None)
+            }
+            Txn::Open(open) => (open, None),
+            Txn::Committing { frozen, next, .. } => {
+                (next.get_or_insert_with(fresh), Some(&*frozen))
+            }
+        };
         open.read_under.insert(generation);
         open.offsets.insert(p, position + 1);
         let count = open
             .changes
             .get(&input.key)
+            .or(frozen.and_then(|f| f.changes.get(&input.key)))
             .or(self.store.get(&input.key))
             .copied()
             .unwrap_or(0);
         open.changes.insert(input.key, count + 1);
         self.positions.insert(p, position + 1);
         let tp = (Topic::Output, (input.id % OUTPUT_PARTITIONS as u64) as u32);
-        self.produce(io, tp, Value::Output { input: input.id });
+        let value = Value::Output { input: input.id };
+        if frozen.is_some() {
+            open.held.push((tp, value));
+        } else {
+            self.produce(io, tp, value);
+        }
     }
 
     /// `produce()`: the sequence number is taken now; the record waits for
@@ -312,44 +389,101 @@ impl Worker {
         self.in_flight.is_empty() && self.waiting_add.is_empty()
     }
 
-    /// Step 1, then the flush.
+    /// Step 1, then steps 2-4 on the committer while the worker goes on.
     fn start_commit(&mut self, io: &mut Io) {
-        let Some(open) = &self.txn else {
+        let Txn::Open(open) = std::mem::take(&mut self.txn) else {
             return;
         };
-        let changes: Vec<(u32, i64)> = open.changes.iter().map(|(k, v)| (*k, *v)).collect();
-        for (key, value) in changes {
+        for (&key, &value) in &open.changes {
             let tp = (Topic::Changelog, io.partition_of(key));
             self.produce(io, tp, Value::Change { key, value });
         }
-        self.blocked = Some(Blocked::Flush(io.now + io.request_timeout));
+        self.txn = Txn::Committing {
+            frozen: open,
+            stage: Stage::Flush(io.now + io.request_timeout),
+            next: None,
+        };
     }
 
     /// Step 3: the offsets, with the group metadata.
     fn send_offsets(&mut self, io: &mut Io) {
-        if let Some(bump) = self.abortable {
-            self.blocked = None;
-            return self.abort(io, bump);
-        }
-        let open = self.txn.as_ref().expect("a commit has a transaction");
+        let Txn::Committing { frozen, .. } = &self.txn else {
+            return;
+        };
         let generation = if self.logic.metadata_at_start {
-            open.generation
+            frozen.generation
         } else {
-            self.generation.unwrap_or(open.generation)
+            self.generation.unwrap_or(frozen.generation)
         };
         let request = Request::Offsets {
             generation,
-            offsets: open.offsets.clone(),
-            read_under: open.read_under.clone(),
+            offsets: frozen.offsets.clone(),
+            read_under: frozen.read_under.clone(),
         };
         let req = io.send(self, request);
         self.in_flight.insert(req, Sent::Other);
-        self.blocked = Some(Blocked::Offsets(req));
+        if let Txn::Committing { stage, .. } = &mut self.txn {
+            *stage = Stage::Offsets(req);
+        }
+    }
+
+    /// The commit in flight committed: step 5, then the next transaction
+    /// (or, under an abort that waited for it, the abort of what came
+    /// after it, which never began at the producer).
+    fn committed(&mut self, io: &mut Io) {
+        let Txn::Committing { frozen, next, .. } = std::mem::take(&mut self.txn) else {
+            return;
+        };
+        for (&key, &value) in &frozen.changes {
+            if !io.kafka.ever.get(&key).is_some_and(|v| v.contains(&value)) {
+                io.kafka.broken.push(Broken::Uncommitted {
+                    worker: self.id,
+                    key,
+                    value,
+                });
+            }
+        }
+        self.store.extend(frozen.changes);
+        self.added.clear();
+        io.commits += 1;
+        if self.blocked == Some(Blocked::Flight) {
+            self.blocked = None;
+            return self.forget_and_rewind(io);
+        }
+        if self.blocked == Some(Blocked::Settle) {
+            self.blocked = None;
+        }
+        let Some(mut next) = next else {
+            return;
+        };
+        let held = std::mem::take(&mut next.held);
+        self.txn = Txn::Open(next);
+        for (tp, value) in held {
+            self.produce(io, tp, value);
+        }
+    }
+
+    /// The commit in flight failed: it is still the producer's open
+    /// transaction; it aborts, and what came after it with it.
+    fn failed_commit(&mut self, io: &mut Io, bump: bool) {
+        let Txn::Committing { frozen, .. } = std::mem::take(&mut self.txn) else {
+            return;
+        };
+        if self.blocked == Some(Blocked::Flight) || self.blocked == Some(Blocked::Settle) {
+            self.blocked = None;
+        }
+        self.txn = Txn::Open(frozen);
+        self.abort(io, bump);
     }
 
     /// Aborts the open transaction: production waits for its records in
-    /// flight (bounded); the old logic purged them.
+    /// flight (bounded); the old logic purged them. Under a commit in
+    /// flight, the commit ends first.
     pub fn abort(&mut self, io: &mut Io, bump: bool) {
+        if let Txn::Committing { .. } = self.txn {
+            self.blocked = Some(Blocked::Flight);
+            return;
+        }
         if bump {
             // librdkafka's abort with an epoch bump: InitProducerId.
             self.forget_and_rewind(io);
@@ -380,7 +514,7 @@ impl Worker {
         }
         let req = io.send(self, Request::End { commit: false });
         self.in_flight.insert(req, Sent::Other);
-        self.blocked = Some(Blocked::End { req, commit: false });
+        self.blocked = Some(Blocked::EndAbort(req));
     }
 
     /// An outcome that is not known: a new producer (a new epoch), the
@@ -394,7 +528,7 @@ impl Worker {
     /// Drops the transaction in the worker and reads the input again from
     /// the committed offsets (the store reloads on the next read).
     fn forget_and_rewind(&mut self, io: &mut Io) {
-        self.txn = None;
+        self.txn = Txn::Idle;
         self.added.clear();
         self.abortable = None;
         self.blocked = None;
@@ -407,8 +541,12 @@ impl Worker {
         let Some(sent) = self.in_flight.remove(&req) else {
             return; // purged, or of an earlier producer
         };
-        match (answer, self.blocked) {
-            (Answer::Init { pid, epoch }, Some(Blocked::Init(r))) if r == req => {
+        let stage = match &self.txn {
+            Txn::Committing { stage, .. } => Some(*stage),
+            _ => None,
+        };
+        match (answer, sent) {
+            (Answer::Init { pid, epoch }, _) if self.blocked == Some(Blocked::Init(req)) => {
                 self.pid = pid;
                 self.epoch = epoch;
                 self.blocked = None;
@@ -426,8 +564,8 @@ impl Worker {
                     self.in_flight.insert(r, Sent::Produce);
                 }
             }
-            (Answer::Acked, _) if sent == Sent::Produce => {}
-            (Answer::Refused(why), _) if sent != Sent::Other => {
+            (Answer::Acked, Sent::Produce) => {}
+            (Answer::Refused(why), Sent::Produce | Sent::Add) => {
                 // A failed produce (or add): the transaction must abort;
                 // out of order needs an epoch bump, fenced ends the session.
                 match why {
@@ -441,47 +579,31 @@ impl Worker {
                     self.waiting_add.clear();
                 }
             }
-            (Answer::Acked, Some(Blocked::Offsets(r))) if r == req => {
-                let req = io.send(self, Request::End { commit: true });
-                self.in_flight.insert(req, Sent::Other);
-                self.blocked = Some(Blocked::End { req, commit: true });
+            (Answer::Acked, _) if stage == Some(Stage::Offsets(req)) => {
+                let end = io.send(self, Request::End { commit: true });
+                self.in_flight.insert(end, Sent::Other);
+                if let Txn::Committing { stage, .. } = &mut self.txn {
+                    *stage = Stage::End(end);
+                }
             }
-            (Answer::Refused(why), Some(Blocked::Offsets(r))) if r == req => {
-                self.blocked = None;
+            (Answer::Refused(why), _) if stage == Some(Stage::Offsets(req)) => match why {
+                Refusal::Fenced => self.fenced(io),
+                // A rebalance moved on: abort and read again.
+                _ => self.failed_commit(io, false),
+            },
+            (Answer::Acked, _) if stage == Some(Stage::End(req)) => self.committed(io),
+            (Answer::Refused(why), _) if stage == Some(Stage::End(req)) => match why {
+                Refusal::Fenced => self.fenced(io),
+                // A failed EndTxn: the outcome is not known.
+                _ => self.abort_unknown(io),
+            },
+            (Answer::Acked, _) if self.blocked == Some(Blocked::EndAbort(req)) => {
+                self.forget_and_rewind(io);
+            }
+            (Answer::Refused(why), _) if self.blocked == Some(Blocked::EndAbort(req)) => {
                 match why {
                     Refusal::Fenced => self.fenced(io),
-                    // A rebalance moved on: abort and read again.
-                    _ => self.abort(io, false),
-                }
-            }
-            (Answer::Acked, Some(Blocked::End { req: r, commit })) if r == req => {
-                self.blocked = None;
-                if commit {
-                    // Step 5: only now the changes reach the store.
-                    let open = self.txn.take().expect("a commit has a transaction");
-                    for (&key, &value) in &open.changes {
-                        if !io.kafka.ever.get(&key).is_some_and(|v| v.contains(&value)) {
-                            io.kafka.broken.push(super::kafka::Broken::Uncommitted {
-                                worker: self.id,
-                                key,
-                                value,
-                            });
-                        }
-                    }
-                    self.store.extend(open.changes);
-                    self.added.clear();
-                    io.commits += 1;
-                } else {
-                    self.forget_and_rewind(io);
-                }
-            }
-            (Answer::Refused(why), Some(Blocked::End { req: r, commit })) if r == req => {
-                self.blocked = None;
-                match (why, commit) {
-                    (Refusal::Fenced, _) => self.fenced(io),
-                    // A failed EndTxn: the outcome is not known.
-                    (_, true) => self.abort_unknown(io),
-                    (_, false) => {
+                    _ => {
                         self.forget_and_rewind(io);
                         self.replace_producer(io);
                     }
