@@ -283,10 +283,52 @@ fn a_exactly_once_into_postgres_through_kills_a_zombie_and_a_restart() {
         Duration::from_secs(60),
     );
     stop_sink(zombie);
+    // 4b. A zombie stopped inside its batch transaction (statements run,
+    //     COMMIT not sent) for longer than the idle-in-transaction timeout
+    //     the sink sets on its sessions (10 s): PostgreSQL ends the session,
+    //     s2 claims the partitions meanwhile; resumed, the zombie must be
+    //     fenced like the one above, not die (issue 48: before, it exited
+    //     with "applying a batch: terminating connection due to
+    //     idle-in-transaction timeout", SQLSTATE 25P03, a restart loop on
+    //     the fleet).
+    let mut zombie = start("s3", &["--fault-pause-before-commit-ms", "3000"]);
+    zombie.wait_for(
+        "partitions assigned and claimed",
+        1,
+        Duration::from_secs(60),
+    );
+    feed(3_000);
+    zombie.wait_for("fault window: before COMMIT", 1, Duration::from_secs(60));
+    zombie.signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(14));
+    zombie.signal(libc::SIGCONT);
+    zombie.wait_for(
+        "another instance claimed these partitions",
+        1,
+        Duration::from_secs(60),
+    );
+    assert!(
+        zombie.exited().is_none(),
+        "the zombie exited instead of carrying on:\n{}",
+        zombie.log_text()
+    );
+    for line in zombie
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("transaction failed"))
+    {
+        println!("zombie in its transaction: {line}");
+    }
+    stop_sink(zombie);
     // 5. PostgreSQL restarts (immediate shutdown) under s2, with a
     //    transaction open.
     feed(3_000);
-    s2.wait_for("fault window: before COMMIT", 8, Duration::from_secs(60));
+    let windows = s2.log_text().matches("fault window: before COMMIT").count();
+    s2.wait_for(
+        "fault window: before COMMIT",
+        windows + 1,
+        Duration::from_secs(60),
+    );
     pg.restart();
     s2.wait_for(
         "reconnecting and applying it again",

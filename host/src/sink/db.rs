@@ -758,21 +758,31 @@ fn is_data_error(e: &postgres::Error) -> bool {
 
 /// Whether a failure is worth a reconnect and a retry: the connection, the
 /// server shutting down or restarting, a serialization failure or
-/// deadlock, a lack of resources.
+/// deadlock, a lack of resources, or the session ended by the server's
+/// idle-in-transaction or transaction timeout (25P03, 25P04: this process
+/// was stopped inside a transaction, a zombie; after the reconnect its
+/// claims are checked again, and partitions another instance claimed
+/// meanwhile are fenced, not applied).
 pub(crate) fn is_transient(e: &postgres::Error) -> bool {
-    if e.is_closed() {
-        return true;
-    }
-    match e.code() {
+    e.is_closed() || transient_state(e.code().map(SqlState::code), e.as_db_error().is_some())
+}
+
+/// [`is_transient`] by SQLSTATE (`None`: no code; `from_server`: the server
+/// answered with an error, else the failure is the connection's).
+fn transient_state(code: Option<&str>, from_server: bool) -> bool {
+    match code {
         // No SQLSTATE: an I/O or protocol failure of the connection.
-        None => e.as_db_error().is_none(),
+        None => !from_server,
         Some(c) => {
-            let c = c.code();
             c.starts_with("08")
                 || c.starts_with("53")
                 || c.starts_with("57P")
                 || c == SqlState::T_R_SERIALIZATION_FAILURE.code()
                 || c == SqlState::T_R_DEADLOCK_DETECTED.code()
+                || c == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT.code()
+                // transaction_timeout (PostgreSQL 17), not named by the
+                // client library yet.
+                || c == "25P04"
         }
     }
 }
@@ -937,6 +947,26 @@ mod tests {
             identity: format!("{topic}/{partition}/{offset}"),
             digest: vec![0; 32],
         }
+    }
+
+    #[test]
+    fn a_session_the_server_ended_for_its_timeouts_is_retried() {
+        // A process stopped inside a transaction past the sink's
+        // idle_in_transaction_session_timeout gets the server's FATAL
+        // (25P03) when it resumes, or finds the connection closed; both are
+        // a reconnect and a retry, where the claims fence a zombie (issue
+        // 48: before, 25P03 ended the sink).
+        assert!(transient_state(Some("25P03"), true));
+        assert!(transient_state(Some("25P04"), true));
+        assert!(transient_state(Some("57P01"), true));
+        assert!(transient_state(Some("08006"), true));
+        assert!(transient_state(Some("40001"), true));
+        assert!(transient_state(None, false));
+        // Errors in the batch itself are not retried.
+        assert!(!transient_state(Some("23505"), true));
+        assert!(!transient_state(Some("42P01"), true));
+        assert!(!transient_state(Some("25P02"), true));
+        assert!(!transient_state(None, true));
     }
 
     #[test]
