@@ -234,6 +234,7 @@ key = ["account"]
             report_interval: Duration::from_secs(1),
             pause_before_begin: Duration::ZERO,
             pause_before_commit: Duration::ZERO,
+            pause_between_markers: Duration::ZERO,
             pause_after_commit: Duration::ZERO,
             lose_commit_answers: 0,
             metrics: metrics.clone(),

@@ -462,6 +462,10 @@ pub struct SinkArgs {
     /// Tests only: sleep this long before each database COMMIT.
     #[arg(long, default_value_t = 0, hide = true)]
     pub fault_pause_before_commit_ms: u64,
+    /// Tests only: insert a batch's markers one at a time, sleeping this
+    /// long after each.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub fault_pause_between_markers_ms: u64,
     /// Tests only: sleep this long after each database COMMIT, before the
     /// Kafka offset commit.
     #[arg(long, default_value_t = 0, hide = true)]

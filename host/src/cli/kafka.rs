@@ -121,6 +121,7 @@ pub fn cmd_sink_postgres(a: SinkArgs) -> anyhow::Result<ExitCode> {
         report_interval: Duration::from_millis(a.report_interval_ms.max(100)),
         pause_before_begin: Duration::from_millis(a.fault_pause_before_begin_ms),
         pause_before_commit: Duration::from_millis(a.fault_pause_before_commit_ms),
+        pause_between_markers: Duration::from_millis(a.fault_pause_between_markers_ms),
         pause_after_commit: Duration::from_millis(a.fault_pause_after_commit_ms),
         lose_commit_answers: a.fault_lose_commit_answers,
         metrics: Default::default(),

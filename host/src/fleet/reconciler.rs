@@ -304,6 +304,7 @@ impl Fleet {
             report_interval: self.options.report_interval,
             pause_before_begin: Duration::ZERO,
             pause_before_commit: Duration::ZERO,
+            pause_between_markers: Duration::ZERO,
             pause_after_commit: Duration::ZERO,
             lose_commit_answers: 0,
             metrics,

@@ -137,6 +137,9 @@ pub(crate) struct Db {
     /// Whether each batch transaction records its usage (a fleet host's
     /// sink: [`Db::bill_usage`]).
     bill: bool,
+    /// Tests' fault window: markers inserted one at a time, with this pause
+    /// after each ([`Db::pause_between_markers`]).
+    marker_pause: Duration,
 }
 
 /// Onceflow's tables in `schema`, quoted.
@@ -182,6 +185,7 @@ impl Db {
                 usage: format!("{schema}.onceflow_sink_usage"),
             },
             bill: false,
+            marker_pause: Duration::ZERO,
         };
         db.create_tables()?;
         if let Some(role) = &config.postgres.role {
@@ -197,6 +201,12 @@ impl Db {
     /// [`Db::forward_usage`].
     pub(crate) fn bill_usage(&mut self) {
         self.bill = true;
+    }
+
+    /// The tests' fault window: a batch's markers go in one at a time, with
+    /// `pause` after each (zero: all in one statement).
+    pub(crate) fn pause_between_markers(&mut self, pause: Duration) {
+        self.marker_pause = pause;
     }
 
     /// Opens a new connection after a transient failure, with the same
@@ -417,6 +427,7 @@ impl Db {
     ) -> Result<Applied, BatchError> {
         let config = &self.config;
         let bill = self.bill;
+        let marker_pause = self.marker_pause;
         let s = &self.s;
         let prepared = &self.prepared;
         let as_tenant = AsTenant::of(config);
@@ -516,7 +527,7 @@ impl Db {
         }
         let mut new: Vec<&Item> = Vec::new();
         if !slow {
-            let marked = insert_markers(&mut t, s, &config.name, &candidates)
+            let marked = insert_markers(&mut t, s, &config.name, &candidates, marker_pause)
                 .map_err(BatchError::Database)?;
             for item in candidates {
                 match marked.get(item.identity.as_str()) {
@@ -556,7 +567,7 @@ impl Db {
         } else {
             for item in candidates {
                 let mut sp = t.savepoint("item").map_err(BatchError::Database)?;
-                let marked = insert_markers(&mut sp, s, &config.name, &[item])
+                let marked = insert_markers(&mut sp, s, &config.name, &[item], Duration::ZERO)
                     .map_err(BatchError::Database)?;
                 if let Some(d) = marked.get(item.identity.as_str()) {
                     if *d == item.digest {
@@ -828,30 +839,55 @@ fn refused_among<'a>(dead: &[DeadLetter], new: &[&'a Item]) -> Vec<&'a str> {
 
 /// Inserts the markers of `items`; returns the digests of those already
 /// marked (by an earlier transaction, of this instance or another).
+///
+/// In identity order: an insert locks each identity's index entry, and two
+/// instances inserting the same identities (upstream duplicates on two
+/// partitions) in different orders deadlocked; PostgreSQL broke the cycle
+/// after its `deadlock_timeout` (1 s) by failing one batch, applied again
+/// (issue 48: 2 in one run; `c_markers_in_a_fixed_order`,
+/// tests/kafka/sink.rs). With `pause` (tests), one statement per marker.
 fn insert_markers(
     t: &mut Transaction<'_>,
     s: &Statements,
     sink: &str,
     items: &[&Item],
+    pause: Duration,
 ) -> Result<HashMap<String, Vec<u8>>, postgres::Error> {
     if items.is_empty() {
         return Ok(HashMap::new());
     }
+    let mut items = items.to_vec();
+    items.sort_by(|a, b| a.identity.cmp(&b.identity));
+    let statement = format!(
+        "INSERT INTO {} (sink, identity, digest, topic, kafka_partition, kafka_offset)
+         SELECT $1, i, d, t, k, o FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[])
+           WITH ORDINALITY AS u(i, d, t, k, o, n) ORDER BY n
+         ON CONFLICT (sink, identity) DO NOTHING RETURNING identity",
+        s.markers
+    );
+    let chunk = if pause.is_zero() { items.len() } else { 1 };
+    let mut inserted: HashSet<String> = HashSet::new();
+    for part in items.chunks(chunk) {
+        let ids: Vec<&str> = part.iter().map(|i| i.identity.as_str()).collect();
+        let digests: Vec<&[u8]> = part.iter().map(|i| i.digest.as_slice()).collect();
+        let topics: Vec<&str> = part.iter().map(|i| i.topic.as_str()).collect();
+        let parts: Vec<i32> = part.iter().map(|i| i.partition).collect();
+        let offsets: Vec<i64> = part.iter().map(|i| i.offset).collect();
+        let rows = t.query(
+            &statement,
+            &[&sink, &ids, &digests, &topics, &parts, &offsets],
+        )?;
+        inserted.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+        if !pause.is_zero() {
+            tracing::info!(
+                identity = ids[0],
+                ms = pause.as_millis() as u64,
+                "fault window: after a marker"
+            );
+            std::thread::sleep(pause);
+        }
+    }
     let ids: Vec<&str> = items.iter().map(|i| i.identity.as_str()).collect();
-    let digests: Vec<&[u8]> = items.iter().map(|i| i.digest.as_slice()).collect();
-    let topics: Vec<&str> = items.iter().map(|i| i.topic.as_str()).collect();
-    let parts: Vec<i32> = items.iter().map(|i| i.partition).collect();
-    let offsets: Vec<i64> = items.iter().map(|i| i.offset).collect();
-    let inserted = t.query(
-        &format!(
-            "INSERT INTO {} (sink, identity, digest, topic, kafka_partition, kafka_offset)
-             SELECT $1, i, d, t, k, o FROM unnest($2::text[], $3::bytea[], $4::text[], $5::int[], $6::bigint[]) AS u(i, d, t, k, o)
-             ON CONFLICT (sink, identity) DO NOTHING RETURNING identity",
-            s.markers
-        ),
-        &[&sink, &ids, &digests, &topics, &parts, &offsets],
-    )?;
-    let inserted: HashSet<String> = inserted.iter().map(|r| r.get(0)).collect();
     let present: Vec<&str> = ids
         .iter()
         .copied()

@@ -124,6 +124,8 @@ pub struct SinkOptions {
     pub pause_before_begin: Duration,
     /// ... before the database COMMIT,
     pub pause_before_commit: Duration,
+    /// ... after each marker, inserted one at a time,
+    pub pause_between_markers: Duration,
     /// ... and after it, before the Kafka offset commit.
     pub pause_after_commit: Duration,
     /// Fault for tests: the answers to this many successful COMMITs are
@@ -263,6 +265,7 @@ pub fn run_postgres(
     if options.usage.is_some() {
         db.bill_usage();
     }
+    db.pause_between_markers(options.pause_between_markers);
     check_topics(&config, &options.kafka)?;
     let topics: Vec<&str> = config.routes.iter().map(|r| r.topic.as_str()).collect();
     kafka::wait_for_topics(
