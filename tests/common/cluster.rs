@@ -238,19 +238,30 @@ impl Cluster {
     }
 
     pub fn stop_broker(&self, i: u32, signal: &str) {
-        let out = self.script(&["stop-broker", &i.to_string(), "--signal", signal]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.script_ok(&["stop-broker", &i.to_string(), "--signal", signal]);
+    }
+
+    /// SIGSTOPs node i (`scripts/kafka pause-broker`): its connections stay
+    /// open and nothing answers until [`Cluster::resume_broker`].
+    pub fn pause_broker(&self, i: u32) {
+        self.script_ok(&["pause-broker", &i.to_string()]);
+    }
+
+    pub fn resume_broker(&self, i: u32) {
+        self.script_ok(&["resume-broker", &i.to_string()]);
     }
 
     pub fn start_broker(&self, i: u32) {
-        let out = self.script(&["start-broker", &i.to_string()]);
+        self.script_ok(&["start-broker", &i.to_string()]);
+    }
+
+    /// `scripts/kafka args`, which must succeed.
+    fn script_ok(&self, args: &[&str]) {
+        let out = self.script(args);
         assert!(
             out.status.success(),
-            "{}",
+            "scripts/kafka {}: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -794,31 +794,32 @@ fn b_a_tenants_sink_on_the_fleet() {
     pg.down();
 }
 
-/// Two instances, one partition each, the same identities on both
-/// partitions in opposite orders (upstream duplicates): their batches
-/// insert the same markers at once. Inserted in the batch's order they
-/// deadlocked, and PostgreSQL failed one batch after its deadlock_timeout
-/// (issue 48, item 3); inserted in identity order, one waits for the other
-/// and finds its markers. The window is made wide on purpose: each marker
-/// goes in alone, 200 ms apart (`--fault-pause-between-markers-ms`).
-#[test]
-fn c_markers_in_a_fixed_order() {
-    const IDS: usize = 6;
-    let _g = serial();
-    let cluster = Cluster::shared();
-    let pg = Postgres::up();
-    let mut db = pg.client();
-    let tag = format!(
+/// A name no earlier run used.
+fn unique_tag() -> String {
+    format!(
         "{}_{}",
         std::process::id(),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() % 1_000_000)
-    );
-    let topic = format!("sink-dups-{tag}");
-    let dlq = format!("sink-dups-{tag}-dlq");
-    cluster.create_topics(&[(&topic, 2), (&dlq, 1)]);
-    let table = format!("dups_{tag}");
+    )
+}
+
+/// A sink of its own: `topic` (with `partitions`) and its dead-letter topic
+/// created, table `table (id text)` filled by an insert route with identity
+/// `id`, batches of up to 100 records or 500 ms. Returns the directory
+/// (logs) and `sink.toml`.
+fn id_sink(
+    cluster: &Cluster,
+    pg: &Postgres,
+    db: &mut ::postgres::Client,
+    tag: &str,
+    topic: &str,
+    partitions: i32,
+    table: &str,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dlq = format!("{topic}-dlq");
+    cluster.create_topics(&[(topic, partitions), (&dlq, 1)]);
     db.batch_execute(&format!("CREATE TABLE {table} (id text NOT NULL)"))
         .expect("create the table");
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -826,7 +827,7 @@ fn c_markers_in_a_fixed_order() {
     std::fs::write(
         &config,
         format!(
-            r#"name = "dups-{tag}"
+            r#"name = "sink-{tag}"
 dead-letter-topic = "{dlq}"
 [postgres]
 connection = "{url}"
@@ -846,6 +847,27 @@ identity = "id"
         ),
     )
     .expect("write sink.toml");
+    (dir, config)
+}
+
+/// Two instances, one partition each, the same identities on both
+/// partitions in opposite orders (upstream duplicates): their batches
+/// insert the same markers at once. Inserted in the batch's order they
+/// deadlocked, and PostgreSQL failed one batch after its deadlock_timeout
+/// (issue 48, item 3); inserted in identity order, one waits for the other
+/// and finds its markers. The window is made wide on purpose: each marker
+/// goes in alone, 200 ms apart (`--fault-pause-between-markers-ms`).
+#[test]
+fn c_markers_in_a_fixed_order() {
+    const IDS: usize = 6;
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let pg = Postgres::up();
+    let mut db = pg.client();
+    let tag = unique_tag();
+    let topic = format!("sink-dups-{tag}");
+    let table = format!("dups_{tag}");
+    let (dir, config) = id_sink(cluster, &pg, &mut db, &tag, &topic, 2, &table);
     let fault = ["--fault-pause-between-markers-ms", "200"];
     let mut s1 = start_sink(&config, &cluster.bootstrap, dir.path(), "s1", &fault);
     s1.wait_for(
@@ -878,7 +900,7 @@ identity = "id"
         let done = count(
             &mut db,
             &format!(
-                "SELECT count(*) FROM onceflow_sink_progress WHERE sink = 'dups-{tag}' AND next_offset = {IDS}"
+                "SELECT count(*) FROM onceflow_sink_progress WHERE sink = 'sink-{tag}' AND next_offset = {IDS}"
             ),
         );
         if done == 2 {
@@ -918,4 +940,66 @@ identity = "id"
     );
     stop_sink(s1);
     stop_sink(s2);
+}
+
+/// The dead-letter forwarder with its rows locked in a transaction while
+/// the broker stalls (SIGSTOPped for 14 s, longer than the 10 s
+/// idle-in-transaction timeout the sink sets): it must give up within its
+/// bound, roll back, and send the rows again once the broker is back,
+/// never leaving its session idle in the transaction until PostgreSQL ends
+/// it (issue 48, item 1: before, it waited up to 60 s for the broker).
+#[test]
+fn d_the_forwarder_never_idles_in_a_transaction() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let pg = Postgres::up();
+    let mut db = pg.client();
+    let tag = unique_tag();
+    let topic = format!("sink-fwd-{tag}");
+    let table = format!("fwd_{tag}");
+    let (dir, config) = id_sink(cluster, &pg, &mut db, &tag, &topic, 1, &table);
+    let pause = ["--fault-pause-before-commit-ms", "2000"];
+    let mut s1 = start_sink(&config, &cluster.bootstrap, dir.path(), "s1", &pause);
+    s1.wait_for(
+        "partitions assigned and claimed",
+        1,
+        Duration::from_secs(60),
+    );
+    let producer = plain_producer(cluster);
+    send(&producer, &topic, "bad", "not json: a dead letter");
+    send(&producer, &topic, "good", r#"{"id": "good"}"#);
+    // The batch with the dead letter is in its transaction: the broker
+    // stalls before the forward after its COMMIT.
+    s1.wait_for("fault window: before COMMIT", 1, Duration::from_secs(60));
+    cluster.pause_broker(1);
+    std::thread::sleep(Duration::from_secs(14));
+    cluster.resume_broker(1);
+    let dlq = format!("{topic}-dlq");
+    let letters = read_all(cluster, &dlq, 1);
+    assert!(!letters.is_empty(), "no dead letter reached {dlq}");
+    let log = s1.log_text();
+    let gave_up = log
+        .lines()
+        .filter(|l| l.contains("they stay in the database"))
+        .count();
+    let session_lost = log
+        .lines()
+        .filter(|l| {
+            l.contains("connection closed")
+                || l.contains("idle-in-transaction")
+                || l.contains("terminating connection")
+        })
+        .count();
+    figure("sink_forwards_given_up_during_the_stall", gave_up);
+    figure("sink_sessions_lost_idle_in_transaction", session_lost);
+    figure("sink_dead_letters_forwarded", letters.len());
+    assert_eq!(
+        session_lost, 0,
+        "the forwarder left its session idle in a transaction:\n{log}"
+    );
+    assert!(
+        gave_up > 0,
+        "the forward never met the stalled broker: the test proves nothing\n{log}"
+    );
+    stop_sink(s1);
 }

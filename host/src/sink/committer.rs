@@ -32,8 +32,9 @@ pub(super) enum Job {
     Batch(Box<BatchJob>),
     /// Delete markers past the retention.
     Expire,
-    /// Forward the usage rows not forwarded yet (a fleet host's sink).
-    ForwardUsage,
+    /// Forward the dead letters and the usage rows not forwarded yet
+    /// (left behind by a forward that could not reach Kafka in time).
+    Forward,
 }
 
 /// A batch and the epochs it was read under.
@@ -94,6 +95,16 @@ pub(super) struct Committer {
 /// How often a billed sink forwards its usage rows while it runs.
 const USAGE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a forward waits for Kafka to acknowledge what it sent while its
+/// rows stay locked in a database transaction: half the
+/// idle-in-transaction timeout the sink sets on its sessions (`db.rs`).
+/// Past it the transaction rolls back and the rows are sent again at the
+/// next forward (at least once: what was sent may still land, with the
+/// headers that identify it). Before, a forward waited up to 60 s: a
+/// broker stalled for more than 10 s left the session idle in its
+/// transaction until PostgreSQL ended it (issue 48).
+const FORWARD_BOUND: Duration = Duration::from_secs(5);
+
 impl Committer {
     /// Runs jobs until the loop drops its sender. A failed job is answered
     /// with its error; the loop then stops.
@@ -125,7 +136,13 @@ impl Committer {
                     Ok(n) => tracing::info!(markers = n, "expired markers past the retention"),
                     Err(e) => tracing::warn!("expiring markers: {}", db::pg_message(&e)),
                 },
-                Job::ForwardUsage => {
+                Job::Forward => {
+                    if let Err(e) = self.forward_dead_letters() {
+                        tracing::warn!(
+                            "forwarding the sink's dead letters: {}",
+                            crate::types::error_chain(&e)
+                        );
+                    }
                     if let Err(e) = self.forward_usage() {
                         // Left in the database: forwarded at the next try.
                         tracing::warn!(
@@ -323,10 +340,20 @@ impl Committer {
                 Ok(n) => {
                     tracing::info!(dead_letters = n, topic = %topic, "dead letters forwarded")
                 }
+                Err(BatchError::Fatal(e @ SinkError::Kafka(KafkaError::Timeout { .. }))) => {
+                    // Kafka did not take them within FORWARD_BOUND: the
+                    // transaction rolled back, and they go again at the
+                    // next forward.
+                    tracing::warn!(
+                        "forwarding dead letters: {}; they stay in the database and are sent \
+                         again in a few seconds",
+                        crate::types::error_chain(&e)
+                    );
+                    return Ok(());
+                }
                 Err(BatchError::Fatal(e)) => return Err(e),
                 Err(BatchError::Database(e)) if db::is_transient(&e) => {
-                    // Forwarded again after the next batch with dead letters,
-                    // or at the next start.
+                    // Forwarded again at the next forward (within seconds).
                     tracing::warn!("forwarding dead letters: {}", db::pg_message(&e));
                     return Ok(());
                 }
@@ -398,6 +425,14 @@ impl Committer {
             match self.db.forward_usage(&mut send) {
                 Ok(0) => return Ok(()),
                 Ok(n) => tracing::debug!(rows = n, "sink usage forwarded"),
+                Err(BatchError::Fatal(e @ SinkError::Kafka(KafkaError::Timeout { .. }))) => {
+                    tracing::warn!(
+                        "forwarding the sink's usage: {}; it stays in the database and is sent \
+                         again in a few seconds",
+                        crate::types::error_chain(&e)
+                    );
+                    return Ok(());
+                }
                 Err(BatchError::Fatal(e)) => return Err(e),
                 Err(BatchError::Database(e)) if db::is_transient(&e) => {
                     tracing::warn!("forwarding the sink's usage: {}", db::pg_message(&e));
@@ -418,8 +453,13 @@ impl Committer {
 /// Waits until what was sent (`what`: "dead letters to <topic>") is
 /// delivered; the first failed delivery is the error.
 fn delivered(producer: &BaseProducer<DeadLetterContext>, what: &str) -> Result<(), SinkError> {
-    kafka::drain(producer, Duration::from_secs(60))
-        .map_err(|e| KafkaError::client(format!("flushing {what}"), e))?;
+    if kafka::drain(producer, FORWARD_BOUND).is_err() {
+        return Err(KafkaError::timeout(
+            format!("sending {what}"),
+            format!("not acknowledged within {FORWARD_BOUND:?}: are the brokers reachable?"),
+        )
+        .into());
+    }
     match lock(&producer.context().failed).take() {
         Some(e) => Err(KafkaError::client(format!("sending {what}"), e).into()),
         None => Ok(()),

@@ -421,10 +421,11 @@ impl Sink<'_> {
                 self.send(Job::Expire)?;
             }
             // Usage left behind by the last batches (the committer forwards
-            // after a batch at most once a second).
-            if self.options.usage.is_some() && last_usage.elapsed() >= Duration::from_secs(5) {
+            // after a batch at most once a second), and what a forward could
+            // not send in time.
+            if last_usage.elapsed() >= Duration::from_secs(5) {
                 last_usage = Instant::now();
-                self.send(Job::ForwardUsage)?;
+                self.send(Job::Forward)?;
             }
         }
         self.take_changes()?;
