@@ -600,7 +600,10 @@ fn inject(io: &mut Io, workers: &mut [Worker]) {
             let w = io.rng.below(WORKERS as u64) as usize;
             if workers[w].alive && workers[w].paused_until.is_none() {
                 io.faults.zombies += 1;
-                let until = io.now + io.rng.range(400, 1_500);
+                // Past the session timeout (a zombie), sometimes past the
+                // transaction timeout too (the coordinator aborts its
+                // transaction and bumps its epoch).
+                let until = io.now + io.rng.range(400, 4_000);
                 io.note(&format!("fault: w{w} paused until {until}"));
                 workers[w].paused_until = Some(until);
                 io.schedule(io.now + SESSION_TIMEOUT, Event::Expire(w));
