@@ -16,11 +16,17 @@
 //!
 //! The window is made wide on purpose: three brokers behind toxiproxy, the
 //! requests to the brokers that coordinate neither the worker's
-//! transactions nor its group held 0.8 s (so every output to their
+//! transactions nor its group held 2 s (so every output to their
 //! partitions is in flight that long, while the coordinator answers
-//! `EndTxn` and `AddPartitionsToTxn` at once), and a
-//! second host joins and leaves the group a few times under continuous
-//! input, each join and leave a rebalance whose callbacks abort.
+//! `EndTxn` and `AddPartitionsToTxn` at once), and hosts b1, b2, b3 join
+//! and leave the group one after the other under continuous input, each
+//! join and leave a rebalance whose callbacks abort.
+//!
+//! On a real broker the purged request was refused in the runs made (it
+//! arrived before the next transaction added its partition: KIP-890 part
+//! 1), and its gap failed the next transaction ("skipped sequence numbers
+//! (OUT_OF_ORDER_SEQUENCE_NUMBER, requires epoch bump)"); the duplicate
+//! itself is shown by the simulation (`scripts/simulate --logic purge`).
 //!
 //! The verifier reads every output and balance: exact, and no host logs
 //! librdkafka's "Purged in flight" error. Figures: `FIGURE abort_<name>`.
