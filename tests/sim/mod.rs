@@ -470,6 +470,16 @@ fn check_end(io: &Io, workers: &[Worker], inputs: &BTreeMap<u32, Vec<Input>>) ->
 }
 
 fn step(io: &mut Io, workers: &mut [Worker], inputs: &BTreeMap<u32, Vec<Input>>, event: Event) {
+    // A paused process reads its socket, then sees its timers fire, when it
+    // resumes.
+    let paused = match &event {
+        Event::Respond { worker, .. } => workers[*worker].paused_until.map(|t| t + 1),
+        Event::Timeout { worker, .. } => workers[*worker].paused_until.map(|t| t + 2),
+        _ => None,
+    };
+    if let Some(at) = paused {
+        return io.schedule(at, event);
+    }
     match event {
         Event::Tick(w) => {
             workers[w].tick(io, inputs);
@@ -484,16 +494,7 @@ fn step(io: &mut Io, workers: &mut [Worker], inputs: &BTreeMap<u32, Vec<Input>>,
             answer,
         } => {
             let w = &mut workers[worker];
-            if let Some(until) = w.paused_until {
-                // A paused process reads its socket when it resumes.
-                let event = Event::Respond {
-                    worker,
-                    incarnation,
-                    req,
-                    answer,
-                };
-                io.schedule(until + 1, event);
-            } else if w.alive && w.incarnation == incarnation {
+            if w.alive && w.incarnation == incarnation {
                 io.note(&format!("w{worker} #{req} <- {answer:?}"));
                 w.on_response(io, req, answer);
             }
@@ -504,14 +505,7 @@ fn step(io: &mut Io, workers: &mut [Worker], inputs: &BTreeMap<u32, Vec<Input>>,
             req,
         } => {
             let w = &mut workers[worker];
-            if let Some(until) = w.paused_until {
-                let event = Event::Timeout {
-                    worker,
-                    incarnation,
-                    req,
-                };
-                io.schedule(until + 2, event);
-            } else if w.alive && w.incarnation == incarnation {
+            if w.alive && w.incarnation == incarnation {
                 w.on_timeout(io, req);
             }
         }
