@@ -581,6 +581,7 @@ fn inject(io: &mut Io, workers: &mut [Worker]) {
                 worker.generation = None;
                 worker.assignment.clear();
                 worker.positions.clear();
+                worker.restored.clear();
                 worker.txn = worker::Txn::Idle;
                 worker.blocked = None;
                 worker.in_flight.clear();

@@ -1,21 +1,31 @@
-//! The worker under test, as a model of `host/src/stream/worker/`: one
-//! transactional producer (librdkafka 2.12, transaction version 1) and one
+//! The worker under test: production's protocol (below) over a model of
+//! `host/src/stream/worker/`'s I/O: one transactional producer (librdkafka 2.12, transaction version 1) and one
 //! group member, processing input records into outputs and a keyed count
 //! whose changes go to a changelog at commit, and applying them to its
 //! store ("RocksDB") only once the commit returned. Commits are pipelined
-//! as in production (`Txn::Committing { flight, next }`): while one commits,
-//! the records that follow go into the next transaction, their outputs held
-//! and their counts layered over the frozen changes, and an abort (a
-//! rebalance callback's) waits for the commit in flight first.
+//! as in production (`Txn::Committing { flight, frozen, next }`): while one
+//! commits, the records that follow go into the next transaction, their
+//! outputs held and their counts layered over the frozen changes, and an
+//! abort (a rebalance callback's) waits for the commit in flight first.
 //!
-//! The protocol's decisions follow the production code, with the variants
-//! that the simulation must be able to tell apart ([`Logic`]): how an abort
-//! treats produce requests in flight, and which group metadata a
-//! transaction's offsets carry and whether a rebalance callback may commit.
-//! It is a model: the production worker is not driven by it yet (see
-//! tests/simulate.rs).
+//! The transaction and its decisions are production's own:
+//! `onceflow::stream::protocol` (the worker's [`Txn`], its transitions,
+//! [`protocol::decide`], [`protocol::on_rebalance`], [`protocol::after_drain`]),
+//! the same code `host/src/stream/worker/` drives over librdkafka. What this
+//! file adds is the I/O: the producer (librdkafka 2.12's transactional
+//! producer: sequence numbers, `AddPartitionsToTxn` before a partition's
+//! first record, an abortable state after a failed produce, an epoch bump on
+//! out-of-order), the consumer and the committer's steps 2-4 as requests to
+//! the simulated brokers. [`Logic`] switches two rules back to what they
+//! were, for the simulation to show it sees their holes: an abort that
+//! purged its requests in flight, and a rebalance callback that committed
+//! with the rejoined generation.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use onceflow::stream::protocol::{
+    self, AbortEnd, Action, Commit, Drained, Failure, Kinds, Open, Route, Step, Work,
+};
 
 use super::kafka::{Broken, Refusal, Topic, Tp, Value};
 use super::{Io, Logic, Request, Time};
@@ -28,21 +38,42 @@ pub const COMMIT_INTERVAL: Time = 20;
 /// it (production: `MAX_HELD_OUTPUT_BYTES`).
 const MAX_HELD: usize = 8;
 
-/// A transaction's records.
-#[derive(Debug, Default)]
-pub struct Open {
-    pub started: Time,
-    /// The generation when its first record was read.
-    pub generation: u32,
-    pub read_under: BTreeSet<u32>,
-    pub offsets: BTreeMap<u32, u64>,
-    /// The store's new values (layered over the store, and over the
-    /// frozen changes of a commit in flight).
-    pub changes: BTreeMap<u32, i64>,
-    /// Outputs held until the producer's transaction begins (behind a
-    /// commit in flight).
-    pub held: Vec<(Tp, Value)>,
+/// The simulation's side of the protocol's types: its clock, a group
+/// generation as the group metadata, the committer's stage as the commit in
+/// flight, output records, input partitions, and what a transaction's
+/// records did to the store.
+#[derive(Debug)]
+pub struct Sim;
+
+impl Kinds for Sim {
+    type Instant = Time;
+    type Group = u32;
+    type Flight = Stage;
+    type Output = (Tp, Value);
+    type Input = u32;
+    type Work = Changes;
 }
+
+/// What a transaction's records did: the store's new values (layered over
+/// the store, and over the frozen changes of a commit in flight), and the
+/// generations they were read under (for the checker).
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub read_under: BTreeSet<u32>,
+    pub changes: BTreeMap<u32, i64>,
+}
+
+impl Work for Changes {
+    /// Nothing: the model burns no fuel.
+    fn carried(&self) -> Changes {
+        Changes::default()
+    }
+
+    fn carry(&mut self, _dropped: &Changes) {}
+}
+
+/// The worker's transaction: production's.
+pub type Txn = protocol::Txn<Sim>;
 
 /// Where a commit in flight is (steps 2-4, the committer's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,19 +82,6 @@ pub enum Stage {
     Flush(Time),
     Offsets(u64),
     End(u64),
-}
-
-/// The worker's transaction (production: `Txn`).
-#[derive(Debug, Default)]
-pub enum Txn {
-    #[default]
-    Idle,
-    Open(Open),
-    Committing {
-        frozen: Open,
-        stage: Stage,
-        next: Option<Open>,
-    },
 }
 
 /// A blocking step the worker waits on.
@@ -112,6 +130,11 @@ pub struct Worker {
     pub generation: Option<u32>,
     pub assignment: BTreeSet<u32>,
     pub positions: BTreeMap<u32, u64>,
+    /// Partitions whose store is restored from the changelog (RocksDB in
+    /// production): an abort keeps it (only the transaction's pending
+    /// changes go), an unknown outcome, a new session or a rebalance
+    /// restores it again, as production does.
+    pub restored: BTreeSet<u32>,
     // The transaction and the store.
     pub txn: Txn,
     pub store: BTreeMap<u32, i64>,
@@ -146,6 +169,7 @@ impl Worker {
             generation: None,
             assignment: BTreeSet::new(),
             positions: BTreeMap::new(),
+            restored: BTreeSet::new(),
             txn: Txn::Idle,
             store: BTreeMap::new(),
             blocked: None,
@@ -185,7 +209,7 @@ impl Worker {
     }
 
     pub fn busy(&self) -> bool {
-        !matches!(self.txn, Txn::Idle)
+        !self.txn.is_idle()
     }
 
     /// One round of the loop.
@@ -195,13 +219,21 @@ impl Worker {
         }
         match self.blocked {
             Some(Blocked::AbortDrain(deadline)) => {
-                if self.flushed() {
-                    self.end_abort(io);
+                let drained = if self.flushed() {
+                    Drained::All
                 } else if io.now >= deadline {
-                    // Still unacknowledged: a new epoch fences them.
-                    io.note("abort drain timed out: producer replaced");
-                    self.forget_and_rewind(io);
-                    self.replace_producer(io);
+                    Drained::Unacknowledged(self.in_flight.len() as u64)
+                } else {
+                    return;
+                };
+                match protocol::after_drain(drained) {
+                    AbortEnd::EndTxn => self.end_abort(io),
+                    AbortEnd::ReplaceProducer => {
+                        // Still unacknowledged: a new epoch fences them.
+                        io.note("abort drain timed out: producer replaced");
+                        self.forget_and_rewind(io);
+                        self.replace_producer(io);
+                    }
                 }
                 return;
             }
@@ -245,21 +277,18 @@ impl Worker {
 
     /// The committer's step 2 (flush), then step 3 (the offsets).
     fn watch_flush(&mut self, io: &mut Io) {
-        let Txn::Committing {
-            stage: Stage::Flush(deadline),
-            ..
-        } = self.txn
-        else {
+        let Some(&Stage::Flush(deadline)) = self.txn.flight() else {
             return;
         };
         if self.flushed() {
-            if let Some(bump) = self.abortable {
+            if self.abortable.is_some() {
                 // Records of it were not delivered: the commit failed.
-                return self.failed_commit(io, bump);
+                return self.act(io, Step::Delivery, Failure::Abortable);
             }
             self.send_offsets(io);
         } else if io.now >= deadline {
-            self.abort_unknown(io);
+            // The flush timed out.
+            self.act(io, Step::Call, Failure::TimedOut);
         }
     }
 
@@ -271,12 +300,10 @@ impl Worker {
             None => BTreeSet::new(),
         };
         self.positions.retain(|p, _| kept.contains(p));
+        self.restored.retain(|p| kept.contains(p));
         self.generation = Some(generation);
         self.assignment = new;
-        if !self.busy() {
-            return;
-        }
-        if self.logic.commit_in_callback {
+        if self.logic.commit_in_callback && self.busy() {
             // The hole: commit what is open, under the generation the
             // member holds now.
             io.note("callback commits the open transaction");
@@ -286,8 +313,10 @@ impl Worker {
             return;
         }
         // Production: a transaction never spans a rebalance.
-        io.note("callback aborts the open transaction");
-        self.abort(io, false);
+        if protocol::on_rebalance(&self.txn) == Some(Action::Abort) {
+            io.note("callback aborts the open transaction");
+            self.abort(io, false);
+        }
     }
 
     /// Reads and processes one record of an assigned partition.
@@ -295,8 +324,8 @@ impl Worker {
         let Some(generation) = self.generation else {
             return;
         };
-        if let Txn::Committing { next: Some(n), .. } = &self.txn
-            && n.held.len() >= MAX_HELD
+        if self.txn.route() == Route::Hold
+            && self.txn.current().is_some_and(|n| n.held.len() >= MAX_HELD)
         {
             self.blocked = Some(Blocked::Settle);
             return;
@@ -315,12 +344,15 @@ impl Worker {
                     return;
                 }
                 let pos = io.kafka.committed.get(&p).copied().unwrap_or(0);
-                // Restore the partition's keys from the committed changelog.
-                for input in &inputs[&p] {
-                    match io.kafka.state.get(&input.key) {
-                        Some(v) => self.store.insert(input.key, *v),
-                        None => self.store.remove(&input.key),
-                    };
+                // Restore the partition's keys from the committed changelog
+                // (a rewind after an abort keeps them).
+                if self.restored.insert(p) {
+                    for input in &inputs[&p] {
+                        match io.kafka.state.get(&input.key) {
+                            Some(v) => self.store.insert(input.key, *v),
+                            None => self.store.remove(&input.key),
+                        };
+                    }
                 }
                 self.positions.insert(p, pos);
                 pos
@@ -329,41 +361,37 @@ impl Worker {
         let Some(input) = inputs[&p].get(position as usize).copied() else {
             return;
         };
-        let fresh = || Open {
-            started: io.now,
-            generation,
-            ..Open::default()
-        };
-        let (open, frozen) = match &mut self.txn {
-            Txn::Idle => {
-                self.txn = Txn::Open(fresh());
-                let Txn::Open(open) = &mut self.txn else {
-                    unreachable!()
-                };
-                (open, None)
-            }
-            Txn::Open(open) => (open, None),
-            Txn::Committing { frozen, next, .. } => {
-                (next.get_or_insert_with(fresh), Some(&*frozen))
-            }
-        };
-        open.read_under.insert(generation);
-        open.offsets.insert(p, position + 1);
+        let now = io.now;
+        let ensured = self.txn.ensure::<()>(
+            || Open::new(now, Some(generation), Changes::default()),
+            // begin_transaction is local to librdkafka.
+            || Ok(()),
+        );
+        debug_assert!(ensured.is_ok());
+        let route = self.txn.route();
+        let below = self
+            .txn
+            .frozen()
+            .and_then(|f| f.work.changes.get(&input.key))
+            .or(self.store.get(&input.key))
+            .copied();
+        let open = self.txn.receiving();
+        open.work.read_under.insert(generation);
+        open.offsets.insert(p, position as i64 + 1);
         let count = open
+            .work
             .changes
             .get(&input.key)
-            .or(frozen.and_then(|f| f.changes.get(&input.key)))
-            .or(self.store.get(&input.key))
             .copied()
+            .or(below)
             .unwrap_or(0);
-        open.changes.insert(input.key, count + 1);
+        open.work.changes.insert(input.key, count + 1);
         self.positions.insert(p, position + 1);
         let tp = (Topic::Output, (input.id % OUTPUT_PARTITIONS as u64) as u32);
         let value = Value::Output { input: input.id };
-        if frozen.is_some() {
-            open.held.push((tp, value));
-        } else {
-            self.produce(io, tp, value);
+        match route {
+            Route::Hold => open.held.push((tp, value)),
+            Route::Send => self.produce(io, tp, value),
         }
     }
 
@@ -391,50 +419,50 @@ impl Worker {
 
     /// Step 1, then steps 2-4 on the committer while the worker goes on.
     fn start_commit(&mut self, io: &mut Io) {
-        let Txn::Open(open) = std::mem::take(&mut self.txn) else {
+        let Some(open) = self.txn.freeze(io.now) else {
             return;
         };
-        for (&key, &value) in &open.changes {
+        for (&key, &value) in &open.work.changes {
             let tp = (Topic::Changelog, io.partition_of(key));
             self.produce(io, tp, Value::Change { key, value });
         }
-        self.txn = Txn::Committing {
-            frozen: open,
-            stage: Stage::Flush(io.now + io.request_timeout),
-            next: None,
-        };
+        self.txn
+            .committing(Stage::Flush(io.now + io.request_timeout), open);
     }
 
     /// Step 3: the offsets, with the group metadata.
     fn send_offsets(&mut self, io: &mut Io) {
-        let Txn::Committing { frozen, .. } = &self.txn else {
+        let Some(frozen) = self.txn.frozen() else {
             return;
         };
+        let first = frozen.group.expect("the generation of its first record");
         let generation = if self.logic.metadata_at_start {
-            frozen.generation
+            first
         } else {
-            self.generation.unwrap_or(frozen.generation)
+            self.generation.unwrap_or(first)
         };
         let request = Request::Offsets {
             generation,
-            offsets: frozen.offsets.clone(),
-            read_under: frozen.read_under.clone(),
+            offsets: frozen
+                .offsets
+                .iter()
+                .map(|(&p, &next)| (p, next as u64))
+                .collect(),
+            read_under: frozen.work.read_under.clone(),
         };
         let req = io.send(self, request);
         self.in_flight.insert(req, Sent::Other);
-        if let Txn::Committing { stage, .. } = &mut self.txn {
-            *stage = Stage::Offsets(req);
-        }
+        self.stage(Stage::Offsets(req));
     }
 
     /// The commit in flight committed: step 5, then the next transaction
     /// (or, under an abort that waited for it, the abort of what came
     /// after it, which never began at the producer).
     fn committed(&mut self, io: &mut Io) {
-        let Txn::Committing { frozen, next, .. } = std::mem::take(&mut self.txn) else {
+        let Some(Commit { frozen, next, .. }) = self.txn.take_flight() else {
             return;
         };
-        for (&key, &value) in &frozen.changes {
+        for (&key, &value) in &frozen.work.changes {
             if !io.kafka.ever.get(&key).is_some_and(|v| v.contains(&value)) {
                 io.kafka.broken.push(Broken::Uncommitted {
                     worker: self.id,
@@ -443,7 +471,7 @@ impl Worker {
                 });
             }
         }
-        self.store.extend(frozen.changes);
+        self.store.extend(frozen.work.changes);
         self.added.clear();
         io.commits += 1;
         if self.blocked == Some(Blocked::Flight) {
@@ -453,11 +481,11 @@ impl Worker {
         if self.blocked == Some(Blocked::Settle) {
             self.blocked = None;
         }
-        let Some(mut next) = next else {
-            return;
-        };
-        let held = std::mem::take(&mut next.held);
-        self.txn = Txn::Open(next);
+        // begin_transaction is local to librdkafka.
+        let held = self
+            .txn
+            .begin_next::<()>(next, || Ok(()))
+            .unwrap_or_default();
         for (tp, value) in held {
             self.produce(io, tp, value);
         }
@@ -466,13 +494,13 @@ impl Worker {
     /// The commit in flight failed: it is still the producer's open
     /// transaction; it aborts, and what came after it with it.
     fn failed_commit(&mut self, io: &mut Io, bump: bool) {
-        let Txn::Committing { frozen, .. } = std::mem::take(&mut self.txn) else {
+        let Some(Commit { frozen, next, .. }) = self.txn.take_flight() else {
             return;
         };
         if self.blocked == Some(Blocked::Flight) || self.blocked == Some(Blocked::Settle) {
             self.blocked = None;
         }
-        self.txn = Txn::Open(frozen);
+        let _dropped = self.txn.failed(frozen, next);
         self.abort(io, bump);
     }
 
@@ -480,7 +508,7 @@ impl Worker {
     /// flight (bounded); the old logic purged them. Under a commit in
     /// flight, the commit ends first.
     pub fn abort(&mut self, io: &mut Io, bump: bool) {
-        if let Txn::Committing { .. } = self.txn {
+        if self.txn.flight().is_some() {
             self.blocked = Some(Blocked::Flight);
             return;
         }
@@ -520,15 +548,16 @@ impl Worker {
     /// An outcome that is not known: a new producer (a new epoch), the
     /// stores reloaded from their changelogs, the input rewound.
     fn abort_unknown(&mut self, io: &mut Io) {
-        io.note("outcome unknown: producer replaced");
+        io.note("outcome unknown: producer replaced, stores reloaded");
         self.forget_and_rewind(io);
+        self.restored.clear();
         self.replace_producer(io);
     }
 
     /// Drops the transaction in the worker and reads the input again from
     /// the committed offsets (the store reloads on the next read).
     fn forget_and_rewind(&mut self, io: &mut Io) {
-        self.txn = Txn::Idle;
+        let _burned = self.txn.forget();
         self.added.clear();
         self.abortable = None;
         self.blocked = None;
@@ -541,10 +570,7 @@ impl Worker {
         let Some(sent) = self.in_flight.remove(&req) else {
             return; // purged, or of an earlier producer
         };
-        let stage = match &self.txn {
-            Txn::Committing { stage, .. } => Some(*stage),
-            _ => None,
-        };
+        let stage = self.txn.flight().copied();
         match (answer, sent) {
             (Answer::Init { pid, epoch }, _) if self.blocked == Some(Blocked::Init(req)) => {
                 self.pid = pid;
@@ -582,31 +608,26 @@ impl Worker {
             (Answer::Acked, _) if stage == Some(Stage::Offsets(req)) => {
                 let end = io.send(self, Request::End { commit: true });
                 self.in_flight.insert(end, Sent::Other);
-                if let Txn::Committing { stage, .. } = &mut self.txn {
-                    *stage = Stage::End(end);
-                }
+                self.stage(Stage::End(end));
             }
-            (Answer::Refused(why), _) if stage == Some(Stage::Offsets(req)) => match why {
-                Refusal::Fenced => self.fenced(io),
-                // A rebalance moved on: abort and read again.
-                _ => self.failed_commit(io, false),
-            },
+            (Answer::Refused(why), _) if stage == Some(Stage::Offsets(req)) => {
+                self.act(io, Step::Call, why.failure());
+            }
             (Answer::Acked, _) if stage == Some(Stage::End(req)) => self.committed(io),
-            (Answer::Refused(why), _) if stage == Some(Stage::End(req)) => match why {
-                Refusal::Fenced => self.fenced(io),
-                // A failed EndTxn: the outcome is not known.
-                _ => self.abort_unknown(io),
-            },
+            (Answer::Refused(why), _) if stage == Some(Stage::End(req)) => {
+                self.act(io, Step::EndTxn, why.failure());
+            }
             (Answer::Acked, _) if self.blocked == Some(Blocked::EndAbort(req)) => {
                 self.forget_and_rewind(io);
             }
             (Answer::Refused(why), _) if self.blocked == Some(Blocked::EndAbort(req)) => {
-                match why {
-                    Refusal::Fenced => self.fenced(io),
-                    _ => {
+                match (why, protocol::after_refused_abort()) {
+                    (Refusal::Fenced, _) => self.fenced(io),
+                    (_, AbortEnd::ReplaceProducer) => {
                         self.forget_and_rewind(io);
                         self.replace_producer(io);
                     }
+                    (_, AbortEnd::EndTxn) => unreachable!("abort_transaction was refused"),
                 }
             }
             _ => {}
@@ -615,12 +636,42 @@ impl Worker {
 
     /// A request timed out: its outcome is unknown.
     pub fn on_timeout(&mut self, io: &mut Io, req: u64) {
-        if self.in_flight.remove(&req).is_none() {
+        let Some(sent) = self.in_flight.remove(&req) else {
             return;
-        }
+        };
+        let step = match (sent, self.txn.flight()) {
+            (Sent::Produce, _) => Step::Delivery,
+            (_, Some(&Stage::End(end))) if end == req => Step::EndTxn,
+            _ => Step::Call,
+        };
         match self.blocked {
             Some(Blocked::Init(r)) if r == req => self.start(io),
-            _ => self.abort_unknown(io),
+            _ => self.act(io, step, Failure::TimedOut),
+        }
+    }
+
+    /// Acts on a failure as production does ([`protocol::decide`]).
+    fn act(&mut self, io: &mut Io, step: Step, failure: Failure) {
+        match protocol::decide(step, failure, true) {
+            Action::Abort => {
+                // librdkafka bumps the epoch on its abort after an
+                // out-of-order produce.
+                let bump = self.abortable == Some(true);
+                if self.txn.flight().is_some() {
+                    self.failed_commit(io, bump);
+                } else {
+                    self.abort(io, bump);
+                }
+            }
+            Action::AbortUnknown => self.abort_unknown(io),
+            Action::AbortAndEnd | Action::End => self.fenced(io),
+        }
+    }
+
+    /// The commit in flight moved on to `stage`.
+    fn stage(&mut self, stage: Stage) {
+        if let Txn::Committing { flight, .. } = &mut self.txn {
+            *flight = stage;
         }
     }
 
@@ -629,6 +680,7 @@ impl Worker {
     fn fenced(&mut self, io: &mut Io) {
         io.note("fenced: new session");
         self.forget_and_rewind(io);
+        self.restored.clear();
         self.replace_producer(io);
     }
 }
@@ -640,4 +692,15 @@ pub enum Answer {
     Added { tp: Tp },
     Acked,
     Refused(Refusal),
+}
+
+impl Refusal {
+    /// The refusal as the protocol tells failures apart.
+    fn failure(self) -> Failure {
+        match self {
+            Refusal::Fenced => Failure::Fenced,
+            Refusal::IllegalGeneration => Failure::StaleGeneration,
+            Refusal::InvalidTxnState | Refusal::OutOfOrder => Failure::Abortable,
+        }
+    }
 }

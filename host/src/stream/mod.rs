@@ -14,6 +14,7 @@ pub mod changelog;
 mod clients;
 pub mod cpu;
 pub mod names;
+pub mod protocol;
 mod standby;
 pub mod verify;
 mod worker;

@@ -2,104 +2,152 @@
 //! transaction aborts it (the producer's side first, then the worker's:
 //! stores' pending layers, guests, input rewound to the committed
 //! offsets), replaces the producer when the outcome is unknown, or ends the
-//! session. Every arm returns [`Flow::Aborted`] or an error.
+//! session, as [`protocol::decide`] says. Every arm returns
+//! [`Flow::Aborted`] or an error.
 
 use super::*;
+use crate::stream::protocol::{self, AbortEnd, Drained, Failure};
 
-impl Core {
+/// What failed, as librdkafka said it.
+pub(super) enum Cause {
+    /// A call: begin, produce, flush, the offsets, the commit.
+    Call {
+        operation: &'static str,
+        error: KafkaError,
+    },
     /// Records of the transaction were not delivered.
-    pub(super) fn on_undelivered(
-        &mut self,
-        consumer: &BaseConsumer<WorkerContext>,
+    Delivery {
         count: u64,
         code: Option<RDKafkaErrorCode>,
         first: FailedDelivery,
-    ) -> Result<Flow, StreamError> {
-        if let Some(code) = code.filter(|c| kafka::is_authorization(*c)) {
-            let _ = self.abort(None);
-            return Err(refused(&self.d, self.worker, code, Some(&first.topic)));
-        }
-        let first = first.message;
-        if let Some(code) = code.filter(|c| is_unsendable(*c)) {
-            // Retrying cannot help: the same record would be refused
-            // again, forever.
-            let _ = self.abort(None);
-            return Err(StreamError::Unsendable {
-                message: format!("{first}: {code}"),
-            });
-        }
-        tracing::warn!("{count} records failed delivery (first: {first}); aborting");
-        if code.is_some_and(is_timeout) {
-            // A produce request whose outcome is unknown may still land:
-            // only a new producer epoch keeps it out of later
-            // transactions.
-            return self.abort_unknown(consumer, "a delivery timed out");
-        }
-        self.abort(Some(consumer)).map(|()| Flow::Aborted)
+    },
+}
+
+impl Cause {
+    pub(super) fn call(operation: &'static str, error: KafkaError) -> Cause {
+        Cause::Call { operation, error }
     }
 
+    /// The failure as the protocol tells failures apart.
+    fn failure(&self) -> Failure {
+        match self {
+            Cause::Call { error, .. } => {
+                let code = error.rdkafka_error_code();
+                if kafka::authorization_failure(error).is_some() {
+                    Failure::Authorization
+                } else if kafka::is_fencing(error) {
+                    Failure::Fenced
+                } else if code.is_some_and(is_unsendable) {
+                    Failure::Unsendable
+                } else if kafka::is_stale_generation(error) {
+                    Failure::StaleGeneration
+                } else if code.is_some_and(is_timeout) {
+                    Failure::TimedOut
+                } else if let KafkaError::MessageProduction(_) = error {
+                    Failure::RecordRefused
+                } else if matches!(kafka::classify(error), TxnFailure::Abort) {
+                    Failure::Abortable
+                } else {
+                    Failure::Fatal
+                }
+            }
+            Cause::Delivery { code, .. } => match code {
+                Some(c) if kafka::is_authorization(*c) => Failure::Authorization,
+                Some(c) if is_unsendable(*c) => Failure::Unsendable,
+                Some(c) if is_timeout(*c) => Failure::TimedOut,
+                _ => Failure::Abortable,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cause::Call { operation, error } => write!(f, "{operation}: {error}"),
+            Cause::Delivery { count, first, .. } => {
+                write!(
+                    f,
+                    "{count} records failed delivery (first: {})",
+                    first.message
+                )
+            }
+        }
+    }
+}
+
+impl Core {
     /// Acts on a failed Kafka call inside the transaction.
     pub(super) fn on_txn_error(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
-        operation: &str,
-        e: KafkaError,
+        operation: &'static str,
+        error: KafkaError,
     ) -> Result<Flow, StreamError> {
-        if let Some(code) = kafka::authorization_failure(&e) {
-            let _ = self.abort(None);
-            return Err(refused(&self.d, self.worker, code, None));
-        }
-        if kafka::is_fencing(&e) {
-            Metrics::add(&self.d.metrics.fenced, 1);
-            tracing::warn!(worker = self.worker, "{operation}: fenced: {e}");
-            return Err(Restart::fenced(operation, e));
-        }
-        if let Some(code) = e.rdkafka_error_code().filter(|c| is_unsendable(*c)) {
-            let _ = self.abort(None);
-            return Err(StreamError::Unsendable {
-                message: format!("{operation}: {e}: {code}"),
-            });
-        }
-        if !self.d.exactly_once() {
-            return Err(Restart::kafka(operation, e));
-        }
-        if kafka::is_stale_generation(&e) {
-            // A rebalance began while this transaction was open (its offsets
-            // carry the old generation), or the member's session expired.
-            // Abort and read the input again from the committed offsets; the
-            // producer and the consumer stay, and the consumer rejoins by
-            // itself (a new consumer under the same static id would get its
-            // old assignment back without a rebalance, and a partition
-            // revoked meanwhile would be owned by nobody).
-            tracing::info!(
-                worker = self.worker,
-                "{operation}: {e}: the group is rebalancing; aborting and rewinding"
-            );
-            return self.abort(Some(consumer)).map(|()| Flow::Aborted);
-        }
-        if e.rdkafka_error_code().is_some_and(is_timeout) {
-            return self.abort_unknown(consumer, &format!("{operation}: {e}"));
-        }
-        if let KafkaError::MessageProduction(_) = e {
-            // The producer refused a record (its transaction is in an
-            // abortable state after an earlier failure): nothing of this
-            // transaction can commit; abort it (a failing abort ends the
-            // session).
-            tracing::warn!(
-                worker = self.worker,
-                "{operation}: {e}; aborting the transaction"
-            );
-            return self.abort(Some(consumer)).map(|()| Flow::Aborted);
-        }
-        match kafka::classify(&e) {
-            TxnFailure::Abort => {
-                tracing::warn!(
-                    worker = self.worker,
-                    "{operation}: {e}; aborting the transaction"
-                );
+        self.on_failure(consumer, Step::Call, Cause::call(operation, error))
+    }
+
+    /// Acts on a failure at `step` of the transaction, as the protocol
+    /// decides.
+    pub(super) fn on_failure(
+        &mut self,
+        consumer: &BaseConsumer<WorkerContext>,
+        step: Step,
+        cause: Cause,
+    ) -> Result<Flow, StreamError> {
+        let failure = cause.failure();
+        match protocol::decide(step, failure, self.d.exactly_once()) {
+            Action::Abort => {
+                if failure == Failure::StaleGeneration {
+                    tracing::info!(
+                        worker = self.worker,
+                        "{cause}: the group is rebalancing; aborting and rewinding"
+                    );
+                } else {
+                    tracing::warn!(worker = self.worker, "{cause}; aborting the transaction");
+                }
                 self.abort(Some(consumer)).map(|()| Flow::Aborted)
             }
-            _ => Err(Restart::kafka(operation, e)),
+            Action::AbortUnknown => self.abort_unknown(consumer, &cause.to_string()),
+            Action::AbortAndEnd => {
+                let _ = self.abort(None);
+                Err(self.session_error(failure, cause))
+            }
+            Action::End => Err(self.session_error(failure, cause)),
+        }
+    }
+
+    /// The error that ends the session after `cause`.
+    fn session_error(&self, failure: Failure, cause: Cause) -> StreamError {
+        match (failure, cause) {
+            (Failure::Authorization, Cause::Call { error, .. }) => {
+                let code = kafka::authorization_failure(&error)
+                    .unwrap_or(RDKafkaErrorCode::TopicAuthorizationFailed);
+                refused(&self.d, self.worker, code, None)
+            }
+            (Failure::Authorization, Cause::Delivery { code, first, .. }) => {
+                let code = code.unwrap_or(RDKafkaErrorCode::TopicAuthorizationFailed);
+                refused(&self.d, self.worker, code, Some(&first.topic))
+            }
+            (Failure::Unsendable, Cause::Call { operation, error }) => StreamError::Unsendable {
+                message: match error.rdkafka_error_code() {
+                    Some(code) => format!("{operation}: {error}: {code}"),
+                    None => format!("{operation}: {error}"),
+                },
+            },
+            (Failure::Unsendable, Cause::Delivery { code, first, .. }) => StreamError::Unsendable {
+                message: match code {
+                    Some(code) => format!("{}: {code}", first.message),
+                    None => first.message,
+                },
+            },
+            (Failure::Fenced, Cause::Call { operation, error }) => {
+                Metrics::add(&self.d.metrics.fenced, 1);
+                tracing::warn!(worker = self.worker, "{operation}: fenced: {error}");
+                Restart::fenced(operation, error)
+            }
+            (_, Cause::Call { operation, error }) => Restart::kafka(operation, error),
+            (_, cause @ Cause::Delivery { .. }) => Restart::lost(cause.to_string()),
         }
     }
 
@@ -141,14 +189,18 @@ impl Core {
         &mut self,
         consumer: Option<&BaseConsumer<WorkerContext>>,
     ) -> Result<(), StreamError> {
-        if self.txn.flight().is_some() {
+        if let Some(Commit {
+            flight,
+            frozen,
+            next,
+        }) = self.txn.take_flight()
+        {
             // Never under a commit in flight: it ends first. Committed, it
             // stays (step 5 runs); failed, it is handled as any failed
             // commit, which aborts what came after it too. Without a
             // consumer the session ends: a failed one is aborted below, and
             // a committed one's stores catch up from their changelogs when
             // the tasks open again.
-            let (flight, next) = self.take_flight();
             let outcome = flight.wait()?;
             let committed = matches!(outcome, CommitOutcome::Committed { .. });
             match consumer {
@@ -158,11 +210,11 @@ impl Core {
                     if let Some(next) = next {
                         self.carry(next);
                     }
-                    let _ = self.finish_commit(consumer, flight, None, outcome)?;
+                    let _ = self.finish_commit(consumer, frozen, None, outcome)?;
                 }
                 Some(consumer) => {
                     // The failure arms abort (or end the session).
-                    self.txn = Txn::Open(self.failed_txn(&flight, next));
+                    self.reopen_failed(frozen, next);
                     let _aborted = self.on_failed_commit(consumer, outcome)?;
                     return Ok(());
                 }
@@ -171,13 +223,13 @@ impl Core {
                         self.carry(next);
                     }
                 }
-                None => self.txn = Txn::Open(self.failed_txn(&flight, next)),
+                None => self.reopen_failed(frozen, next),
             }
         }
         let producer_open = matches!(self.txn, Txn::Open(_));
         if self.d.exactly_once() && producer_open {
-            match abort_transaction(&self.producer) {
-                Aborted::Clean => {}
+            let end = match abort_transaction(&self.producer) {
+                Aborted::Clean => None,
                 Aborted::Unacknowledged(records) => {
                     tracing::info!(
                         worker = self.worker,
@@ -185,25 +237,18 @@ impl Core {
                         "records of the aborted transaction unacknowledged after {ABORT_DRAIN:?}; \
                          replacing the producer (its new epoch fences them)"
                     );
-                    self.replace_producer()?;
+                    Some(protocol::after_drain(Drained::Unacknowledged(records)))
                 }
                 Aborted::Refused(e) => {
-                    // The coordinator may have aborted it already (a
-                    // transaction past its timeout: "invalid state", or the
-                    // epoch bumped: "fenced"). A new producer's
-                    // init_transactions aborts it in any case, and the
-                    // consumer keeps its membership: restarting the session
-                    // here (as before) rejoined as the same static member in
-                    // the middle of a cooperative rebalance, and partitions
-                    // revoked in its first round were then owned by nobody
-                    // (seen in the network-fault drill: 2 of 6 partitions
-                    // stranded).
                     tracing::info!(
                         worker = self.worker,
                         "abort_transaction: {e}; replacing the producer instead"
                     );
-                    self.replace_producer()?;
+                    Some(protocol::after_refused_abort())
                 }
+            };
+            if end == Some(AbortEnd::ReplaceProducer) {
+                self.replace_producer()?;
             }
         }
         self.forget_txn();
@@ -238,27 +283,15 @@ impl Core {
         for task in self.tasks.values_mut() {
             task.abort();
         }
-        match std::mem::replace(&mut self.txn, Txn::Idle) {
-            Txn::Idle => {}
-            Txn::Open(open) => self.carry(open),
-            Txn::Committing { flight, next } => {
-                // Only after its outcome was learnt (`abort` waits for it):
-                // here only when the session ends.
-                self.carried.fuel += flight.pending.fuel;
-                self.carried.log_lines += flight.pending.log_lines;
-                if let Some(next) = next {
-                    self.carry(next);
-                }
-            }
-        }
+        let burned = self.txn.forget();
+        protocol::Work::carry(&mut self.carried, &burned);
         *self.producer.context().deliveries() = Deliveries::default();
     }
 
     /// Keeps what a dropped transaction's work burned (fuel, log lines) for
     /// the next commit to bill.
     fn carry(&mut self, dropped: Open) {
-        self.carried.fuel += dropped.pending.fuel;
-        self.carried.log_lines += dropped.pending.log_lines;
+        protocol::Work::carry(&mut self.carried, &dropped.work);
     }
 
     /// Seeks every assigned partition back to its committed offset.

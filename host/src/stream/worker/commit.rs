@@ -1,5 +1,6 @@
 //! The commit protocol (steps 2-5 of the loop in `mod.rs`), top to bottom:
-//! the transaction ([`Txn`], `txn.rs`) begun for the first record,
+//! the transaction ([`Txn`]: `stream/protocol.rs`, its state and
+//! decisions, shared with the simulation) begun for the first record,
 //! committed on the session's committer thread (`committer.rs`) while the
 //! worker goes on, finished when it returns. Its failure arms (abort,
 //! rewind, a new producer, the end of the session) are in `abort.rs`.
@@ -7,12 +8,6 @@
 use super::*;
 
 impl Core {
-    /// Whether anything is processed and not committed yet: an open
-    /// transaction, a commit in flight, or records processed meanwhile.
-    pub(super) fn busy(&self) -> bool {
-        !self.txn.is_idle()
-    }
-
     /// Begins a transaction if none is open; while a commit is in flight,
     /// opens the next one behind it (its Kafka transaction begins when the
     /// commit returns).
@@ -20,46 +15,24 @@ impl Core {
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
     ) -> Result<(), StreamError> {
-        match &mut self.txn {
-            Txn::Open(_) | Txn::Committing { next: Some(_), .. } => Ok(()),
-            Txn::Committing { next, .. } => {
-                *next = Some(Open::new(
-                    consumer.group_metadata(),
-                    std::mem::take(&mut self.carried),
-                ));
-                Ok(())
-            }
-            Txn::Idle => {
-                self.begin()?;
-                self.txn = Txn::Open(Open::new(
-                    consumer.group_metadata(),
-                    std::mem::take(&mut self.carried),
-                ));
-                Ok(())
-            }
-        }
+        let carried = &mut self.carried;
+        let open = || {
+            Open::new(
+                Instant::now(),
+                consumer.group_metadata(),
+                std::mem::take(carried),
+            )
+        };
+        let (init, producer) = (&mut self.producer_init, &self.producer);
+        let eos = self.d.exactly_once();
+        self.txn.ensure(open, || begin(init, producer, eos))
     }
 
     /// Waits for the producer's `init_transactions` (started with the
     /// session): the crashed incarnation's transaction is aborted, so the
     /// committed offsets are stable and the changelogs' ends final.
     pub(super) fn producer_ready(&mut self) -> Result<(), StreamError> {
-        let Some(init) = self.producer_init.take() else {
-            return Ok(());
-        };
-        init.recv()
-            .unwrap_or_else(|_| Err(Restart::lost("the producer's init thread")))
-    }
-
-    /// Begins the producer's transaction (at_least_once: nothing to begin).
-    pub(super) fn begin(&mut self) -> Result<(), StreamError> {
-        self.producer_ready()?;
-        if self.d.exactly_once() {
-            self.producer
-                .begin_transaction()
-                .map_err(|e| Restart::kafka("begin_transaction", e))?;
-        }
-        Ok(())
+        ready(&mut self.producer_init)
     }
 
     /// The protocol, synchronously: a commit in flight returns first (and
@@ -96,7 +69,6 @@ impl Core {
         if !matches!(self.txn, Txn::Open(_)) {
             return Ok(Flow::Go);
         }
-        let started = Instant::now();
 
         // 1. Every dirty key's latest value (or tombstone) to its store's
         //    changelog, in the same partition as the task's input.
@@ -108,7 +80,7 @@ impl Core {
         if let Err(e) = self.send_usage() {
             return self.on_txn_error(consumer, "producing a usage record", e);
         }
-        let Txn::Open(open) = std::mem::replace(&mut self.txn, Txn::Idle) else {
+        let Some(mut open) = self.txn.freeze(Instant::now()) else {
             unreachable!("checked above");
         };
 
@@ -132,7 +104,6 @@ impl Core {
         for task in self.tasks.values_mut() {
             task.freeze();
         }
-        let taken = (open.offsets, open.pending);
         if !self.d.exactly_once() {
             // at_least_once: flush here, then the consumer commits.
             let mut outcome = Committer::run_here(&self.producer, offsets.clone());
@@ -142,18 +113,16 @@ impl Core {
             {
                 outcome = CommitOutcome::Commit(e);
             }
-            return self.finish_commit(consumer, InFlight::settled(started, taken), None, outcome);
+            return self.finish_commit(consumer, open, None, outcome);
         }
         // The offsets go with the consumer's group metadata: the group
         // coordinator refuses them if this member's generation is stale (a
         // zombie whose partitions moved), and the transaction cannot commit.
-        let Some(group) = open.group else {
+        let Some(group) = open.group.take() else {
             return Err(Restart::NoGroupMetadata.into());
         };
-        let flight = self
-            .committer
-            .submit(&self.producer, offsets, group, started, taken)?;
-        self.txn = Txn::Committing { flight, next: None };
+        let flight = self.committer.submit(&self.producer, offsets, group)?;
+        self.txn.committing(flight, open);
         Ok(Flow::Go)
     }
 
@@ -173,7 +142,7 @@ impl Core {
                     };
                     kafka::send(&self.producer, record)?;
                     if let Some(open) = self.txn.current_mut() {
-                        open.pending.state_bytes +=
+                        open.work.state_bytes +=
                             (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
                     }
                 }
@@ -190,12 +159,12 @@ impl Core {
         let Some(open) = self.txn.current_mut() else {
             return Ok(());
         };
-        open.pending.log_lines += self
+        open.work.log_lines += self
             .d
             .metrics
             .unbilled_log_lines
             .swap(0, std::sync::atomic::Ordering::Relaxed);
-        let usage = open.pending.usage();
+        let usage = open.work.usage();
         if usage == Usage::default() {
             return Ok(());
         }
@@ -234,8 +203,8 @@ impl Core {
         let Some(outcome) = self.txn.flight().and_then(InFlight::try_outcome) else {
             return Ok(Flow::Go);
         };
-        let (flight, next) = self.take_flight();
-        self.finish_commit(consumer, flight, next, outcome?)
+        let Commit { frozen, next, .. } = self.txn.take_flight().expect("a commit in flight");
+        self.finish_commit(consumer, frozen, next, outcome?)
     }
 
     /// Waits for the commit in flight, if any, and acts on its outcome.
@@ -243,50 +212,41 @@ impl Core {
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
     ) -> Result<Flow, StreamError> {
-        if self.txn.flight().is_none() {
+        let Some(Commit {
+            flight,
+            frozen,
+            next,
+        }) = self.txn.take_flight()
+        else {
             return Ok(Flow::Go);
-        }
-        let (flight, next) = self.take_flight();
+        };
         let outcome = flight.wait()?;
-        self.finish_commit(consumer, flight, next, outcome)
+        self.finish_commit(consumer, frozen, next, outcome)
     }
 
-    /// Takes the commit in flight and the transaction behind it out of
-    /// `Txn::Committing` (the worker's transaction is idle until the caller
-    /// says what follows).
-    pub(super) fn take_flight(&mut self) -> (InFlight, Option<Open>) {
-        match std::mem::replace(&mut self.txn, Txn::Idle) {
-            Txn::Committing { flight, next } => (flight, next),
-            _ => unreachable!("the callers checked for a commit in flight"),
-        }
-    }
-
-    /// A commit returned. Committed: step 5, then the next transaction
-    /// begins with the outputs held meanwhile. Failed: the transaction is
-    /// aborted (it is still the producer's open one), and with it whatever
-    /// was processed since.
+    /// A commit of `frozen` returned. Committed: step 5, then the next
+    /// transaction begins with the outputs held meanwhile. Failed: the
+    /// transaction is aborted (it is still the producer's open one), and
+    /// with it whatever was processed since.
     pub(super) fn finish_commit(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
-        flight: InFlight,
+        frozen: Open,
         next: Option<Open>,
         outcome: CommitOutcome,
     ) -> Result<Flow, StreamError> {
         let changelog_offsets = match outcome {
             CommitOutcome::Committed { changelog_offsets } => changelog_offsets,
             failed => {
-                self.txn = Txn::Open(self.failed_txn(&flight, next));
+                self.reopen_failed(frozen, next);
                 return self.on_failed_commit(consumer, failed);
             }
         };
-        self.apply_committed(&flight, &changelog_offsets)?;
-        let Some(mut next) = next else {
-            return Ok(Flow::Go);
-        };
+        self.apply_committed(&frozen, &changelog_offsets)?;
         // What was processed during the commit: its transaction.
-        self.begin()?;
-        let held = std::mem::take(&mut next.held);
-        self.txn = Txn::Open(next);
+        let (init, producer) = (&mut self.producer_init, &self.producer);
+        let eos = self.d.exactly_once();
+        let held = self.txn.begin_next(next, || begin(init, producer, eos))?;
         for o in held {
             if let Err(e) = kafka::send_output(&self.producer, &o) {
                 return self.on_txn_error(consumer, "producing an output", e);
@@ -295,53 +255,45 @@ impl Core {
         Ok(Flow::Go)
     }
 
-    /// The producer's transaction after a failed commit: the one that
-    /// failed (still open there), with what aborted work it leaves to bill
-    /// and the records processed behind it, which are dropped with it.
-    pub(super) fn failed_txn(&self, flight: &InFlight, next: Option<Open>) -> Open {
-        let mut failed = Open::new(None, flight.pending.carried());
-        failed.started = flight.started;
-        if let Some(next) = next {
+    /// The producer's transaction after a failed commit is the one that
+    /// failed (still open there); the records processed behind it are
+    /// dropped with it.
+    pub(super) fn reopen_failed(&mut self, frozen: Open, next: Option<Open>) {
+        if let Some(next) = self.txn.failed(frozen, next) {
             tracing::info!(
                 worker = self.worker,
-                records = next.pending.records,
+                records = next.work.records,
                 "a commit failed with records processed behind it: they are dropped \
                  with it and read again"
             );
-            failed.pending.fuel += next.pending.fuel;
-            failed.pending.log_lines += next.pending.log_lines;
         }
-        failed
     }
 
     /// The failure arms of a commit (the failed transaction is the open
-    /// one): each aborts, or ends the session.
+    /// one): each aborts, or ends the session ([`protocol::decide`]).
     pub(super) fn on_failed_commit(
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
         failed: CommitOutcome,
     ) -> Result<Flow, StreamError> {
-        match failed {
+        let (step, cause) = match failed {
             CommitOutcome::Committed { .. } => unreachable!("a failed commit"),
-            CommitOutcome::Flush(e) => self.on_txn_error(consumer, "flushing", e),
+            CommitOutcome::Flush(error) => (Step::Call, Cause::call("flushing", error)),
             CommitOutcome::Undelivered { count, code, first } => {
-                self.on_undelivered(consumer, count, code, first)
+                (Step::Delivery, Cause::Delivery { count, code, first })
             }
-            CommitOutcome::Offsets(e) => {
-                self.on_txn_error(consumer, "send_offsets_to_transaction", e)
+            CommitOutcome::Offsets(error) => (
+                Step::Call,
+                Cause::call("send_offsets_to_transaction", error),
+            ),
+            CommitOutcome::Commit(error) if !self.d.exactly_once() => {
+                (Step::EndTxn, Cause::call("committing offsets", error))
             }
-            CommitOutcome::Commit(e) if !self.d.exactly_once() => {
-                Err(Restart::kafka("committing offsets", e))
+            CommitOutcome::Commit(error) => {
+                (Step::EndTxn, Cause::call("commit_transaction", error))
             }
-            CommitOutcome::Commit(e) if kafka::is_fencing(&e) => {
-                self.on_txn_error(consumer, "commit_transaction", e)
-            }
-            // Whatever librdkafka calls it, the outcome of an EndTxn that
-            // failed is not known here: it may have committed.
-            CommitOutcome::Commit(e) => {
-                self.abort_unknown(consumer, &format!("commit_transaction: {e}"))
-            }
-        }
+        };
+        self.on_failure(consumer, step, cause)
     }
 
     /// Step 5 of a transaction that committed: now, and only now, its
@@ -349,7 +301,7 @@ impl Core {
     /// same write batch; its counts go to the metrics.
     fn apply_committed(
         &mut self,
-        flight: &InFlight,
+        frozen: &Open,
         changelog_offsets: &HashMap<(String, i32), i64>,
     ) -> Result<(), StreamError> {
         for task in self.tasks.values_mut() {
@@ -361,7 +313,7 @@ impl Core {
             });
             // A table's position is its topic's next offset.
             let tables = self.d.manifest.tables.iter().filter_map(|(store, topic)| {
-                flight
+                frozen
                     .offsets
                     .get(&(topic.clone(), p))
                     .map(|next| (store.clone(), *next))
@@ -370,7 +322,7 @@ impl Core {
             task.apply_committed(positions).map_err(StreamError::Task)?;
         }
         let m = &self.d.metrics;
-        let p = &flight.pending;
+        let p = &frozen.work;
         Metrics::add(&m.records, p.records);
         Metrics::add(&m.outputs, p.outputs);
         Metrics::add(&m.dead_lettered, p.dead_lettered);
@@ -381,7 +333,7 @@ impl Core {
         Metrics::add(&m.bytes_out, p.output_bytes);
         Metrics::add(&m.state_bytes, p.state_bytes);
         Metrics::add(&m.commits, 1);
-        let took = flight.started.elapsed();
+        let took = frozen.started.elapsed();
         m.commit_latency(took);
         tracing::debug!(
             worker = self.worker,
@@ -392,4 +344,30 @@ impl Core {
         );
         Ok(())
     }
+}
+
+/// Waits for the producer's `init_transactions` if it has not returned yet.
+fn ready(
+    init: &mut Option<std::sync::mpsc::Receiver<Result<(), StreamError>>>,
+) -> Result<(), StreamError> {
+    let Some(init) = init.take() else {
+        return Ok(());
+    };
+    init.recv()
+        .unwrap_or_else(|_| Err(Restart::lost("the producer's init thread")))
+}
+
+/// Begins the producer's transaction (at_least_once: nothing to begin).
+fn begin(
+    init: &mut Option<std::sync::mpsc::Receiver<Result<(), StreamError>>>,
+    producer: &BaseProducer<ProducerCtx>,
+    exactly_once: bool,
+) -> Result<(), StreamError> {
+    ready(init)?;
+    if exactly_once {
+        producer
+            .begin_transaction()
+            .map_err(|e| Restart::kafka("begin_transaction", e))?;
+    }
+    Ok(())
 }

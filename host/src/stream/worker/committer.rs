@@ -12,30 +12,9 @@ pub(super) struct InFlight {
     pub(super) done: Receiver<Result<CommitOutcome, StreamError>>,
     /// The committer's call in progress, for its bound.
     pub(super) call: Arc<Mutex<Option<Call>>>,
-    pub(super) started: Instant,
-    /// Its input offsets (a table's next offset is its store's position).
-    pub(super) offsets: BTreeMap<(String, i32), i64>,
-    /// Its counts, for the metrics once it commits.
-    pub(super) pending: Pending,
 }
 
 impl InFlight {
-    /// A transaction whose steps ran on the worker's thread
-    /// (at_least_once).
-    pub(super) fn settled(
-        started: Instant,
-        (offsets, pending): (BTreeMap<(String, i32), i64>, Pending),
-    ) -> InFlight {
-        let (_, done) = std::sync::mpsc::channel();
-        InFlight {
-            done,
-            call: Arc::new(Mutex::new(None)),
-            started,
-            offsets,
-            pending,
-        }
-    }
-
     /// Waits for the outcome, or until the committer's call overruns its
     /// bound.
     pub(super) fn wait(&self) -> Result<CommitOutcome, StreamError> {
@@ -228,8 +207,6 @@ impl Committer {
         producer: &Arc<BaseProducer<ProducerCtx>>,
         offsets: TopicPartitionList,
         group: rdkafka::consumer::ConsumerGroupMetadata,
-        started: Instant,
-        flight: (BTreeMap<(String, i32), i64>, Pending),
     ) -> Result<InFlight, StreamError> {
         let (done, outcome) = std::sync::mpsc::channel();
         self.jobs
@@ -243,9 +220,6 @@ impl Committer {
         Ok(InFlight {
             done: outcome,
             call: Arc::clone(&self.call),
-            started,
-            offsets: flight.0,
-            pending: flight.1,
         })
     }
 

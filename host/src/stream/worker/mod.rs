@@ -69,6 +69,7 @@ mod rebalance;
 mod restore;
 mod txn;
 
+use abort::Cause;
 use alignment::*;
 use committer::*;
 use producer::*;
@@ -157,15 +158,6 @@ struct Pending {
 }
 
 impl Pending {
-    /// What an abort leaves to be counted by the next commit.
-    fn carried(&self) -> Pending {
-        Pending {
-            fuel: self.fuel,
-            log_lines: self.log_lines,
-            ..Pending::default()
-        }
-    }
-
     fn usage(&self) -> Usage {
         Usage {
             records_in: self.records,
@@ -434,8 +426,8 @@ impl Session {
                     let open_for = open.started.elapsed();
                     (open_for >= interval && steady)
                         || open_for >= self.d.options.transaction_timeout / 2
-                        || open.pending.records >= 20 * max_batch as u64
-                        || open.pending.output_bytes >= MAX_TXN_OUTPUT_BYTES
+                        || open.work.records >= 20 * max_batch as u64
+                        || open.work.output_bytes >= MAX_TXN_OUTPUT_BYTES
                 }
                 _ => false,
             };
@@ -543,16 +535,15 @@ impl Session {
     /// when the consumer closes (its revoke callback would try).
     fn discard(&mut self) {
         let mut core = lock(&self.core);
-        let producer_open = match std::mem::replace(&mut core.txn, Txn::Idle) {
-            Txn::Idle => false,
-            Txn::Open(_) => true,
+        let producer_open = match core.txn.take_flight() {
             // Not under a commit in flight: it ends first. One that
             // committed stays committed (the stores catch up from their
             // changelogs when the tasks open again); one that failed is
             // aborted here with the rest.
-            Txn::Committing { flight, .. } => {
+            Some(Commit { flight, .. }) => {
                 !matches!(flight.wait(), Ok(CommitOutcome::Committed { .. }))
             }
+            None => !std::mem::replace(&mut core.txn, Txn::Idle).is_idle(),
         };
         if producer_open && self.d.exactly_once() {
             // Whatever the abort's outcome, the session ends here, and the
@@ -656,7 +647,7 @@ impl Core {
     /// tasks' state changes) against its budgets: false when over one.
     fn hold(&mut self) -> bool {
         let state: u64 = self.tasks.values().map(Task::held_bytes).sum();
-        self.memory.set(self.txn.output_bytes() + state)
+        self.memory.set(output_bytes(&self.txn) + state)
     }
 
     /// [`Core::process_task`] until the memory budgets' room runs out: how
@@ -712,15 +703,15 @@ impl Core {
         );
         let fuel = task.take_fuel_used();
         Metrics::add(&self.d.metrics.fuel, fuel);
-        self.txn.receiving().pending.fuel += fuel;
+        self.txn.receiving().work.fuel += fuel;
         if let Err(e) = result {
             return Err(self.fail_batch(e));
         }
         // The records it finished: the rest is for the next part.
         debug_assert!(outcome.full || outcome.done == records.len());
         let records = &records[..outcome.done];
-        self.txn.receiving().pending.output_bytes += outcome.output_bytes;
-        let behind_commit = matches!(self.txn, Txn::Committing { .. });
+        self.txn.receiving().work.output_bytes += outcome.output_bytes;
+        let behind_commit = self.txn.route() == Route::Hold;
         if behind_commit {
             // A commit is in flight: the outputs wait for the next
             // transaction.
@@ -749,7 +740,7 @@ impl Core {
                 }
             }
         }
-        let p = &mut open.pending;
+        let p = &mut open.work;
         p.records += records.len() as u64;
         p.input_bytes += records.iter().map(|r| r.size() as u64).sum::<u64>();
         p.outputs += outputs;

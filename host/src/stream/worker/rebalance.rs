@@ -101,7 +101,8 @@ impl ConsumerContext for WorkerContext {
             "partitions revoked"
         );
         core.in_callback = true;
-        if core.busy() {
+        // The protocol's rule: abort, never commit (`protocol::on_rebalance`).
+        if crate::stream::protocol::on_rebalance(&core.txn) == Some(Action::Abort) {
             let result = if std::thread::panicking() {
                 // The consumer is being dropped while a panic unwinds (a
                 // bug in processing): the transaction is half built. Never
@@ -165,7 +166,7 @@ impl ConsumerContext for WorkerContext {
         // `pre_rebalance`), and the tasks kept may have been another
         // member's meanwhile.
         core.in_callback = true;
-        if core.busy() {
+        if crate::stream::protocol::on_rebalance(&core.txn) == Some(Action::Abort) {
             tracing::info!(
                 worker = core.worker,
                 unacknowledged = core.producer.in_flight_count(),
