@@ -1003,3 +1003,58 @@ fn d_the_forwarder_never_idles_in_a_transaction() {
     );
     stop_sink(s1);
 }
+
+/// A sink instance starting while another is inside a batch transaction
+/// (issue 48, item 2): its start checks the schema without taking a lock,
+/// so it neither waits for that transaction nor makes the running
+/// instance's next batch wait behind it. Before, its `CREATE INDEX IF NOT
+/// EXISTS` took a ShareLock on the markers table even with the index there,
+/// which waits for every batch holding the table.
+#[test]
+fn e_a_start_does_not_wait_for_a_running_batch() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let pg = Postgres::up();
+    let mut db = pg.client();
+    let tag = unique_tag();
+    let topic = format!("sink-start-{tag}");
+    let table = format!("start_{tag}");
+    let (dir, config) = id_sink(cluster, &pg, &mut db, &tag, &topic, 1, &table);
+    // Held inside its transaction (markers inserted, not committed), below
+    // the 10 s idle-in-transaction timeout the sink sets.
+    let pause = ["--fault-pause-before-commit-ms", "8000"];
+    let mut s1 = start_sink(&config, &cluster.bootstrap, dir.path(), "s1", &pause);
+    s1.wait_for(
+        "partitions assigned and claimed",
+        1,
+        Duration::from_secs(60),
+    );
+    let producer = plain_producer(cluster);
+    send(&producer, &topic, "a", r#"{"id": "a"}"#);
+    s1.wait_for("fault window: before COMMIT", 1, Duration::from_secs(60));
+    let launched = Instant::now();
+    let mut s2 = start_sink(&config, &cluster.bootstrap, dir.path(), "s2", &[]);
+    s2.wait_for("sink started", 1, Duration::from_secs(60));
+    let took = launched.elapsed();
+    // Still inside the first instance's transaction: nothing applied yet.
+    let applied = count(&mut db, &format!("SELECT count(*) FROM {table}"));
+    figure("sink_start_beside_an_open_batch_ms", took.as_millis());
+    assert_eq!(
+        applied,
+        0,
+        "the second instance started only after the first one's batch committed ({took:?}): \
+         its start waited for the running transaction\n{}",
+        s2.log_text()
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&mut db, &format!("SELECT count(*) FROM {table}")) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the held batch never committed:\n{}",
+            s1.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop_sink(s1);
+    stop_sink(s2);
+}

@@ -20,15 +20,10 @@
 //! lock), so the fencing is only between hosts.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rdkafka::Message;
-use rdkafka::error::KafkaError as ClientError;
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-
 use super::FleetError;
-use super::control::{ControlPlane, PUBLISH_TIMEOUT, PublishCtx, apply_record};
+use super::control::{ControlPlane, PUBLISH_TIMEOUT, apply_record};
 use super::registry::{DEPLOYMENTS_TOPIC, DeploymentRecord};
 use crate::kafka::{self, KafkaError};
 
@@ -39,7 +34,7 @@ const ATTEMPTS: u32 = 8;
 /// Why one attempt did not commit.
 enum Attempt {
     /// Another host's admission fenced this one: read again and retry.
-    Fenced(ClientError),
+    Fenced(KafkaError),
     /// Anything else: give up.
     Failed(FleetError),
 }
@@ -100,76 +95,51 @@ impl ControlPlane {
         ) -> Result<DeploymentRecord, FleetError>,
     ) -> Result<(DeploymentRecord, i64), Attempt> {
         let txn_id = format!("{tenant}.onceflow-admission");
-        let producer: ThreadedProducer<PublishCtx> = self
-            .connection()
-            .config()
-            .set("client.id", "onceflow-admission")
-            .set("transactional.id", &txn_id)
-            .set("transaction.timeout.ms", "15000")
-            .set("acks", "all")
-            .set("message.max.bytes", "1048576")
-            .create_with_context(PublishCtx)
-            .map_err(|e| {
-                FleetError::Kafka(KafkaError::client("creating the admission producer", e))
-            })?;
-        let step = |what: &str, r: Result<(), ClientError>| -> Result<(), Attempt> {
-            r.map_err(|e| {
-                if kafka::is_fencing(&e) || matches!(kafka::classify(&e), kafka::TxnFailure::Abort)
-                {
-                    Attempt::Fenced(e)
-                } else {
-                    match kafka::authorization_failure(&e) {
-                        Some(code) => {
-                            Attempt::Failed(FleetError::Kafka(KafkaError::not_authorized(
-                                format!("transactional id {txn_id:?}"),
-                                "Write",
-                                code,
-                            )))
-                        }
-                        None => Attempt::Failed(FleetError::Kafka(KafkaError::client(
-                            format!("{what} (admission of a deploy of tenant {tenant:?})"),
-                            e,
-                        ))),
-                    }
-                }
-            })
+        let producer = kafka::Publisher::transactional(
+            self.connection(),
+            "onceflow-admission",
+            &txn_id,
+            &format!("admission of a deploy of tenant {tenant:?}"),
+            &[
+                ("transaction.timeout.ms", "15000"),
+                ("acks", "all"),
+                ("message.max.bytes", "1048576"),
+            ],
+        )
+        .map_err(FleetError::Kafka)?;
+        let failed = |e: kafka::TxnCall| match e {
+            kafka::TxnCall::Raced(e) => Attempt::Fenced(e),
+            kafka::TxnCall::Failed(e) => Attempt::Failed(FleetError::Kafka(e)),
         };
-        step(
-            "init_transactions",
-            producer.init_transactions(PUBLISH_TIMEOUT),
-        )?;
-        step("begin_transaction", producer.begin_transaction())?;
+        producer
+            .init_transactions(PUBLISH_TIMEOUT)
+            .map_err(failed)?;
+        producer.begin_transaction().map_err(failed)?;
         let records = self.tenant_records(tenant)?;
         let record = match decide(&records) {
             Ok(r) => r,
             Err(e) => {
-                let _ = producer.abort_transaction(PUBLISH_TIMEOUT);
+                producer.abort_transaction(PUBLISH_TIMEOUT);
                 return Err(Attempt::Failed(e));
             }
         };
         // A record of strings and numbers always encodes.
         let json = serde_json::to_vec(&record).unwrap_or_default();
-        let key = record.key();
-        let (tx, rx) = mpsc::sync_channel(1);
-        let sent = producer.send(
-            BaseRecord::with_opaque_to(DEPLOYMENTS_TOPIC, Box::new(Some(tx)))
-                .key(key.as_str())
-                .payload(json.as_slice()),
-        );
-        step("writing the deployment record", sent.map_err(|(e, _)| e))?;
-        step(
-            "commit_transaction",
-            producer.commit_transaction(PUBLISH_TIMEOUT),
-        )?;
+        let acked = producer
+            .send_in_transaction(DEPLOYMENTS_TOPIC, &record.key(), Some(&json))
+            .map_err(failed)?;
+        producer
+            .commit_transaction(PUBLISH_TIMEOUT)
+            .map_err(failed)?;
         // Committed: every delivery report has been served.
-        let offset = match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(Ok(offset)) => offset,
-            Ok(Err(e)) => return Err(Attempt::Fenced(e)),
-            Err(_) => {
+        let offset = match acked.wait(Duration::from_secs(1)) {
+            Ok(offset) => offset,
+            Err(KafkaError::Timeout { .. }) => {
                 return Err(Attempt::Failed(FleetError::Unavailable(
                     "the deployment record was committed but its offset never reported".to_owned(),
                 )));
             }
+            Err(e) => return Err(Attempt::Fenced(e)),
         };
         Ok((record, offset))
     }
@@ -202,8 +172,8 @@ impl ControlPlane {
         let (consumer, _) = self.read_from(DEPLOYMENTS_TOPIC, |_, _| None)?;
         let deadline = Instant::now() + PUBLISH_TIMEOUT;
         while kafka::position(&consumer, DEPLOYMENTS_TOPIC, 0) < high {
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) => {
+            match kafka::poll(&consumer, Duration::from_millis(100)) {
+                kafka::Polled::Record(m) => {
                     let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
                         continue;
                     };
@@ -211,8 +181,10 @@ impl ControlPlane {
                         apply_record(&mut records, key, &m);
                     }
                 }
-                Some(Err(ClientError::PartitionEOF(_))) | None => {}
-                Some(Err(e)) => tracing::debug!("reading the registry for an admission: {e}"),
+                kafka::Polled::End | kafka::Polled::Nothing => {}
+                kafka::Polled::Failed(e) => {
+                    tracing::debug!("reading the registry for an admission: {e}")
+                }
             }
             if Instant::now() >= deadline {
                 return Err(FleetError::Unavailable(format!(

@@ -20,7 +20,6 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rdkafka::Message;
 use sha2::{Digest, Sha256};
 
 use super::FleetError;
@@ -51,7 +50,7 @@ impl ControlPlane {
     /// handing each record to `visit` until it breaks.
     fn scan(
         &self,
-        mut visit: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> ControlFlow<()>,
+        mut visit: impl FnMut(&kafka::Record<'_>) -> ControlFlow<()>,
     ) -> Result<(), FleetError> {
         let (consumer, (_, end)) = self.read_from(ARTIFACTS_TOPIC, |_, _| None)?;
         if end > 0 {

@@ -10,15 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::Message;
-use rdkafka::client::ClientContext;
-use rdkafka::consumer::BaseConsumer;
-use rdkafka::error::KafkaError as ClientError;
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use serde::de::DeserializeOwned;
 
 use super::FleetError;
@@ -30,29 +24,6 @@ use crate::kafka::{self, Connection, KafkaError, TopicSpec};
 
 /// How long a registry write may take to be acknowledged and read back.
 pub(super) const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
-
-pub(super) type Delivery = mpsc::SyncSender<Result<i64, ClientError>>;
-
-pub(super) struct PublishCtx;
-
-impl ClientContext for PublishCtx {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        kafka::log(level, fac, message);
-    }
-}
-
-impl ProducerContext for PublishCtx {
-    type DeliveryOpaque = Box<Option<Delivery>>;
-
-    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
-        if let Some(tx) = *opaque {
-            let _ = tx.send(match result {
-                Ok(m) => Ok(m.offset()),
-                Err((e, _)) => Err(e.clone()),
-            });
-        }
-    }
-}
 
 /// A compacted topic read into memory and kept up to date.
 pub struct View<T> {
@@ -150,7 +121,7 @@ impl<T: Clone> View<T> {
 /// The control plane's topics, as one host sees them.
 pub struct ControlPlane {
     conn: Connection,
-    pub(super) producer: ThreadedProducer<PublishCtx>,
+    pub(super) producer: kafka::Publisher,
     /// The registry.
     pub deployments: Arc<View<DeploymentRecord>>,
     /// Every host's status of every deployment.
@@ -242,15 +213,16 @@ impl ControlPlane {
             ),
             source,
         })?;
-        let producer: ThreadedProducer<PublishCtx> = conn
-            .config()
-            .set("client.id", "onceflow-control")
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "2")
-            .set("message.max.bytes", "1048576")
-            .create_with_context(PublishCtx)
-            .map_err(|e| KafkaError::client("creating the control-plane producer", e))?;
+        let producer = kafka::Publisher::new(
+            &conn,
+            "onceflow-control",
+            &[
+                ("enable.idempotence", "true"),
+                ("acks", "all"),
+                ("linger.ms", "2"),
+                ("message.max.bytes", "1048576"),
+            ],
+        )?;
         let stop = Arc::new(AtomicBool::new(false));
         let deployments = Arc::new(View::new());
         let statuses = Arc::new(View::new());
@@ -293,7 +265,7 @@ impl ControlPlane {
     /// group is never joined, but brokers that enforce ACLs let only a
     /// principal that may describe it look up its coordinator: it is under
     /// the internal prefix, as the control topics are (docs/kafka-security.md).
-    pub(super) fn reader(&self) -> Result<BaseConsumer<kafka::QuietContext>, KafkaError> {
+    pub(super) fn reader(&self) -> Result<kafka::Reader, KafkaError> {
         self.conn.reader(
             "_onceflow.control",
             "read_committed",
@@ -308,7 +280,7 @@ impl ControlPlane {
         &self,
         topic: &str,
         from: impl FnOnce(i64, i64) -> Option<i64>,
-    ) -> Result<(BaseConsumer<kafka::QuietContext>, (i64, i64)), KafkaError> {
+    ) -> Result<(kafka::Reader, (i64, i64)), KafkaError> {
         let consumer = self.reader()?;
         let (low, high) = kafka::watermarks(&consumer, topic, 0)?;
         kafka::assign(&consumer, &[(topic, 0, from(low, high))])?;
@@ -339,8 +311,8 @@ impl ControlPlane {
             .name(format!("tail-{topic}"))
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    match consumer.poll(Duration::from_millis(100)) {
-                        Some(Ok(m)) => {
+                    match kafka::poll(&consumer, Duration::from_millis(100)) {
+                        kafka::Polled::Record(m) => {
                             let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok())
                             else {
                                 continue;
@@ -354,7 +326,7 @@ impl ControlPlane {
                                 m.offset() + 1;
                             view.moved.notify_all();
                         }
-                        Some(Err(ClientError::PartitionEOF(_))) => {
+                        kafka::Polled::End => {
                             // At the end: past any transaction marker too
                             // (admissions write the registry in
                             // transactions), which no record reports.
@@ -366,11 +338,11 @@ impl ControlPlane {
                                 view.moved.notify_all();
                             }
                         }
-                        Some(Err(e)) => {
+                        kafka::Polled::Failed(e) => {
                             tracing::debug!(topic, "registry consumer: {e}");
                             std::thread::sleep(Duration::from_millis(100));
                         }
-                        None => {}
+                        kafka::Polled::Nothing => {}
                     }
                 }
             })
@@ -388,23 +360,7 @@ impl ControlPlane {
         key: &str,
         payload: Option<&[u8]>,
     ) -> Result<i64, KafkaError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let mut record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
-            BaseRecord::with_opaque_to(topic, Box::new(Some(tx))).key(key);
-        if let Some(p) = payload {
-            record = record.payload(p);
-        }
-        self.producer
-            .send(record)
-            .map_err(|(e, _)| KafkaError::client(format!("writing to {topic}"), e))?;
-        match rx.recv_timeout(PUBLISH_TIMEOUT) {
-            Ok(Ok(offset)) => Ok(offset),
-            Ok(Err(e)) => Err(KafkaError::client(format!("writing to {topic}"), e)),
-            Err(_) => Err(KafkaError::timeout(
-                format!("writing to {topic}"),
-                "no acknowledgement within 30 s: is the cluster reachable?",
-            )),
-        }
+        self.producer.publish(topic, key, payload, PUBLISH_TIMEOUT)
     }
 
     /// Writes a deployment record and returns once this host's view has it.
@@ -436,20 +392,13 @@ impl ControlPlane {
 
     /// Removes a host's heartbeat (a clean stop).
     pub fn clear_heartbeat(&self, host: &str) {
-        let key = heartbeat_key(host);
-        let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
-            BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None)).key(key.as_str());
-        let _ = self.producer.send(record);
+        let _ = self.producer.send(STATUS_TOPIC, &heartbeat_key(host), None);
     }
 
     fn put_status_at(&self, key: &str, status: &HostStatus) {
         match serde_json::to_vec(status) {
             Ok(json) => {
-                let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
-                    BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None))
-                        .key(key)
-                        .payload(json.as_slice());
-                if let Err((e, _)) = self.producer.send(record) {
+                if let Err(e) = self.producer.send(STATUS_TOPIC, key, Some(&json)) {
                     tracing::debug!("cannot publish status: {e}");
                 }
             }
@@ -461,14 +410,12 @@ impl ControlPlane {
     pub fn clear_status_of(&self, deployment_key: &str, host: &str) {
         // `<tenant>/<name>/<host>`, as `status_key` makes it.
         let key = format!("{deployment_key}/{host}");
-        let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
-            BaseRecord::with_opaque_to(STATUS_TOPIC, Box::new(None)).key(key.as_str());
-        let _ = self.producer.send(record);
+        let _ = self.producer.send(STATUS_TOPIC, &key, None);
     }
 
     /// Flushes pending status and log writes.
     pub fn flush(&self) {
-        let _ = self.producer.flush(Duration::from_secs(5));
+        self.producer.flush(Duration::from_secs(5));
     }
 }
 
@@ -478,7 +425,7 @@ impl ControlPlane {
 pub(super) fn apply_record<T: DeserializeOwned>(
     entries: &mut BTreeMap<String, T>,
     key: &str,
-    m: &impl Message,
+    m: &kafka::Record<'_>,
 ) {
     match m.payload() {
         None => {

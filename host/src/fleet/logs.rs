@@ -8,11 +8,8 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::Message;
-use rdkafka::producer::BaseRecord;
-
 use super::FleetError;
-use super::control::{ControlPlane, Delivery};
+use super::control::ControlPlane;
 use super::registry::{LOG_RETENTION_BYTES, LogEntry, logs_topic, now_ms};
 use crate::kafka::{self, KafkaError, TopicSpec};
 use crate::metrics::Metrics;
@@ -63,14 +60,10 @@ impl ControlPlane {
     /// Appends a guest log line to `topic` (not transactional: logs of
     /// aborted work are kept too, which is what one wants when debugging).
     pub fn append_log(&self, topic: &str, key: &str, entry: &LogEntry) {
-        if let Ok(json) = serde_json::to_vec(entry) {
-            let record: BaseRecord<'_, str, [u8], Box<Option<Delivery>>> =
-                BaseRecord::with_opaque_to(topic, Box::new(None))
-                    .key(key)
-                    .payload(json.as_slice());
-            if let Err((e, _)) = self.producer.send(record) {
-                tracing::debug!("cannot write a guest log line: {e}");
-            }
+        if let Ok(json) = serde_json::to_vec(entry)
+            && let Err(e) = self.producer.send(topic, key, Some(&json))
+        {
+            tracing::debug!("cannot write a guest log line: {e}");
         }
     }
 
@@ -122,7 +115,7 @@ impl ControlPlane {
 /// Keeps `m` if it is a line of `key`; stops at [`MAX_LINES`].
 fn collect(
     key: &str,
-    m: &rdkafka::message::BorrowedMessage<'_>,
+    m: &kafka::Record<'_>,
     lines: &mut Vec<LogEntry>,
     next: &mut i64,
 ) -> ControlFlow<()> {

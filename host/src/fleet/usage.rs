@@ -19,8 +19,6 @@ use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use rdkafka::Message as _;
-
 use super::ControlPlane;
 use super::registry::USAGE_TOPIC;
 use crate::kafka::{self, KafkaError};

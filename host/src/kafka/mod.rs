@@ -2,14 +2,16 @@
 //! to its end, sending records, and what a client error means.
 //!
 //! Here: [`Connection`] and [`KafkaError`]; reading in `read.rs`, sending in
-//! `send.rs`, topic admin in `topics.rs`, what an error means in `errors.rs`,
-//! secrets in `secrets.rs`.
+//! `send.rs`, publishing small records (the fleet's control topics, guest
+//! logs, a deploy's admission) in `publish.rs`, topic admin in `topics.rs`,
+//! what an error means in `errors.rs`, secrets in `secrets.rs`.
 //!
 //! rdkafka is owned here, by `stream` (the EOS loop's consumer and
-//! transactional producer), by the fleet's control I/O and by the sink's
-//! loop (docs/architecture.md, "Rules"). No `pub` signature names an rdkafka
-//! type (`scripts/check-layers`): callers see [`Connection`] and
-//! [`KafkaError`].
+//! transactional producer) and by the sink's consumer loop, whose rebalance
+//! callbacks claim partitions (docs/architecture.md, "Rules"); the fleet and
+//! the sink's committer write through `Publisher` and read
+//! `Record`s. No `pub` signature names an rdkafka type
+//! (`scripts/check-layers`): callers see [`Connection`] and [`KafkaError`].
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -28,11 +30,13 @@ mod secrets;
 pub use secrets::{ConfigError, FILE_SECRETS, PASSWORD_ENV, extra_config, is_secret};
 
 mod errors;
+mod publish;
 mod read;
 mod send;
 mod topics;
 
 pub(crate) use errors::*;
+pub(crate) use publish::*;
 pub(crate) use read::*;
 pub(crate) use send::*;
 pub use topics::*;

@@ -40,13 +40,16 @@ pub(crate) fn read_to_end<C: ConsumerContext>(
     partitions: usize,
     what: &str,
     deadline: Instant,
-    mut on_record: impl FnMut(&BorrowedMessage<'_>) -> ControlFlow<()>,
+    mut on_record: impl FnMut(&Record<'_>) -> ControlFlow<()>,
 ) -> Result<(), KafkaError> {
     let errors = ErrorLog::default();
     let mut ended = std::collections::HashSet::new();
     while ended.len() < partitions {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) if on_record(&m).is_break() => return Ok(()),
+        match consumer
+            .poll(Duration::from_millis(100))
+            .map(|r| r.map(Record))
+        {
+            Some(Ok(record)) if on_record(&record).is_break() => return Ok(()),
             Some(Ok(_)) => {}
             Some(Err(ClientError::PartitionEOF(p))) => {
                 ended.insert(p);
@@ -65,6 +68,70 @@ pub(crate) fn read_to_end<C: ConsumerContext>(
         }
     }
     Ok(())
+}
+
+/// A reader of assigned partitions to their end ([`Connection::reader`]
+/// with the quiet context): the fleet's control topics.
+pub(crate) type Reader = BaseConsumer<QuietContext>;
+
+/// A record read, as a reader's callers see it.
+pub(crate) struct Record<'a>(BorrowedMessage<'a>);
+
+impl Record<'_> {
+    pub(crate) fn topic(&self) -> &str {
+        self.0.topic()
+    }
+
+    pub(crate) fn partition(&self) -> i32 {
+        self.0.partition()
+    }
+
+    pub(crate) fn offset(&self) -> i64 {
+        self.0.offset()
+    }
+
+    pub(crate) fn key(&self) -> Option<&[u8]> {
+        self.0.key()
+    }
+
+    /// The value (`None`: a tombstone).
+    pub(crate) fn payload(&self) -> Option<&[u8]> {
+        self.0.payload()
+    }
+
+    /// The headers, each (name, value; an empty value for a null one).
+    pub(crate) fn headers(&self) -> Vec<(String, Vec<u8>)> {
+        self.0
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// What one poll of a reader gave.
+pub(crate) enum Polled<'a> {
+    Record(Record<'a>),
+    /// The end of a partition (as of now).
+    End,
+    Failed(KafkaError),
+    Nothing,
+}
+
+/// Polls `consumer` once, up to `timeout`.
+pub(crate) fn poll<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    timeout: Duration,
+) -> Polled<'_> {
+    match consumer.poll(timeout) {
+        Some(Ok(m)) => Polled::Record(Record(m)),
+        Some(Err(ClientError::PartitionEOF(_))) => Polled::End,
+        Some(Err(e)) => Polled::Failed(KafkaError::client("polling", e)),
+        None => Polled::Nothing,
+    }
 }
 
 /// Assigns `(topic, partition, from)` to a reader; `from: None` is the

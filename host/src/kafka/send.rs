@@ -24,15 +24,21 @@ pub(crate) fn send<C: ProducerContext<DeliveryOpaque = ()>>(
     producer: &BaseProducer<C>,
     out: Outgoing<'_>,
 ) -> Result<(), ClientError> {
-    let Outgoing {
-        topic,
-        partition,
-        key,
-        value,
-        headers,
-        timestamp,
-    } = out;
-    let owned = (!headers.is_empty()).then(|| {
+    let headers = owned_headers(out.headers);
+    loop {
+        match producer.send(record(&out, headers.as_ref(), ())) {
+            Ok(()) => return Ok(()),
+            Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                producer.poll(Duration::from_millis(50));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
+/// librdkafka's headers for `headers` (none when empty).
+pub(super) fn owned_headers(headers: &[Header]) -> Option<OwnedHeaders> {
+    (!headers.is_empty()).then(|| {
         headers
             .iter()
             .fold(OwnedHeaders::new_with_capacity(headers.len()), |hs, h| {
@@ -41,32 +47,33 @@ pub(crate) fn send<C: ProducerContext<DeliveryOpaque = ()>>(
                     value: Some(&h.value),
                 })
             })
-    });
-    loop {
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
-        if let Some(k) = key {
-            record = record.key(k);
-        }
-        if let Some(v) = value {
-            record = record.payload(v);
-        }
-        if let Some(p) = partition {
-            record = record.partition(p);
-        }
-        if let Some(t) = timestamp.filter(|t| *t > 0) {
-            record = record.timestamp(t);
-        }
-        if let Some(h) = &owned {
-            record = record.headers(h.clone());
-        }
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                producer.poll(Duration::from_millis(50));
-            }
-            Err((e, _)) => return Err(e),
-        }
+    })
+}
+
+/// The record librdkafka sends for `out`, with `opaque` for its delivery
+/// report.
+pub(super) fn record<'a, D: rdkafka::util::IntoOpaque>(
+    out: &Outgoing<'a>,
+    headers: Option<&OwnedHeaders>,
+    opaque: D,
+) -> BaseRecord<'a, [u8], [u8], D> {
+    let mut record: BaseRecord<'a, [u8], [u8], D> = BaseRecord::with_opaque_to(out.topic, opaque);
+    if let Some(k) = out.key {
+        record = record.key(k);
     }
+    if let Some(v) = out.value {
+        record = record.payload(v);
+    }
+    if let Some(p) = out.partition {
+        record = record.partition(p);
+    }
+    if let Some(t) = out.timestamp.filter(|t| *t > 0) {
+        record = record.timestamp(t);
+    }
+    if let Some(h) = headers {
+        record = record.headers(h.clone());
+    }
+    record
 }
 
 /// Sends an output record (partition chosen from the key).

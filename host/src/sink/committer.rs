@@ -10,14 +10,11 @@
 //! positions in the database make the retry apply nothing twice.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
-
 use super::db::{self, Applied, BatchError, Claim, Db, DeadLetter, Item, Unforwarded};
-use super::{SinkConfig, SinkError, SinkOptions, lock, show};
+use super::{SinkConfig, SinkError, SinkOptions, show};
 use crate::kafka::{self, KafkaError, Outgoing};
 use crate::types::{Header, Usage, UsageRecord};
 
@@ -57,33 +54,12 @@ pub(super) struct BatchDone {
     pub next: BTreeMap<(String, i32), i64>,
 }
 
-/// The dead-letter producer's context: keeps the last delivery failure, so
-/// that letters are marked forwarded only once the brokers have them.
-#[derive(Default)]
-pub(super) struct DeadLetterContext {
-    failed: Mutex<Option<rdkafka::error::KafkaError>>,
-}
-
-impl rdkafka::client::ClientContext for DeadLetterContext {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        kafka::log(level, fac, message);
-    }
-}
-
-impl ProducerContext for DeadLetterContext {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            *lock(&self.failed) = Some(e.clone());
-        }
-    }
-}
-
 /// The committer's state.
 pub(super) struct Committer {
     pub db: Db,
-    pub producer: BaseProducer<DeadLetterContext>,
+    /// Dead letters and usage records (acknowledged before the rows are
+    /// marked forwarded).
+    pub producer: kafka::Publisher,
     pub config: SinkConfig,
     pub options: SinkOptions,
     /// How many COMMIT answers the `lose_commit_answers` fault dropped.
@@ -318,22 +294,16 @@ impl Committer {
             let mut send = |letters: &[Unforwarded]| -> Result<(), SinkError> {
                 for u in letters {
                     let headers = dead_letter_headers(&u.letter);
-                    kafka::send(
-                        producer,
-                        Outgoing {
-                            topic: &topic,
-                            partition: None,
-                            key: u.letter.key.as_deref(),
-                            value: u.letter.value.as_deref(),
-                            headers: &headers,
-                            timestamp: None,
-                        },
-                    )
-                    .map_err(|e| {
-                        KafkaError::client(format!("sending a dead letter to {topic}"), e)
+                    producer.send_record(Outgoing {
+                        topic: &topic,
+                        partition: None,
+                        key: u.letter.key.as_deref(),
+                        value: u.letter.value.as_deref(),
+                        headers: &headers,
+                        timestamp: None,
                     })?;
                 }
-                delivered(producer, &format!("dead letters to {topic}"))
+                Ok(producer.delivered(FORWARD_BOUND, &format!("dead letters to {topic}"))?)
             };
             match self.db.forward_dead_letters(&mut send) {
                 Ok(0) => return Ok(()),
@@ -405,22 +375,16 @@ impl Committer {
                         what: "encoding a usage record".to_owned(),
                         source: Box::new(e),
                     })?;
-                    kafka::send(
-                        producer,
-                        Outgoing {
-                            topic: &target.topic,
-                            partition: None,
-                            key: Some(key.as_bytes()),
-                            value: Some(&value),
-                            headers: &[],
-                            timestamp: None,
-                        },
-                    )
-                    .map_err(|e| {
-                        KafkaError::client(format!("sending usage to {}", target.topic), e)
+                    producer.send_record(Outgoing {
+                        topic: &target.topic,
+                        partition: None,
+                        key: Some(key.as_bytes()),
+                        value: Some(&value),
+                        headers: &[],
+                        timestamp: None,
                     })?;
                 }
-                delivered(producer, &format!("usage to {}", target.topic))
+                Ok(producer.delivered(FORWARD_BOUND, &format!("usage to {}", target.topic))?)
             };
             match self.db.forward_usage(&mut send) {
                 Ok(0) => return Ok(()),
@@ -447,22 +411,6 @@ impl Committer {
                 Err(BatchError::Fenced(_)) => return Ok(()),
             }
         }
-    }
-}
-
-/// Waits until what was sent (`what`: "dead letters to <topic>") is
-/// delivered; the first failed delivery is the error.
-fn delivered(producer: &BaseProducer<DeadLetterContext>, what: &str) -> Result<(), SinkError> {
-    if kafka::drain(producer, FORWARD_BOUND).is_err() {
-        return Err(KafkaError::timeout(
-            format!("sending {what}"),
-            format!("not acknowledged within {FORWARD_BOUND:?}: are the brokers reachable?"),
-        )
-        .into());
-    }
-    match lock(&producer.context().failed).take() {
-        Some(e) => Err(KafkaError::client(format!("sending {what}"), e).into()),
-        None => Ok(()),
     }
 }
 

@@ -37,11 +37,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::producer::BaseProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
 
-use committer::{BatchDone, BatchJob, Committer, DeadLetterContext, Job};
+use committer::{BatchDone, BatchJob, Committer, Job};
 use config::Identity;
 pub use config::{Connections, SinkConfig};
 pub use db::roles::check_connections;
@@ -292,14 +291,15 @@ pub fn run_postgres(
     consumer
         .subscribe(&topics)
         .map_err(|e| KafkaError::client(format!("subscribing to {}", topics.join(", ")), e))?;
-    let mut p = options.kafka.config();
-    p.set("client.id", format!("{}-dead-letters", options.instance_id))
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5");
-    let producer: BaseProducer<DeadLetterContext> = p
-        .create_with_context(DeadLetterContext::default())
-        .map_err(|e| KafkaError::client("creating the dead-letter producer", e))?;
+    let producer = kafka::Publisher::new(
+        &options.kafka,
+        &format!("{}-dead-letters", options.instance_id),
+        &[
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+            ("linger.ms", "5"),
+        ],
+    )?;
 
     tracing::info!(
         sink = %config.name,

@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use super::{Deployment, StreamError};

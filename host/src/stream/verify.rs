@@ -24,7 +24,6 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::message::{Headers, Message};
 use serde::Serialize;
 
 use crate::kafka::{self, Connection, KafkaError};
@@ -425,14 +424,7 @@ fn read_all(o: &VerifyOptions, topic: &str, deadline: Instant) -> Result<Vec<Rec
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
             value: m.payload().map(<[u8]>::to_vec),
-            headers: m
-                .headers()
-                .map(|hs| {
-                    hs.iter()
-                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            headers: m.headers(),
         });
         ControlFlow::Continue(())
     })?;

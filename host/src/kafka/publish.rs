@@ -1,0 +1,312 @@
+//! Publishing small records: the fleet's control topics (the registry,
+//! statuses, grants, components, usage), guest log lines and a deploy's
+//! admission. One producer context for all of them ([`Publisher`]): the
+//! host's librdkafka log, and each record either acknowledged to a caller
+//! that waits for its offset or forgotten.
+
+use std::sync::mpsc;
+
+use rdkafka::client::ClientContext;
+use rdkafka::producer::{DeliveryResult, ThreadedProducer};
+
+use super::*;
+
+type Delivery = mpsc::SyncSender<Result<i64, ClientError>>;
+
+/// The publishers' context: librdkafka's log and errors as the host logs
+/// them (errors rate-limited, as warnings: a publisher's records are retried
+/// or reported to whoever waits for them), and each delivery report to the
+/// caller waiting for it, if any (else a failure is kept for
+/// [`Publisher::delivered`]).
+#[derive(Default)]
+struct PublishCtx {
+    failed: std::sync::Mutex<Option<ClientError>>,
+    errors: ErrorLog,
+}
+
+impl ClientContext for PublishCtx {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        log(level, fac, message);
+    }
+
+    fn error(&self, error: ClientError, reason: &str) {
+        self.errors.report("producer", &error, reason);
+    }
+}
+
+impl ProducerContext for PublishCtx {
+    type DeliveryOpaque = Box<Option<Delivery>>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        match (*opaque, result) {
+            (Some(tx), _) => {
+                let _ = tx.send(match result {
+                    Ok(m) => Ok(m.offset()),
+                    Err((e, _)) => Err(e.clone()),
+                });
+            }
+            (None, Err((e, _))) => {
+                *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+            }
+            (None, Ok(_)) => {}
+        }
+    }
+}
+
+/// A producer of small records, with its own thread serving deliveries.
+pub(crate) struct Publisher {
+    producer: ThreadedProducer<PublishCtx>,
+    /// What a transactional publisher's errors say it was doing.
+    context: String,
+    transactional_id: Option<String>,
+}
+
+/// A record sent whose acknowledgement the caller waits for.
+pub(crate) struct Acked {
+    topic: String,
+    rx: mpsc::Receiver<Result<i64, ClientError>>,
+}
+
+/// How a transactional publisher's call failed.
+pub(crate) enum TxnCall {
+    /// Another producer with the same transactional id fenced this one, or
+    /// the transaction became abortable: read again and retry.
+    Raced(KafkaError),
+    /// Anything else (not authorized included): give up.
+    Failed(KafkaError),
+}
+
+impl Publisher {
+    /// A publisher named `client_id` with `settings` (after the
+    /// connection's own, before `-X`).
+    pub(crate) fn new(
+        conn: &Connection,
+        client_id: &str,
+        settings: &[(&str, &str)],
+    ) -> Result<Publisher, KafkaError> {
+        let mut all = vec![("client.id", client_id)];
+        all.extend_from_slice(settings);
+        let producer = conn
+            .config_with(&all)
+            .create_with_context(PublishCtx::default())
+            .map_err(|e| KafkaError::client(format!("creating the producer {client_id}"), e))?;
+        Ok(Publisher {
+            producer,
+            context: client_id.to_owned(),
+            transactional_id: None,
+        })
+    }
+
+    /// A transactional publisher (`transactional.id` = `transactional_id`);
+    /// `context` says in its errors what its transactions are for.
+    pub(crate) fn transactional(
+        conn: &Connection,
+        client_id: &str,
+        transactional_id: &str,
+        context: &str,
+        settings: &[(&str, &str)],
+    ) -> Result<Publisher, KafkaError> {
+        let mut all = vec![("transactional.id", transactional_id)];
+        all.extend_from_slice(settings);
+        let mut publisher = Publisher::new(conn, client_id, &all)?;
+        publisher.context = context.to_owned();
+        publisher.transactional_id = Some(transactional_id.to_owned());
+        Ok(publisher)
+    }
+
+    fn record<'a>(
+        topic: &'a str,
+        key: &'a str,
+        payload: Option<&'a [u8]>,
+        tx: Option<Delivery>,
+    ) -> BaseRecord<'a, str, [u8], Box<Option<Delivery>>> {
+        let record = BaseRecord::with_opaque_to(topic, Box::new(tx)).key(key);
+        match payload {
+            Some(p) => record.payload(p),
+            None => record,
+        }
+    }
+
+    /// Queues one record whose delivery report goes to the [`Acked`].
+    fn enqueue_acked(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: Option<&[u8]>,
+    ) -> Result<Acked, ClientError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.producer
+            .send(Self::record(topic, key, payload, Some(tx)))
+            .map_err(|(e, _)| e)?;
+        Ok(Acked {
+            topic: topic.to_owned(),
+            rx,
+        })
+    }
+
+    /// Sends one record (`payload: None`: a tombstone) whose
+    /// acknowledgement [`Acked::wait`] returns.
+    pub(crate) fn send_acked(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: Option<&[u8]>,
+    ) -> Result<Acked, KafkaError> {
+        self.enqueue_acked(topic, key, payload)
+            .map_err(|e| KafkaError::client(format!("writing to {topic}"), e))
+    }
+
+    /// Writes one record and waits up to `timeout` for the broker's
+    /// acknowledgement: its offset.
+    pub(crate) fn publish(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<i64, KafkaError> {
+        self.send_acked(topic, key, payload)?.wait(timeout)
+    }
+
+    /// Sends one record and forgets it (statuses, log lines): an error only
+    /// when the producer's queue refused it.
+    pub(crate) fn send(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: Option<&[u8]>,
+    ) -> Result<(), KafkaError> {
+        self.producer
+            .send(Self::record(topic, key, payload, None))
+            .map_err(|(e, _)| KafkaError::client(format!("writing to {topic}"), e))
+    }
+
+    /// Sends `out` (headers, partition and timestamp as given) and forgets
+    /// it until [`Publisher::delivered`], waiting for room in the queue.
+    pub(crate) fn send_record(&self, out: Outgoing<'_>) -> Result<(), KafkaError> {
+        let headers = owned_headers(out.headers);
+        loop {
+            match self
+                .producer
+                .send(record(&out, headers.as_ref(), Box::new(None)))
+            {
+                Ok(()) => return Ok(()),
+                Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err((e, _)) => {
+                    return Err(KafkaError::client(format!("sending to {}", out.topic), e));
+                }
+            }
+        }
+    }
+
+    /// Waits up to `bound` for everything sent to be acknowledged; the
+    /// first delivery that failed since the last call is the error (`what`
+    /// says what was sent: "dead letters to <topic>").
+    pub(crate) fn delivered(&self, bound: Duration, what: &str) -> Result<(), KafkaError> {
+        if self.producer.flush(bound).is_err() {
+            return Err(KafkaError::timeout(
+                format!("sending {what}"),
+                format!("not acknowledged within {bound:?}: are the brokers reachable?"),
+            ));
+        }
+        let failed = self
+            .producer
+            .context()
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match failed {
+            Some(e) => Err(KafkaError::client(format!("sending {what}"), e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits up to `timeout` for what was sent to be acknowledged.
+    pub(crate) fn flush(&self, timeout: Duration) {
+        let _ = self.producer.flush(timeout);
+    }
+
+    fn txn_call(&self, what: &str, r: Result<(), ClientError>) -> Result<(), TxnCall> {
+        r.map_err(|e| self.txn_failure(what, e))
+    }
+
+    /// A transactional publisher's client error, classified.
+    fn txn_failure(&self, what: &str, e: ClientError) -> TxnCall {
+        if is_fencing(&e) || matches!(classify(&e), TxnFailure::Abort) {
+            return TxnCall::Raced(KafkaError::client(format!("{what} ({})", self.context), e));
+        }
+        match authorization_failure(&e) {
+            Some(code) => TxnCall::Failed(KafkaError::not_authorized(
+                format!(
+                    "transactional id {:?}",
+                    self.transactional_id.as_deref().unwrap_or_default()
+                ),
+                "Write",
+                code,
+            )),
+            None => TxnCall::Failed(KafkaError::client(format!("{what} ({})", self.context), e)),
+        }
+    }
+
+    /// Sends one record inside the open transaction, its acknowledgement
+    /// to wait for after the commit.
+    pub(crate) fn send_in_transaction(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: Option<&[u8]>,
+    ) -> Result<Acked, TxnCall> {
+        self.enqueue_acked(topic, key, payload)
+            .map_err(|e| self.txn_failure(&format!("writing to {topic}"), e))
+    }
+
+    /// `init_transactions`: fences an earlier producer with the same
+    /// transactional id.
+    pub(crate) fn init_transactions(&self, timeout: Duration) -> Result<(), TxnCall> {
+        self.txn_call(
+            "init_transactions",
+            self.producer.init_transactions(timeout),
+        )
+    }
+
+    /// `begin_transaction`.
+    pub(crate) fn begin_transaction(&self) -> Result<(), TxnCall> {
+        self.txn_call("begin_transaction", self.producer.begin_transaction())
+    }
+
+    /// `commit_transaction`: every record sent in it is acknowledged when
+    /// it returns.
+    pub(crate) fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnCall> {
+        self.txn_call(
+            "commit_transaction",
+            self.producer.commit_transaction(timeout),
+        )
+    }
+
+    /// `abort_transaction` (its outcome ignored: a publisher whose abort
+    /// failed is dropped, and the next one's `init_transactions` aborts).
+    pub(crate) fn abort_transaction(&self, timeout: Duration) {
+        let _ = self.producer.abort_transaction(timeout);
+    }
+}
+
+impl Acked {
+    /// The record's offset, once acknowledged within `timeout`.
+    pub(crate) fn wait(self, timeout: Duration) -> Result<i64, KafkaError> {
+        let topic = self.topic;
+        match self.rx.recv_timeout(timeout) {
+            Ok(Ok(offset)) => Ok(offset),
+            Ok(Err(e)) => Err(KafkaError::client(format!("writing to {topic}"), e)),
+            Err(_) => Err(KafkaError::timeout(
+                format!("writing to {topic}"),
+                format!(
+                    "no acknowledgement within {} s: is the cluster reachable?",
+                    timeout.as_secs()
+                ),
+            )),
+        }
+    }
+}
