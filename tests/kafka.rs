@@ -16,7 +16,8 @@
 //! leaving (no task with two owners, from the assignments and from the
 //! changelog's producers in the broker's log segments), then the PostgreSQL
 //! sink (scripts/postgres) through kills, a zombie and a database restart,
-//! against a naive sink.
+//! against a naive sink, its tenants, and one short round of its drill
+//! (scripts/drill --sink runs it longer).
 
 mod common;
 
@@ -42,3 +43,5 @@ mod i_copartition;
 mod j_sink;
 #[path = "kafka/sink_tenants.rs"]
 mod k_sink_tenants;
+#[path = "kafka/sink_drill.rs"]
+mod l_sink_drill;

@@ -96,6 +96,12 @@ impl Postgres {
             .expect("connect as the superuser")
     }
 
+    /// The server's log (`scripts/postgres log-file`).
+    pub fn server_log(&self) -> PathBuf {
+        let out = self.script(&["log-file"]);
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    }
+
     /// A client.
     pub fn client(&self) -> postgres::Client {
         let password = std::fs::read_to_string(&self.password_file).expect("password file");

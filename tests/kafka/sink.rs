@@ -536,7 +536,7 @@ fn read_all(cluster: &Cluster, topic: &str, n: usize) -> Vec<(String, BTreeMap<S
 /// then commit the offsets. With `crash_after`, it stops after that many
 /// batches between the insert and the offset commit (as a SIGKILL there
 /// would); else it runs until 3 s pass without a record.
-fn naive_sink(
+pub(crate) fn naive_sink(
     cluster: &Cluster,
     topic: &str,
     group: &str,
@@ -795,7 +795,7 @@ fn b_a_tenants_sink_on_the_fleet() {
 }
 
 /// A name no earlier run used.
-fn unique_tag() -> String {
+pub(crate) fn unique_tag() -> String {
     format!(
         "{}_{}",
         std::process::id(),
@@ -805,32 +805,66 @@ fn unique_tag() -> String {
     )
 }
 
-/// A sink of its own: `topic` (with `partitions`) and its dead-letter topic
-/// created, table `table (id text)` filled by an insert route with identity
-/// `id`, batches of up to 100 records or 500 ms. Returns the directory
-/// (logs) and `sink.toml`.
-fn id_sink(
-    cluster: &Cluster,
-    pg: &Postgres,
-    db: &mut ::postgres::Client,
-    tag: &str,
-    topic: &str,
-    partitions: i32,
-    table: &str,
-) -> (tempfile::TempDir, std::path::PathBuf) {
-    let dlq = format!("{topic}-dlq");
-    cluster.create_topics(&[(topic, partitions), (&dlq, 1)]);
-    db.batch_execute(&format!("CREATE TABLE {table} (id text NOT NULL)"))
-        .expect("create the table");
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = dir.path().join("sink.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"name = "sink-{tag}"
+/// A test's sink of its own on the shared cluster: `topic` (with
+/// `partitions`) and its dead-letter topic `<topic>-dlq` created, table
+/// `table (id text)` filled by an insert route with identity `id`, batches
+/// of up to 100 records or 500 ms; `dir` holds `sink.toml` and the logs.
+struct IdSink {
+    cluster: &'static Cluster,
+    db: ::postgres::Client,
+    tag: String,
+    topic: String,
+    table: String,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+}
+
+impl IdSink {
+    /// Topic `sink-<what>-<tag>` into table `<what>_<tag>`.
+    fn new(what: &str, partitions: i32) -> IdSink {
+        IdSink::in_schema(what, partitions, None)
+    }
+
+    /// The same, with the sink's own tables and the route's table in
+    /// `schema` (given: created first, the sink's user granted CREATE on
+    /// it).
+    fn in_schema(what: &str, partitions: i32, schema: Option<&str>) -> IdSink {
+        let cluster = Cluster::shared();
+        let pg = Postgres::up();
+        let mut db = pg.client();
+        let tag = unique_tag();
+        let topic = format!("sink-{what}-{tag}");
+        let (table, schema_line) = match schema {
+            Some(schema) => {
+                let user = db
+                    .query_one("SELECT current_user::text", &[])
+                    .expect("the sink's user")
+                    .get::<_, String>(0);
+                pg.admin()
+                    .batch_execute(&format!(
+                        "CREATE SCHEMA {schema}; GRANT USAGE, CREATE ON SCHEMA {schema} TO {user}"
+                    ))
+                    .expect("create the schema");
+                (
+                    format!("{schema}.{what}_{tag}"),
+                    format!("schema = \"{schema}\"\n"),
+                )
+            }
+            None => (format!("{what}_{tag}"), String::new()),
+        };
+        let dlq = format!("{topic}-dlq");
+        cluster.create_topics(&[(topic.as_str(), partitions), (&dlq, 1)]);
+        db.batch_execute(&format!("CREATE TABLE {table} (id text NOT NULL)"))
+            .expect("create the table");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let config = dir.path().join("sink.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"name = "sink-{tag}"
 dead-letter-topic = "{dlq}"
 [postgres]
-connection = "{url}"
+{schema_line}connection = "{url}"
 password-file = "{password}"
 [batch]
 max-records = 100
@@ -842,12 +876,51 @@ table = "{table}"
 columns = ["id"]
 identity = "id"
 "#,
-            url = pg.url,
-            password = pg.password_file.display(),
-        ),
-    )
-    .expect("write sink.toml");
-    (dir, config)
+                url = pg.url,
+                password = pg.password_file.display(),
+            ),
+        )
+        .expect("write sink.toml");
+        IdSink {
+            cluster,
+            db,
+            tag,
+            topic,
+            table,
+            dir,
+            config,
+        }
+    }
+
+    /// Instance `instance` started (with `extra` flags), not waited for.
+    fn spawn(&self, instance: &str, extra: &[&str]) -> Host {
+        start_sink(
+            &self.config,
+            &self.cluster.bootstrap,
+            self.dir.path(),
+            instance,
+            extra,
+        )
+    }
+
+    /// Instance `instance` started and owning partitions.
+    fn start(&self, instance: &str, extra: &[&str]) -> Host {
+        let mut sink = self.spawn(instance, extra);
+        sink.wait_for(
+            "partitions assigned and claimed",
+            1,
+            Duration::from_secs(60),
+        );
+        sink
+    }
+
+    /// Rows in the table.
+    fn rows(&mut self) -> i64 {
+        count(
+            &mut self.db,
+            &format!("SELECT count(*) FROM {}", self.table),
+        )
+    }
 }
 
 /// Two instances, one partition each, the same identities on both
@@ -861,27 +934,12 @@ identity = "id"
 fn c_markers_in_a_fixed_order() {
     const IDS: usize = 6;
     let _g = serial();
-    let cluster = Cluster::shared();
-    let pg = Postgres::up();
-    let mut db = pg.client();
-    let tag = unique_tag();
-    let topic = format!("sink-dups-{tag}");
-    let table = format!("dups_{tag}");
-    let (dir, config) = id_sink(cluster, &pg, &mut db, &tag, &topic, 2, &table);
+    let mut rig = IdSink::new("dups", 2);
     let fault = ["--fault-pause-between-markers-ms", "200"];
-    let mut s1 = start_sink(&config, &cluster.bootstrap, dir.path(), "s1", &fault);
-    s1.wait_for(
-        "partitions assigned and claimed",
-        1,
-        Duration::from_secs(60),
-    );
-    let mut s2 = start_sink(&config, &cluster.bootstrap, dir.path(), "s2", &fault);
-    s2.wait_for(
-        "partitions assigned and claimed",
-        1,
-        Duration::from_secs(60),
-    );
+    let s1 = rig.start("s1", &fault);
+    let s2 = rig.start("s2", &fault);
     // Both own a partition now (s1 gave one up to s2).
+    let (cluster, topic, tag) = (rig.cluster, rig.topic.clone(), rig.tag.clone());
     let producer = plain_producer(cluster);
     for i in 0..IDS {
         for (partition, id) in [(0, i), (1, IDS - 1 - i)] {
@@ -898,7 +956,7 @@ fn c_markers_in_a_fixed_order() {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let done = count(
-            &mut db,
+            &mut rig.db,
             &format!(
                 "SELECT count(*) FROM onceflow_sink_progress WHERE sink = 'sink-{tag}' AND next_offset = {IDS}"
             ),
@@ -925,11 +983,7 @@ fn c_markers_in_a_fixed_order() {
         .count();
     figure("sink_markers_inserted_one_at_a_time", markers_at_once);
     figure("sink_marker_deadlocks", deadlocks);
-    assert_eq!(
-        count(&mut db, &format!("SELECT count(*) FROM {table}")),
-        IDS as i64,
-        "each identity applied once"
-    );
+    assert_eq!(rig.rows(), IDS as i64, "each identity applied once");
     assert!(
         markers_at_once >= 2 * IDS,
         "the markers did not go in one at a time: the test proves nothing"
@@ -951,23 +1005,12 @@ fn c_markers_in_a_fixed_order() {
 #[test]
 fn d_the_forwarder_never_idles_in_a_transaction() {
     let _g = serial();
-    let cluster = Cluster::shared();
-    let pg = Postgres::up();
-    let mut db = pg.client();
-    let tag = unique_tag();
-    let topic = format!("sink-fwd-{tag}");
-    let table = format!("fwd_{tag}");
-    let (dir, config) = id_sink(cluster, &pg, &mut db, &tag, &topic, 1, &table);
-    let pause = ["--fault-pause-before-commit-ms", "2000"];
-    let mut s1 = start_sink(&config, &cluster.bootstrap, dir.path(), "s1", &pause);
-    s1.wait_for(
-        "partitions assigned and claimed",
-        1,
-        Duration::from_secs(60),
-    );
+    let rig = IdSink::new("fwd", 1);
+    let (cluster, topic) = (rig.cluster, &rig.topic);
+    let mut s1 = rig.start("s1", &["--fault-pause-before-commit-ms", "2000"]);
     let producer = plain_producer(cluster);
-    send(&producer, &topic, "bad", "not json: a dead letter");
-    send(&producer, &topic, "good", r#"{"id": "good"}"#);
+    send(&producer, topic, "bad", "not json: a dead letter");
+    send(&producer, topic, "good", r#"{"id": "good"}"#);
     // The batch with the dead letter is in its transaction: the broker
     // stalls before the forward after its COMMIT.
     s1.wait_for("fault window: before COMMIT", 1, Duration::from_secs(60));
@@ -1013,31 +1056,19 @@ fn d_the_forwarder_never_idles_in_a_transaction() {
 #[test]
 fn e_a_start_does_not_wait_for_a_running_batch() {
     let _g = serial();
-    let cluster = Cluster::shared();
-    let pg = Postgres::up();
-    let mut db = pg.client();
-    let tag = unique_tag();
-    let topic = format!("sink-start-{tag}");
-    let table = format!("start_{tag}");
-    let (dir, config) = id_sink(cluster, &pg, &mut db, &tag, &topic, 1, &table);
+    let mut rig = IdSink::new("start", 1);
     // Held inside its transaction (markers inserted, not committed), below
     // the 10 s idle-in-transaction timeout the sink sets.
-    let pause = ["--fault-pause-before-commit-ms", "8000"];
-    let mut s1 = start_sink(&config, &cluster.bootstrap, dir.path(), "s1", &pause);
-    s1.wait_for(
-        "partitions assigned and claimed",
-        1,
-        Duration::from_secs(60),
-    );
-    let producer = plain_producer(cluster);
-    send(&producer, &topic, "a", r#"{"id": "a"}"#);
+    let mut s1 = rig.start("s1", &["--fault-pause-before-commit-ms", "8000"]);
+    let producer = plain_producer(rig.cluster);
+    send(&producer, &rig.topic, "a", r#"{"id": "a"}"#);
     s1.wait_for("fault window: before COMMIT", 1, Duration::from_secs(60));
     let launched = Instant::now();
-    let mut s2 = start_sink(&config, &cluster.bootstrap, dir.path(), "s2", &[]);
+    let mut s2 = rig.spawn("s2", &[]);
     s2.wait_for("sink started", 1, Duration::from_secs(60));
     let took = launched.elapsed();
     // Still inside the first instance's transaction: nothing applied yet.
-    let applied = count(&mut db, &format!("SELECT count(*) FROM {table}"));
+    let applied = rig.rows();
     figure("sink_start_beside_an_open_batch_ms", took.as_millis());
     assert_eq!(
         applied,
@@ -1047,7 +1078,7 @@ fn e_a_start_does_not_wait_for_a_running_batch() {
         s2.log_text()
     );
     let deadline = Instant::now() + Duration::from_secs(60);
-    while count(&mut db, &format!("SELECT count(*) FROM {table}")) < 1 {
+    while rig.rows() < 1 {
         assert!(
             Instant::now() < deadline,
             "the held batch never committed:\n{}",
@@ -1057,4 +1088,85 @@ fn e_a_start_does_not_wait_for_a_running_batch() {
     }
     stop_sink(s1);
     stop_sink(s2);
+}
+
+/// A first start creates the sink's tables under the schema's migration
+/// lock (issue 48): with another session holding that advisory lock, the
+/// start waits for it (seen in pg_locks: the sink's session waiting); the
+/// holder being anyone (a tenant's role can take any advisory lock), the
+/// wait is bounded: the start then goes on without the lock and names the
+/// holder's key in a warning. Before, the tables were created without a
+/// lock (a race between two first starts was retried): no session waited.
+#[test]
+fn f_tables_created_under_the_schema_lock() {
+    use sha2::{Digest, Sha256};
+    let _g = serial();
+    let schema = format!("sk_{}", unique_tag());
+    let rig = IdSink::in_schema("lock", 1, Some(&schema));
+    // The key the sink derives (host/src/sink/db.rs, schema_lock_key).
+    let digest = Sha256::digest(format!("onceflow sink schema {schema}").as_bytes());
+    let key = i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
+    let pg = Postgres::up();
+    let mut holder = pg.admin();
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&key])
+        .expect("take the schema's lock");
+    let mut s1 = rig.spawn("s1", &[]);
+    let mut watcher = pg.admin();
+    let tables = |watcher: &mut ::postgres::Client| -> bool {
+        watcher
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL",
+                &[&format!("{schema}.onceflow_sink_progress")],
+            )
+            .expect("look for the table")
+            .get(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let waiting = loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND (classid::bigint << 32 | objid::bigint) = $1",
+                &[&key],
+            )
+            .expect("read pg_locks")
+            .get(0);
+        if waiting > 0 || Instant::now() >= deadline || s1.log_text().contains("sink started") {
+            break waiting;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let started_meanwhile = s1.log_text().contains("sink started");
+    let tables_meanwhile = tables(&mut watcher);
+    figure("sink_starts_waiting_for_the_schema_lock", waiting);
+    assert_eq!(
+        waiting,
+        1,
+        "the first start did not wait for the schema's migration lock:\n{}",
+        s1.log_text()
+    );
+    assert!(
+        !started_meanwhile && !tables_meanwhile,
+        "the sink started (or created its tables) while waiting for the lock"
+    );
+    // Still held: the start goes on without it, and says who to look for.
+    s1.wait_for(
+        "partitions assigned and claimed",
+        1,
+        Duration::from_secs(60),
+    );
+    let log = s1.log_text();
+    assert!(
+        log.contains(&format!("advisory lock {key}")),
+        "no warning names the lock's key:\n{log}"
+    );
+    assert!(
+        tables(&mut watcher),
+        "the sink's tables are not in schema {schema}"
+    );
+    holder
+        .execute("SELECT pg_advisory_unlock($1)", &[&key])
+        .expect("release the schema's lock");
+    stop_sink(s1);
 }

@@ -621,13 +621,14 @@ impl Worker {
                 self.forget_and_rewind(io);
             }
             (Answer::Refused(why), _) if self.blocked == Some(Blocked::EndAbort(req)) => {
-                match (why, protocol::after_refused_abort()) {
-                    (Refusal::Fenced, _) => self.fenced(io),
-                    (_, AbortEnd::ReplaceProducer) => {
+                // A refused EndTxn abort: the producer is replaced
+                // (protocol::AbortEnd::ReplaceProducer), unless fenced.
+                match why {
+                    Refusal::Fenced => self.fenced(io),
+                    _ => {
                         self.forget_and_rewind(io);
                         self.replace_producer(io);
                     }
-                    (_, AbortEnd::EndTxn) => unreachable!("abort_transaction was refused"),
                 }
             }
             _ => {}

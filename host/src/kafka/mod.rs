@@ -6,11 +6,10 @@
 //! logs, a deploy's admission) in `publish.rs`, topic admin in `topics.rs`,
 //! what an error means in `errors.rs`, secrets in `secrets.rs`.
 //!
-//! rdkafka is owned here, by `stream` (the EOS loop's consumer and
-//! transactional producer) and by the sink's consumer loop, whose rebalance
-//! callbacks claim partitions (docs/architecture.md, "Rules"); the fleet and
-//! the sink's committer write through `Publisher` and read
-//! `Record`s. No `pub` signature names an rdkafka type
+//! rdkafka is owned here and by `stream` (the EOS loop's consumer and
+//! transactional producer; docs/architecture.md, "Rules"): the fleet and
+//! the sink write through `Publisher` and read `Record`s, the sink's loop
+//! through a `GroupReader` (`group.rs`) whose rebalances it claims. No `pub` signature names an rdkafka type
 //! (`scripts/check-layers`): callers see [`Connection`] and [`KafkaError`].
 
 use std::collections::BTreeMap;
@@ -30,12 +29,14 @@ mod secrets;
 pub use secrets::{ConfigError, FILE_SECRETS, PASSWORD_ENV, extra_config, is_secret};
 
 mod errors;
+mod group;
 mod publish;
 mod read;
 mod send;
 mod topics;
 
 pub(crate) use errors::*;
+pub(crate) use group::*;
 pub(crate) use publish::*;
 pub(crate) use read::*;
 pub(crate) use send::*;

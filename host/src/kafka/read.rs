@@ -99,6 +99,15 @@ impl Record<'_> {
         self.0.payload()
     }
 
+    /// The headers' bytes: names and values.
+    pub(crate) fn header_bytes(&self) -> usize {
+        self.0.headers().map_or(0, |hs| {
+            hs.iter()
+                .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+                .sum()
+        })
+    }
+
     /// The headers, each (name, value; an empty value for a null one).
     pub(crate) fn headers(&self) -> Vec<(String, Vec<u8>)> {
         self.0

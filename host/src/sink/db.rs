@@ -225,9 +225,8 @@ impl Db {
             dead_letters,
             usage,
         } = &self.s;
-        // No lock a tenant could hold (an advisory lock is anyone's): the
-        // tables are created when missing, and a race between two sinks
-        // creating them at once is retried.
+        // Current: checked without a lock, so a start never waits for (nor
+        // stalls) the running batches.
         let present: bool = self
             .client
             .query_one(
@@ -270,19 +269,48 @@ impl Db {
              CREATE INDEX IF NOT EXISTS onceflow_sink_usage_unforwarded
                ON {usage} (sink, id) WHERE NOT forwarded;"
         );
+        // Missing (a first start, or a version that adds tables): created
+        // under a transaction-level advisory lock per schema, so sinks
+        // starting at once do not race in the catalog. An advisory lock is
+        // anyone's to take (a tenant's role too), so the wait is bounded:
+        // past it, the tables are created without the lock, a race with
+        // another sink retried, and the holder named in a warning.
+        let lock_key = schema_lock_key(&self.config.postgres.schema);
+        let mut locked = true;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = self
-                .client
-                .transaction()
-                .and_then(|mut t| t.batch_execute(&ddl).and_then(|()| t.commit()));
+            let result = self.client.transaction().and_then(|mut t| {
+                if locked {
+                    t.batch_execute(&format!(
+                        "SET LOCAL lock_timeout = '{}ms'",
+                        SCHEMA_LOCK_WAIT.as_millis()
+                    ))?;
+                    t.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key])?;
+                }
+                t.batch_execute(&ddl)?;
+                t.commit()
+            });
             match result {
                 Ok(()) => return Ok(()),
-                // Another sink created them meanwhile (a unique violation
-                // in the catalog, or "already exists").
                 Err(e)
-                    if attempt < 5
+                    if locked
+                        && e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE) =>
+                {
+                    tracing::warn!(
+                        schema = %self.config.postgres.schema,
+                        "another session has held the sink tables' migration lock (advisory lock \
+                         {lock_key}) for over {} s: creating them without it; find the holder \
+                         with SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                         AND (classid::bigint << 32 | objid::bigint) = {lock_key}",
+                        SCHEMA_LOCK_WAIT.as_secs()
+                    );
+                    locked = false;
+                }
+                // Created meanwhile by a sink that did not take the lock (a
+                // unique violation in the catalog, or "already exists").
+                Err(e)
+                    if attempt < 6
                         && e.code()
                             .is_some_and(|c| ["23505", "42P07", "42710"].contains(&c.code())) =>
                 {
@@ -741,6 +769,21 @@ pub(crate) fn read_password(config: &PostgresConfig) -> Result<Option<String>, S
         return Ok(Some(text.lines().next().unwrap_or_default().to_owned()));
     }
     Ok(std::env::var("PGPASSWORD").ok())
+}
+
+/// How long a start waits for the schema's migration lock before it goes
+/// on without it.
+const SCHEMA_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// The advisory lock key under which the sink's tables in `schema` are
+/// created: the first 8 bytes of SHA-256 of `onceflow sink schema <schema>`
+/// (stable across PostgreSQL versions and known to tests and operators).
+pub(crate) fn schema_lock_key(schema: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("onceflow sink schema {schema}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
 }
 
 fn db_error(what: impl Into<String>, e: postgres::Error) -> SinkError {

@@ -30,14 +30,11 @@ pub mod sql_check;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::{Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
 
 use committer::{BatchDone, BatchJob, Committer, Job};
@@ -46,7 +43,7 @@ pub use config::{Connections, SinkConfig};
 pub use db::roles::check_connections;
 use db::{Db, Item};
 
-use crate::kafka::{self, Connection, KafkaError, QuietContext};
+use crate::kafka::{self, Connection, KafkaError};
 use crate::memory::{Held, MemoryLimits};
 use crate::metrics::Metrics;
 
@@ -179,76 +176,31 @@ pub struct SinkReport {
     pub slow_batches: u64,
 }
 
-/// A change of assignment, in the order the consumer reported them.
-#[derive(Debug)]
-enum Change {
-    Assigned(Vec<(String, i32)>),
-    Revoked(Vec<(String, i32)>),
-}
-
-/// The consumer's context: rebalances are queued for the loop (which
-/// claims, seeks and resumes), newly assigned partitions paused until then.
-struct SinkContext {
-    changes: Mutex<Vec<Change>>,
-    quiet: QuietContext,
-}
-
-impl rdkafka::client::ClientContext for SinkContext {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        self.quiet.log(level, fac, log_message);
-    }
-    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        self.quiet.error(error, reason);
-    }
-}
-
-fn pairs(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
-    tpl.elements()
-        .iter()
-        .map(|e| (e.topic().to_owned(), e.partition()))
-        .collect()
-}
-
-impl ConsumerContext for SinkContext {
-    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(tpl) = rebalance {
-            lock(&self.changes).push(Change::Revoked(pairs(tpl)));
-        }
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => {
-                if let Err(e) = consumer.pause(tpl) {
-                    tracing::warn!("pausing newly assigned partitions: {e}");
-                }
-                lock(&self.changes).push(Change::Assigned(pairs(tpl)));
-            }
-            Rebalance::Revoke(_) => {}
-            Rebalance::Error(e) => tracing::warn!("rebalance error: {e}"),
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Refuses a sink whose topics (routes and dead-letter topic) do not
 /// exist: it creates none, as they are the tenant's (or the processors')
 /// to create with their partition counts.
 pub fn check_topics(config: &SinkConfig, kafka: &Connection) -> Result<(), KafkaError> {
     let client = kafka::metadata_client(kafka)?;
+    // A topic created a moment ago may not be in the answering broker's
+    // metadata yet: "no such topic" is the verdict after a short grace.
+    let grace = Instant::now() + TOPIC_GRACE;
     for (key, topic) in config.topics() {
-        if kafka::partitions(&client, topic)?.is_none() {
-            return Err(KafkaError::topic(
-                topic,
-                format!("{key}: no such topic: create it first (a sink creates no topic)"),
-            ));
+        while kafka::partitions(&client, topic)?.is_none() {
+            if Instant::now() >= grace {
+                return Err(KafkaError::topic(
+                    topic,
+                    format!("{key}: no such topic: create it first (a sink creates no topic)"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
     Ok(())
 }
+
+/// How long a topic may be missing from the metadata before a sink's start
+/// (or deploy) says it does not exist.
+const TOPIC_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs a PostgreSQL sink until `shutdown` is set (the batch in hand is
 /// committed first).
@@ -273,24 +225,13 @@ pub fn run_postgres(
         Instant::now() + kafka::ADMIN_TIMEOUT,
     )?;
     let group = config.group();
-    let mut c = options.kafka.config();
-    c.set("group.id", &group)
-        .set("client.id", &options.instance_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "cooperative-sticky");
-    kafka::set_session(&mut c, options.session_timeout);
-    let consumer: BaseConsumer<SinkContext> = c
-        .create_with_context(SinkContext {
-            changes: Mutex::new(Vec::new()),
-            quiet: QuietContext::default(),
-        })
-        .map_err(|e| KafkaError::client(format!("creating the consumer ({group})"), e))?;
-    consumer
-        .subscribe(&topics)
-        .map_err(|e| KafkaError::client(format!("subscribing to {}", topics.join(", ")), e))?;
+    let consumer = kafka::GroupReader::subscribe(
+        &options.kafka,
+        &group,
+        &options.instance_id,
+        &topics,
+        options.session_timeout,
+    )?;
     let producer = kafka::Publisher::new(
         &options.kafka,
         &format!("{}-dead-letters", options.instance_id),
@@ -350,7 +291,7 @@ pub fn run_postgres(
 struct Sink<'a> {
     config: &'a SinkConfig,
     options: &'a SinkOptions,
-    consumer: &'a BaseConsumer<SinkContext>,
+    consumer: &'a kafka::GroupReader,
     /// The committer's queue.
     jobs: Option<Sender<Job>>,
     /// This instance's claims: (topic, partition) -> owner epoch.
@@ -384,15 +325,15 @@ impl Sink<'_> {
             }
             .min(Duration::from_millis(20));
             match self.consumer.poll(wait) {
-                Some(Ok(m)) => {
-                    if let Some(item) = self.item(&m) {
+                kafka::Polled::Record(record) => {
+                    if let Some(item) = self.item(&record) {
                         first_at.get_or_insert_with(Instant::now);
                         self.batch_bytes += held_bytes(&item);
                         self.batch.push(item);
                     }
                 }
-                Some(Err(e)) => tracing::debug!("consumer: {e}"),
-                None => {}
+                kafka::Polled::Failed(e) => tracing::debug!("consumer: {e}"),
+                kafka::Polled::End | kafka::Polled::Nothing => {}
             }
             let full = self.batch.len() >= self.config.max_batch_records
                 || !self.held.set(self.batch_bytes + self.in_flight_bytes);
@@ -513,7 +454,7 @@ impl Sink<'_> {
         }
         if !lost.is_empty() {
             // Until the group gives them back.
-            let _ = self.consumer.pause(&tpl_of(&lost));
+            let _ = self.consumer.pause(&lost);
         }
         if !self.options.pause_after_commit.is_zero() {
             tracing::info!(
@@ -523,9 +464,7 @@ impl Sink<'_> {
             std::thread::sleep(self.options.pause_after_commit);
         }
         if !done.next.is_empty()
-            && let Err(e) = self
-                .consumer
-                .commit(&kafka::offsets_list(&done.next), CommitMode::Async)
+            && let Err(e) = self.consumer.commit_async(&done.next)
         {
             tracing::debug!("committing offsets for lag monitoring: {e}");
         }
@@ -539,7 +478,7 @@ impl Sink<'_> {
     }
 
     /// The record as a batch item, if its partition is claimed.
-    fn item(&self, m: &BorrowedMessage<'_>) -> Option<Item> {
+    fn item(&self, m: &kafka::Record<'_>) -> Option<Item> {
         let at = (m.topic().to_owned(), m.partition());
         if !self.epochs.contains_key(&at) {
             return None;
@@ -579,14 +518,9 @@ impl Sink<'_> {
         };
         // What usage counts as bytes in, as for a deployment's input:
         // key, value and headers.
-        let header_bytes: usize = m.headers().map_or(0, |hs| {
-            hs.iter()
-                .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
-                .sum()
-        });
         let bytes = (m.key().map_or(0, <[u8]>::len)
             + value.as_ref().map_or(0, Vec::len)
-            + header_bytes) as u64;
+            + m.header_bytes()) as u64;
         Some(Item {
             route: route_index,
             topic: at.0,
@@ -605,10 +539,9 @@ impl Sink<'_> {
     /// records are dropped (its next owner reads them from the database's
     /// position); an assigned one is claimed, then read from there.
     fn take_changes(&mut self) -> Result<(), SinkError> {
-        let changes = std::mem::take(&mut *lock(&self.consumer.context().changes));
-        for change in changes {
+        for change in self.consumer.changes() {
             match change {
-                Change::Revoked(parts) => {
+                kafka::Change::Revoked(parts) => {
                     tracing::info!(partitions = %show(&parts), "partitions revoked");
                     for at in &parts {
                         self.epochs.remove(at);
@@ -619,20 +552,19 @@ impl Sink<'_> {
                             .any(|(t, p)| *t == i.topic && *p == i.partition)
                     });
                 }
-                Change::Assigned(parts) => {
+                kafka::Change::Assigned(parts) => {
                     if parts.is_empty() {
                         continue;
                     }
                     let (reply, answer) = std::sync::mpsc::sync_channel(1);
                     self.send(Job::Claim(parts.clone(), reply))?;
                     let claims = answer.recv().map_err(|_| committer_gone())??;
-                    let mut seek = TopicPartitionList::new();
+                    let mut starts = Vec::with_capacity(claims.len());
                     for c in &claims {
                         let at = (c.topic.clone(), c.partition);
                         self.drop_from_batch(|i| i.topic == c.topic && i.partition == c.partition);
                         self.epochs.insert(at, c.epoch);
-                        let offset = c.next_offset.map_or(Offset::Beginning, Offset::Offset);
-                        let _ = seek.add_partition_offset(&c.topic, c.partition, offset);
+                        starts.push((c.topic.clone(), c.partition, c.next_offset));
                     }
                     tracing::info!(
                         partitions = %show(&parts),
@@ -641,15 +573,7 @@ impl Sink<'_> {
                     );
                     // The positions are the database's: Kafka's committed
                     // offsets are for lag monitoring only.
-                    if let Err(e) = self.consumer.seek_partitions(seek, Duration::from_secs(10)) {
-                        return Err(
-                            KafkaError::client("seeking to the database's positions", e).into()
-                        );
-                    }
-                    let tpl = tpl_of(&parts);
-                    self.consumer
-                        .resume(&tpl)
-                        .map_err(|e| KafkaError::client("resuming claimed partitions", e))?;
+                    self.consumer.start_at(&starts)?;
                 }
             }
         }
@@ -662,14 +586,6 @@ fn committer_gone() -> SinkError {
         what: "the committer thread stopped".into(),
         source: "it panicked or exited: see the log above".into(),
     }
-}
-
-fn tpl_of(parts: &[(String, i32)]) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::new();
-    for (t, p) in parts {
-        tpl.add_partition(t, *p);
-    }
-    tpl
 }
 
 fn show(parts: &[(String, i32)]) -> String {

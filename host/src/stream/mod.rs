@@ -109,6 +109,18 @@ pub enum Restart {
         /// Which thread.
         what: String,
     },
+    /// The protocol ended the session on a failure its rules abort (a
+    /// failed delivery other than a refusal): a bug in the worker.
+    #[error(
+        "the protocol ended the session on \"{cause}\" ({failure}), a failure its rules abort: \
+         a bug in onceflow; the worker rejoins"
+    )]
+    Undecided {
+        /// The failure as the protocol told it apart.
+        failure: String,
+        /// What librdkafka said.
+        cause: String,
+    },
     /// The transaction about to commit has no group metadata (taken when it
     /// begins): a bug.
     #[error("the transaction has no consumer group metadata")]

@@ -488,6 +488,14 @@ pub enum AbortEnd {
     /// transaction added its partition, it passes the leader's checks (same
     /// producer id and epoch, an ongoing transaction, the next sequence)
     /// and commits with that transaction.
+    ///
+    /// Also the step when `abort_transaction` itself fails: the coordinator
+    /// may have aborted the transaction already (past its timeout, or the
+    /// epoch bumped), and a new producer's `init_transactions` aborts it in
+    /// any case, while the consumer keeps its membership (restarting the
+    /// session instead rejoined as the same static member in the middle of
+    /// a cooperative rebalance, and partitions revoked in its first round
+    /// were then owned by nobody).
     ReplaceProducer,
 }
 
@@ -497,16 +505,6 @@ pub fn after_drain(drained: Drained) -> AbortEnd {
         Drained::All => AbortEnd::EndTxn,
         Drained::Unacknowledged(_) => AbortEnd::ReplaceProducer,
     }
-}
-
-/// The abort's next step after `abort_transaction` failed: the coordinator
-/// may have aborted it already (past its timeout, or the epoch bumped); a
-/// new producer's `init_transactions` aborts it in any case, and the
-/// consumer keeps its membership (restarting the session instead rejoined
-/// as the same static member in the middle of a cooperative rebalance, and
-/// partitions revoked in its first round were then owned by nobody).
-pub fn after_refused_abort() -> AbortEnd {
-    AbortEnd::ReplaceProducer
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! [`Flow::Aborted`] or an error.
 
 use super::*;
-use crate::stream::protocol::{self, AbortEnd, Drained, Failure};
+use crate::stream::protocol::{self, AbortEnd, Failure};
 
 /// What failed, as librdkafka said it.
 pub(super) enum Cause {
@@ -147,7 +147,13 @@ impl Core {
                 Restart::fenced(operation, error)
             }
             (_, Cause::Call { operation, error }) => Restart::kafka(operation, error),
-            (_, cause @ Cause::Delivery { .. }) => Restart::lost(cause.to_string()),
+            // decide() ends a session on a failed delivery only when it was
+            // refused (above); any other is aborted.
+            (failure, cause @ Cause::Delivery { .. }) => Restart::Undecided {
+                failure: format!("{failure:?}"),
+                cause: cause.to_string(),
+            }
+            .into(),
         }
     }
 
@@ -228,26 +234,29 @@ impl Core {
         }
         let producer_open = matches!(self.txn, Txn::Open(_));
         if self.d.exactly_once() && producer_open {
-            let end = match abort_transaction(&self.producer) {
-                Aborted::Clean => None,
-                Aborted::Unacknowledged(records) => {
+            let drained = drain_in_flight(&self.producer);
+            let replace = match protocol::after_drain(drained) {
+                AbortEnd::EndTxn => match end_transaction(&self.producer) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        tracing::info!(
+                            worker = self.worker,
+                            "abort_transaction: {e}; replacing the producer instead"
+                        );
+                        true
+                    }
+                },
+                AbortEnd::ReplaceProducer => {
                     tracing::info!(
                         worker = self.worker,
-                        records,
+                        ?drained,
                         "records of the aborted transaction unacknowledged after {ABORT_DRAIN:?}; \
                          replacing the producer (its new epoch fences them)"
                     );
-                    Some(protocol::after_drain(Drained::Unacknowledged(records)))
-                }
-                Aborted::Refused(e) => {
-                    tracing::info!(
-                        worker = self.worker,
-                        "abort_transaction: {e}; replacing the producer instead"
-                    );
-                    Some(protocol::after_refused_abort())
+                    true
                 }
             };
-            if end == Some(AbortEnd::ReplaceProducer) {
+            if replace {
                 self.replace_producer()?;
             }
         }

@@ -53,6 +53,7 @@ use super::clients::{consumer_config, producer_config};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
+use super::protocol::{self, AbortEnd};
 use super::{Deployment, Restart, StreamError, changelog};
 use crate::kafka::{self, TxnFailure};
 use crate::metrics::{Metrics, WorkerLoad};
@@ -548,7 +549,11 @@ impl Session {
         if producer_open && self.d.exactly_once() {
             // Whatever the abort's outcome, the session ends here, and the
             // next one's producer fences this one (a new epoch).
-            if !matches!(abort_transaction(&core.producer), Aborted::Clean) {
+            let clean = match protocol::after_drain(drain_in_flight(&core.producer)) {
+                AbortEnd::EndTxn => end_transaction(&core.producer).is_ok(),
+                AbortEnd::ReplaceProducer => false,
+            };
+            if !clean {
                 retire(&core.producer);
             }
         }

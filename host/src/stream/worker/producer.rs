@@ -4,6 +4,7 @@
 //! the previous owners' transactional ids when partitions arrive.
 
 use super::*;
+use crate::stream::protocol::Drained;
 
 /// How long a blocking transactional call may take before the producer is
 /// considered to be in an unknown state.
@@ -128,42 +129,33 @@ pub(super) fn create_producer(
 
 /// How long an abort waits for the records of the transaction that were
 /// sent already to be acknowledged, before it replaces the producer instead
-/// (see [`abort_transaction`]). A healthy broker answers within
+/// (see [`drain_in_flight`]). A healthy broker answers within
 /// milliseconds; a request held longer is what a new epoch is for.
 pub(super) const ABORT_DRAIN: Duration = Duration::from_secs(5);
 
-/// How an abort ended on the producer's side.
-#[must_use]
-pub(super) enum Aborted {
-    /// The coordinator aborted the transaction: every record of it was
-    /// acknowledged (or failed) first, and none can arrive later.
-    Clean,
-    /// Records of it were still unacknowledged after [`ABORT_DRAIN`]: the
-    /// producer must be replaced, so that its new epoch fences them.
-    Unacknowledged(u64),
-    /// `abort_transaction` failed: the producer must be replaced, whose
-    /// `init_transactions` aborts the transaction.
-    Refused(KafkaError),
+/// Waits for the records of `producer`'s open transaction that were sent
+/// already, without purging one: librdkafka's own abort waits for those
+/// ("purging these messages may lead to gaps in the idempotent producer
+/// sequences", rdkafka_txnmgr.c), but it cannot serve our delivery reports
+/// while it waits, so they are served here first. What the abort does next
+/// is the protocol's ([`after_drain`](crate::stream::protocol::after_drain)): a purged request is not
+/// recalled, and arriving after the next transaction added its partition it
+/// would pass the leader's checks (same producer id and epoch, an ongoing
+/// transaction, its sequence the next expected) and commit with that
+/// transaction: records of an aborted transaction, processed again, written
+/// twice (before: `abort_with_requests_in_flight`,
+/// tests/kafka/abort_in_flight.rs).
+pub(super) fn drain_in_flight(producer: &BaseProducer<ProducerCtx>) -> Drained {
+    match kafka::drain(producer, ABORT_DRAIN) {
+        Ok(()) => Drained::All,
+        Err(_) => Drained::Unacknowledged(producer.in_flight_count().max(0) as u64),
+    }
 }
 
-/// Aborts `producer`'s open transaction without purging a request in
-/// flight. librdkafka's own abort waits for those ("purging these messages
-/// may lead to gaps in the idempotent producer sequences",
-/// rdkafka_txnmgr.c), but it cannot serve our delivery reports while it
-/// waits, so they are served here first. A purged request is not recalled:
-/// arriving after the next transaction added its partition, it passes the
-/// leader's checks (same producer id and epoch, an ongoing transaction, its
-/// sequence the next expected) and commits with that transaction: records
-/// of an aborted transaction, processed again, written twice (before:
-/// `abort_with_requests_in_flight`, tests/kafka/abort_in_flight.rs).
-pub(super) fn abort_transaction(producer: &BaseProducer<ProducerCtx>) -> Aborted {
-    if kafka::drain(producer, ABORT_DRAIN).is_err() {
-        return Aborted::Unacknowledged(producer.in_flight_count().max(0) as u64);
-    }
-    match producer.abort_transaction(TXN_CALL_TIMEOUT) {
-        Ok(()) => Aborted::Clean,
-        Err(e) => Aborted::Refused(e),
-    }
+/// `abort_transaction` (EndTxn abort), once nothing of the transaction is
+/// in flight ([`drain_in_flight`]).
+pub(super) fn end_transaction(producer: &BaseProducer<ProducerCtx>) -> Result<(), KafkaError> {
+    producer.abort_transaction(TXN_CALL_TIMEOUT)
 }
 
 /// Drops a producer that a new one with the same transactional id fenced
