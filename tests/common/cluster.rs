@@ -306,14 +306,47 @@ impl Cluster {
             .create()
             .expect("admin client");
         let rf = self.brokers.min(3) as i32;
-        let new: Vec<NewTopic<'_>> = topics
-            .iter()
-            .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(rf)))
-            .collect();
-        let res = futures::executor::block_on(admin.create_topics(&new, &AdminOptions::new()))
-            .expect("create topics");
-        for r in res {
-            r.expect("topic created");
+        // Retried for up to 3 minutes: a broker just resumed or restarted
+        // by the test before (SIGSTOPped past its session with the
+        // controller, it registers again) may not take a topic at once
+        // (the project's CI timed out here after a broker pause, 959124e).
+        // A topic created by an earlier attempt whose answer was lost counts.
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        let mut left: Vec<(&str, i32)> = topics.to_vec();
+        loop {
+            let new: Vec<NewTopic<'_>> = left
+                .iter()
+                .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(rf)))
+                .collect();
+            let options = AdminOptions::new()
+                .operation_timeout(Some(Duration::from_secs(15)))
+                .request_timeout(Some(Duration::from_secs(25)));
+            // The topics to try again, and why.
+            let failed: Vec<(String, String)> =
+                match futures::executor::block_on(admin.create_topics(&new, &options)) {
+                    Ok(results) => results
+                        .into_iter()
+                        .filter_map(|r| match r {
+                            Ok(_) => None,
+                            Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => None,
+                            Err((topic, code)) => Some((topic, code.to_string())),
+                        })
+                        .collect(),
+                    Err(e) => left
+                        .iter()
+                        .map(|(t, _)| ((*t).to_owned(), e.to_string()))
+                        .collect(),
+                };
+            if failed.is_empty() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "creating topics for 3 minutes: {failed:?}"
+            );
+            eprintln!("creating topics: {failed:?}; retrying");
+            std::thread::sleep(Duration::from_secs(1));
+            left.retain(|(t, _)| failed.iter().any(|(f, _)| f == t));
         }
     }
 
