@@ -100,10 +100,10 @@ pub fn run(
                 // Commit as the EOS loop would at its interval (every
                 // ~1000 records here), so the overlay stays small.
                 if (n + 1) * batch_size % 1000 < batch_size {
-                    task.apply_committed(Vec::new())?;
+                    task.apply_committed(Vec::new(), None)?;
                 }
             }
-            task.apply_committed(Vec::new())?;
+            task.apply_committed(Vec::new(), None)?;
             std::hint::black_box(outputs);
             let row = BenchRow {
                 batch_size,

@@ -362,7 +362,7 @@ impl OfflineRunner {
                 }
                 return Err(RunError::Task(e));
             }
-            task.apply_committed(Vec::new())?;
+            task.apply_committed(Vec::new(), None)?;
             summary.records += batch.len() as u64;
             summary.outputs += outcome.outputs.len() as u64;
             summary.dead_lettered += outcome.dead_lettered;

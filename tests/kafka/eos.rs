@@ -368,6 +368,103 @@ fn g_restart_replays_only_the_changelog_tail() {
     assert_exact(&w.verify(false), &produced, "restored on a new instance");
 }
 
+/// A deployment whose group lost its committed offsets while its stores
+/// kept their state is refused (issue 42, item 4; eos-audit-3 finding 5).
+/// Kafka deletes an empty group's offsets after `offsets.retention.minutes`
+/// (KIP-211): a deployment stopped longer than that. Here the group is
+/// deleted once its members' sessions ended, which leaves the same thing:
+/// no offsets, changelogs full. Before, the host restored every balance
+/// and then read the payments again from the earliest offset: each payment
+/// applied twice (doubled balances) and echoed twice. Now the host stops
+/// the deployment with an error that names the partition and says how to
+/// set the offsets, on its own state directory and on an empty one, and
+/// the output stays exact.
+#[test]
+fn j_lost_offsets_over_kept_state_are_refused() {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "lost-offsets", "exactly_once_v2", 2);
+    let produced = w.produce(0, 1_000, 100, None);
+    let session = ["--session-timeout-ms", "2000"];
+    let host = w.start("a", &session);
+    w.wait_done(Duration::from_secs(300));
+    assert!(host.stop().success());
+    assert_exact(&w.verify(false), &produced, "before the offsets were lost");
+
+    // The group's offsets deleted, as their expiry does (once the static
+    // members' sessions have ended the group is empty).
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .create()
+        .expect("admin client");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let deleted = futures::executor::block_on(
+            admin.delete_groups(&[w.app.as_str()], &AdminOptions::new()),
+        )
+        .expect("delete the group")
+        .into_iter()
+        .all(|r| r.is_ok());
+        if deleted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {} not deleted within 60 s",
+            w.app
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(w.committed(), 0, "the group has no offsets left");
+
+    for (instance, state) in [("a", "its own state"), ("b", "an empty state directory")] {
+        // Until the host stops, or has committed the input all over again.
+        let mut host = w.start(instance, &session);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Some(status) = host.exited() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline || w.committed() >= 1_000 {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let log = host.log_text();
+        if status.is_none() {
+            host.kill();
+        }
+        let report = w.verify(false);
+        println!(
+            "FIGURE lost_offsets_findings_{instance} {} (echoed {} of {} payments, {} dead \
+             letters of {})",
+            report.findings.len(),
+            report.echo_records,
+            produced.valid,
+            report.dead_letters,
+            produced.invalid
+        );
+        assert_exact(
+            &report,
+            &produced,
+            &format!("a host on {state} over lost offsets"),
+        );
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "the host on {state} stops the deployment:\n{log}"
+        );
+        assert!(
+            log.contains("has no committed offset for partition")
+                && log.contains("--reset-offsets"),
+            "the host on {state} names the lost offsets and what to do:\n{log}"
+        );
+    }
+}
+
 /// Runs the wallet on `cluster` and calls `fail` while the host works and
 /// more input arrives; the output must still be exact.
 fn wallet_through_broker_failure(cluster: &'static Cluster, label: &str, fail: impl FnOnce()) {

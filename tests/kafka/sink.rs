@@ -36,10 +36,13 @@ fn start_sink(config: &Path, bootstrap: &str, dir: &Path, instance: &str, extra:
         .arg(config)
         .args(["--bootstrap-servers", bootstrap])
         .args(["--instance-id", instance])
-        .args(["--session-timeout-ms", "3000"])
         .args(["--report-interval-ms", "1000"])
         .args(extra)
         .env("ONCEFLOW_LOG", "info");
+    // A short session unless the test sets one.
+    if !extra.contains(&"--session-timeout-ms") {
+        cmd.args(["--session-timeout-ms", "3000"]);
+    }
     Host::spawn(cmd, &dir.join(format!("sink-{instance}.log")), instance)
 }
 
@@ -1169,4 +1172,164 @@ fn f_tables_created_under_the_schema_lock() {
         .execute("SELECT pg_advisory_unlock($1)", &[&key])
         .expect("release the schema's lock");
     stop_sink(s1);
+}
+
+/// A claim made from an assignment the group took back does not stall the
+/// partition (issue 42, item 2; eos-audit-3 finding 3). Instance A owns one
+/// partition (r) and B the other (q); A's batch on r is held 30 s before
+/// BEGIN (`--fault-pause-before-begin-ms`), with a 10 s poll interval. B
+/// stops: the group gives q to A, whose claim waits behind the held batch,
+/// so A stops polling and is expelled; B2 joins, gets both partitions and
+/// claims them. When the batch ends, A's claim of q runs anyway and raises
+/// q's epoch over B2's, then A is killed. Before, B2's next batch on q was
+/// fenced and B2 paused q "until the group gives it back", which the group
+/// never does for a partition its member keeps: q's records were never
+/// applied. Now B2, still q's owner in the group, rejoins and claims it
+/// again, and every record arrives.
+#[test]
+fn g_a_stale_claim_does_not_stall_its_partition() {
+    let _g = serial();
+    let mut rig = IdSink::new("stale", 2);
+    let producer = plain_producer(rig.cluster);
+    let topic = rig.topic.clone();
+    let to = |partition: i32, id: &str| {
+        let value = format!(r#"{{"id": "{id}"}}"#);
+        producer
+            .send(
+                rdkafka::producer::BaseRecord::to(&topic)
+                    .partition(partition)
+                    .key(id)
+                    .payload(&value),
+            )
+            .expect("queue a record");
+        rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).expect("flush");
+    };
+    // After its batch, A waits 20 s more before it polls again (`after
+    // COMMIT`): it cannot rejoin the group before it is killed (rejoining,
+    // it could be given q back, which would hide the stall).
+    let held = [
+        "--fault-pause-before-begin-ms",
+        "30000",
+        "--fault-pause-after-commit-ms",
+        "20000",
+        "-X",
+        "max.poll.interval.ms=10000",
+        // (librdkafka wants it at least the session, for every client.)
+        "-X",
+        "session.timeout.ms=3000",
+    ];
+    let mut a = rig.start("a", &held);
+    let b = rig.start("b", &[]);
+    // B took one partition from A (cooperative-sticky).
+    let claimed = |log: &str| -> Vec<i32> {
+        log.lines()
+            .filter(|l| l.contains("partitions assigned and claimed"))
+            .filter_map(|l| l.split(&format!("{topic}/")).nth(1))
+            .filter_map(|rest| {
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let q = loop {
+        if let Some(&q) = claimed(&b.log_text()).first() {
+            break q;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B claimed nothing:\n{}",
+            b.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let r = 1 - q;
+    std::thread::sleep(Duration::from_secs(1));
+    // A's batch on r, held before BEGIN; then B leaves and B2 comes.
+    to(r, "r0");
+    a.wait_for("fault window: before BEGIN", 1, Duration::from_secs(60));
+    assert!(b.stop().success(), "B's exit");
+    // The group gives q to A (B2 joining before that would get q itself).
+    let group = format!("onceflow-sink-sink-{}", rig.tag);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while max_assigned(rig.cluster, &group) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "A was not given B's partition:\n{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let b2 = rig.spawn("b2", &["--session-timeout-ms", "10000"]);
+    // A's late claim of q, after its batch (A was expelled meanwhile).
+    a.wait_for(
+        "partitions assigned and claimed",
+        2,
+        Duration::from_secs(90),
+    );
+    let a_log = a.log_text();
+    a.kill();
+    for i in 0..20 {
+        to(q, &format!("q{i}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut rows = rig.rows();
+    while rows < 21 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        rows = rig.rows();
+    }
+    let b2_log = b2.log_text();
+    figure("sink_stale_claim_rows_of_21", rows);
+    assert_eq!(
+        rows, 21,
+        "partition {q}'s records were not applied after A's stale claim (B2 paused it):\n--- \
+         B2\n{b2_log}\n--- A\n{a_log}"
+    );
+    // The stale claim did fence B2 (its session never lapsed: a 10 s one,
+    // so that only the fix can bring q back).
+    assert!(
+        b2_log.contains("another instance claimed these partitions")
+            && !b2_log.contains("session timed out"),
+        "A's stale claim fenced B2, whose session held:\n--- B2\n{b2_log}\n--- A\n{a_log}"
+    );
+    stop_sink(b2);
+}
+
+/// The most partitions one member of `group` is assigned, from the group's
+/// description (the consumer protocol's assignment: version, then per
+/// topic its name and partitions).
+fn max_assigned(cluster: &Cluster, group: &str) -> usize {
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .create()
+        .expect("a client");
+    let Ok(list) = reader.fetch_group_list(Some(group), Duration::from_secs(10)) else {
+        return 0;
+    };
+    let partitions = |bytes: &[u8]| -> Option<usize> {
+        let int = |at: usize, n: usize| -> Option<i64> {
+            let b = bytes.get(at..at + n)?;
+            Some(b.iter().fold(0i64, |v, x| (v << 8) | i64::from(*x)))
+        };
+        let mut at = 2;
+        let topics = int(at, 4)?;
+        at += 4;
+        let mut count = 0;
+        for _ in 0..topics {
+            let name = int(at, 2)? as usize;
+            at += 2 + name;
+            let n = int(at, 4)? as usize;
+            at += 4 + 4 * n;
+            count += n;
+        }
+        Some(count)
+    };
+    list.groups()
+        .iter()
+        .flat_map(|g| g.members())
+        .filter_map(|m| partitions(m.assignment()?))
+        .max()
+        .unwrap_or(0)
 }

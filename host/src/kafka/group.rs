@@ -82,6 +82,7 @@ fn list(parts: &[(String, i32)]) -> TopicPartitionList {
 /// read_committed, cooperative-sticky assignment and no automatic commits.
 pub(crate) struct GroupReader {
     consumer: BaseConsumer<GroupContext>,
+    topics: Vec<String>,
 }
 
 impl GroupReader {
@@ -111,7 +112,38 @@ impl GroupReader {
         consumer
             .subscribe(topics)
             .map_err(|e| KafkaError::client(format!("subscribing to {}", topics.join(", ")), e))?;
-        Ok(GroupReader { consumer })
+        Ok(GroupReader {
+            consumer,
+            topics: topics.iter().map(|t| t.to_string()).collect(),
+        })
+    }
+
+    /// Those of `parts` the group assigns to this member now (an
+    /// assignment reported earlier may have been lost since: the member
+    /// was expelled while it did not poll).
+    pub(crate) fn still_assigned(
+        &self,
+        parts: &[(String, i32)],
+    ) -> Result<Vec<(String, i32)>, KafkaError> {
+        let assigned = self
+            .consumer
+            .assignment()
+            .map_err(|e| KafkaError::client("reading the assignment", e))?;
+        Ok(parts
+            .iter()
+            .filter(|(t, p)| assigned.find_partition(t, *p).is_some())
+            .cloned()
+            .collect())
+    }
+
+    /// Leaves the group and joins it again: every partition is revoked
+    /// (reported as a [`Change`]), and the group assigns anew.
+    pub(crate) fn rejoin(&self) -> Result<(), KafkaError> {
+        self.consumer.unsubscribe();
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        self.consumer
+            .subscribe(&topics)
+            .map_err(|e| KafkaError::client(format!("subscribing to {}", topics.join(", ")), e))
     }
 
     /// Polls once, up to `timeout` (rebalance callbacks run inside).

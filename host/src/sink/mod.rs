@@ -453,8 +453,22 @@ impl Sink<'_> {
             }
         }
         if !lost.is_empty() {
-            // Until the group gives them back.
             let _ = self.consumer.pause(&lost);
+            // Claimed by another instance while the group still gives them
+            // here: that claim was stale (an instance expelled while it was
+            // blocked claimed them from an assignment it had lost;
+            // eos-audit-3 finding 3). Paused, they would stay unread: the
+            // group never assigns a member what it keeps. Rejoining has the
+            // group assign them anew, and their owner claims them again.
+            let kept = self.consumer.still_assigned(&lost)?;
+            if !kept.is_empty() {
+                tracing::warn!(
+                    partitions = %show(&kept),
+                    "partitions this instance owns in the group were claimed by another \
+                     instance (a stale claim); rejoining the group to claim them again"
+                );
+                self.consumer.rejoin()?;
+            }
         }
         if !self.options.pause_after_commit.is_zero() {
             tracing::info!(
@@ -553,24 +567,45 @@ impl Sink<'_> {
                     });
                 }
                 kafka::Change::Assigned(parts) => {
+                    // Not what the group took back since (this instance was
+                    // expelled while it did not poll): claiming it would
+                    // out-epoch its real owner.
+                    let parts = self.consumer.still_assigned(&parts)?;
                     if parts.is_empty() {
                         continue;
                     }
                     let (reply, answer) = std::sync::mpsc::sync_channel(1);
                     self.send(Job::Claim(parts.clone(), reply))?;
                     let claims = answer.recv().map_err(|_| committer_gone())??;
+                    // The claim waited behind a batch: what the group took
+                    // back meanwhile is not read (its owner, fenced by this
+                    // claim, rejoins and claims it again).
+                    let kept = self.consumer.still_assigned(&parts)?;
                     let mut starts = Vec::with_capacity(claims.len());
-                    for c in &claims {
+                    for c in claims
+                        .iter()
+                        .filter(|c| kept.iter().any(|(t, p)| *t == c.topic && *p == c.partition))
+                    {
                         let at = (c.topic.clone(), c.partition);
                         self.drop_from_batch(|i| i.topic == c.topic && i.partition == c.partition);
                         self.epochs.insert(at, c.epoch);
                         starts.push((c.topic.clone(), c.partition, c.next_offset));
                     }
-                    tracing::info!(
-                        partitions = %show(&parts),
-                        epochs = ?claims.iter().map(|c| c.epoch).collect::<Vec<_>>(),
-                        "partitions assigned and claimed"
-                    );
+                    if kept.len() < parts.len() {
+                        tracing::info!(
+                            partitions = %show(&parts),
+                            kept = %show(&kept),
+                            "the group took partitions back while their claim waited: not \
+                             reading those"
+                        );
+                    }
+                    if !kept.is_empty() {
+                        tracing::info!(
+                            partitions = %show(&kept),
+                            epochs = ?claims.iter().map(|c| c.epoch).collect::<Vec<_>>(),
+                            "partitions assigned and claimed"
+                        );
+                    }
                     // The positions are the database's: Kafka's committed
                     // offsets are for lag monitoring only.
                     self.consumer.start_at(&starts)?;

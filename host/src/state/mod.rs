@@ -19,6 +19,7 @@ pub mod window;
 
 use std::collections::{BTreeMap, btree_map};
 use std::ops::Bound;
+use std::time::SystemTime;
 
 use crate::types::{AccessError, Entry, StoreAccessError};
 
@@ -56,6 +57,28 @@ pub trait PartitionStore: Send {
     /// The next changelog offset to read for `store`: every changelog
     /// record before it is reflected in the store. `None`: never written.
     fn changelog_position(&self, store: &str) -> Result<Option<i64>, StateError>;
+    /// When `store` was last known in sync with its log
+    /// ([`WriteBatch::synced`]); `None`: never recorded.
+    fn synced_at(&self, store: &str) -> Result<Option<SystemTime>, StateError>;
+    /// Deletes every entry of `store` and sets its position to 0, in sync
+    /// as of now (it is then restored in full). Returns the entries
+    /// deleted.
+    fn wipe(&mut self, store: &str) -> Result<u64, StateError> {
+        let keys: Vec<Vec<u8>> = self
+            .range(store, Bound::Unbounded, Bound::Unbounded)
+            .map(|e| e.map(|(k, _)| k))
+            .collect::<Result<_, StateError>>()?;
+        let wiped = keys.len() as u64;
+        self.write(&WriteBatch {
+            changes: vec![StoreChanges {
+                store: store.to_owned(),
+                changes: keys.into_iter().map(|k| (k, None)).collect(),
+            }],
+            positions: vec![(store.to_owned(), 0)],
+            synced: vec![(store.to_owned(), SystemTime::now())],
+        })?;
+        Ok(wiped)
+    }
     /// Bytes of keys and values committed in all stores together, counted
     /// exactly by [`PartitionStore::write`] (what `limits.state-mb`
     /// bounds).
@@ -74,6 +97,12 @@ pub struct WriteBatch {
     pub changes: Vec<StoreChanges>,
     /// Per store, the next changelog offset to read after this write.
     pub positions: Vec<(String, i64)>,
+    /// Per store, a wall time as of which it is in sync with its log up to
+    /// its position: every record at or past the position was appended to
+    /// the log after it. A store whose sync is older than its topic's
+    /// `delete.retention.ms` may have missed a tombstone that compaction
+    /// removed since, and is restored in full (`changelog::restore`).
+    pub synced: Vec<(String, SystemTime)>,
 }
 
 /// A task's stores held in memory: the offline runner's backend.
@@ -81,6 +110,7 @@ pub struct WriteBatch {
 pub struct MemoryPartition {
     stores: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
     positions: BTreeMap<String, i64>,
+    synced: BTreeMap<String, SystemTime>,
     live_bytes: u64,
 }
 
@@ -119,11 +149,18 @@ impl PartitionStore for MemoryPartition {
         for (store, position) in &batch.positions {
             self.positions.insert(store.clone(), *position);
         }
+        for (store, at) in &batch.synced {
+            self.synced.insert(store.clone(), *at);
+        }
         Ok(())
     }
 
     fn changelog_position(&self, store: &str) -> Result<Option<i64>, StateError> {
         Ok(self.positions.get(store).copied())
+    }
+
+    fn synced_at(&self, store: &str) -> Result<Option<SystemTime>, StateError> {
+        Ok(self.synced.get(store).copied())
     }
 
     fn live_bytes(&self) -> u64 {
@@ -388,6 +425,22 @@ impl TaskState {
         self.committed.write(batch)
     }
 
+    /// Records that every committed store is in sync with its log as of
+    /// `at` ([`WriteBatch::synced`]).
+    pub fn mark_synced(&mut self, at: SystemTime) -> Result<(), StateError> {
+        let synced = self.stores.iter().map(|s| (s.name.clone(), at)).collect();
+        self.committed.write(&WriteBatch {
+            synced,
+            ..WriteBatch::default()
+        })
+    }
+
+    /// Empties a committed store for a restore in full
+    /// ([`PartitionStore::wipe`]).
+    pub fn wipe_committed(&mut self, store: &str) -> Result<u64, StateError> {
+        self.committed.wipe(store)
+    }
+
     /// Whether `name` is one of the task's stores.
     pub fn has_store(&self, name: &str) -> bool {
         self.store(name).is_ok()
@@ -577,9 +630,14 @@ impl TaskState {
 
     /// The transaction committed: move its changes (frozen, or the open
     /// transaction's if none are) into the committed stores in one atomic
-    /// write, with the changelog positions its changelog records reached.
+    /// write, with the changelog positions its changelog records reached
+    /// and, when given, every store in sync with its log as of `synced`.
     /// Changes made after the freeze stay pending.
-    pub fn apply_committed(&mut self, positions: Vec<(String, i64)>) -> Result<(), StateError> {
+    pub fn apply_committed(
+        &mut self,
+        positions: Vec<(String, i64)>,
+        synced: Option<SystemTime>,
+    ) -> Result<(), StateError> {
         if !self.frozen {
             self.freeze();
         }
@@ -595,10 +653,17 @@ impl TaskState {
             .collect();
         self.committing_delta = 0;
         self.committing_written = 0;
-        if changes.is_empty() && positions.is_empty() {
+        let synced: Vec<(String, SystemTime)> = synced
+            .map(|at| self.stores.iter().map(|s| (s.name.clone(), at)).collect())
+            .unwrap_or_default();
+        if changes.is_empty() && positions.is_empty() && synced.is_empty() {
             return Ok(());
         }
-        self.committed.write(&WriteBatch { changes, positions })
+        self.committed.write(&WriteBatch {
+            changes,
+            positions,
+            synced,
+        })
     }
 
     /// The transaction aborted: forget everything since the last commit,
@@ -673,6 +738,7 @@ mod tests {
                     changes,
                 }],
                 positions: vec![],
+                synced: vec![],
             })
             .unwrap();
         TaskState::new(&["s".to_owned()], Box::new(store))
@@ -704,7 +770,7 @@ mod tests {
         t.put("s", b"k2".to_vec(), vec![0; 10]).expect("put");
         t.end_call();
         assert_eq!(t.held_bytes(), 152 + 12, "the frozen and the open one");
-        t.apply_committed(vec![]).expect("commit");
+        t.apply_committed(vec![], None).expect("commit");
         assert_eq!(t.held_bytes(), 12, "the committed ones are given back");
         t.abort();
         assert_eq!(t.held_bytes(), 0);
@@ -731,7 +797,7 @@ mod tests {
         assert_eq!(t.visible_bytes(), 2);
         t.put("s", b"b".to_vec(), b"1234567".to_vec()).unwrap();
         t.end_call();
-        t.apply_committed(vec![]).unwrap();
+        t.apply_committed(vec![], None).unwrap();
         assert_eq!(t.committed().live_bytes(), 10);
         assert_eq!(t.visible_bytes(), 10);
         t.put("s", b"b".to_vec(), b"7654321".to_vec()).unwrap();
@@ -818,7 +884,7 @@ mod tests {
                 ],
             }]
         );
-        t.apply_committed(vec![("s".to_owned(), 42)]).unwrap();
+        t.apply_committed(vec![("s".to_owned(), 42)], None).unwrap();
         assert!(!t.is_dirty());
         assert_eq!(t.committed().changelog_position("s").unwrap(), Some(42));
         assert_eq!(t.get("s", b"k").unwrap(), Some(b"v".to_vec()));
@@ -847,7 +913,7 @@ mod tests {
         let pending = t.pending_changes();
         assert_eq!(pending[0].changes.len(), 2);
         // The frozen one commits; the next stays pending over it.
-        t.apply_committed(vec![("s".to_owned(), 7)]).unwrap();
+        t.apply_committed(vec![("s".to_owned(), 7)], None).unwrap();
         assert_eq!(t.committed().get("s", b"a").unwrap(), Some(b"2".to_vec()));
         assert_eq!(t.committed().get("s", b"c").unwrap(), Some(b"1".to_vec()));
         assert!(t.is_dirty());

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, ReadOptions};
 
@@ -15,6 +16,13 @@ use crate::types::Entry;
 
 const META_CF: &str = "onceflow.meta";
 const POSITION_PREFIX: &str = "changelog-position/";
+/// Per store, when it was last known in sync with its log (milliseconds
+/// since the Unix epoch, u64 big-endian; [`WriteBatch::synced`]).
+const SYNCED_PREFIX: &str = "synced-at/";
+/// A write that only moves sync times is skipped unless one moves by this
+/// much: a worker commits many times a second, and the trust horizon it
+/// serves is hours (a topic's `delete.retention.ms`).
+const SYNC_GRAIN: Duration = Duration::from_secs(60);
 /// Per store, the bytes of its keys and values (u64, big-endian), kept in
 /// the same write as the data ([`PartitionStore::live_bytes`]).
 const BYTES_PREFIX: &str = "live-bytes/";
@@ -39,6 +47,8 @@ pub struct RocksPartition {
     path: PathBuf,
     /// Each store's bytes of keys and values, as in the metadata.
     live: BTreeMap<String, u64>,
+    /// Each store's sync time, as in the metadata.
+    synced: BTreeMap<String, SystemTime>,
 }
 
 fn backend(store: &str, e: impl std::fmt::Display) -> StateError {
@@ -64,6 +74,10 @@ impl RocksPartition {
                 "this store name is reserved for the host's metadata",
             ));
         }
+        // Read before RocksDB touches the directory (it writes a log and
+        // options files on every open): when a database from before sync
+        // times was last written.
+        let last_written = last_written(path);
         std::fs::create_dir_all(path).map_err(|e| backend(&path.display().to_string(), e))?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
@@ -106,6 +120,8 @@ impl RocksPartition {
                 .map_err(|e| backend(name, e))?;
             db.delete_cf(meta, format!("{BYTES_PREFIX}{name}"))
                 .map_err(|e| backend(name, e))?;
+            db.delete_cf(meta, format!("{SYNCED_PREFIX}{name}"))
+                .map_err(|e| backend(name, e))?;
             db.drop_cf(name).map_err(|e| backend(name, e))?;
             tracing::info!(
                 path = %path.display(),
@@ -117,12 +133,49 @@ impl RocksPartition {
             db,
             path: path.to_path_buf(),
             live: BTreeMap::new(),
+            synced: BTreeMap::new(),
         };
         for store in stores {
             let bytes = me.load_live_bytes(store)?;
             me.live.insert(store.clone(), bytes);
+            if let Some(at) = me.load_synced(store, last_written)? {
+                me.synced.insert(store.clone(), at);
+            }
         }
         Ok(me)
+    }
+
+    /// `store`'s sync time from the metadata. A store with a position and
+    /// no sync time was written by a host from before sync times: it is
+    /// taken as in sync when its directory was last written (what that host
+    /// judged by), recorded once.
+    fn load_synced(
+        &self,
+        store: &str,
+        last_written: Option<SystemTime>,
+    ) -> Result<Option<SystemTime>, StateError> {
+        let meta = self.cf(META_CF)?;
+        let key = format!("{SYNCED_PREFIX}{store}");
+        if let Some(raw) = self.db.get_cf(meta, &key).map_err(|e| backend(store, e))? {
+            let arr: [u8; 8] = raw
+                .as_slice()
+                .try_into()
+                .map_err(|_| backend(store, "corrupt sync time"))?;
+            return Ok(Some(
+                UNIX_EPOCH + Duration::from_millis(u64::from_be_bytes(arr)),
+            ));
+        }
+        if self.changelog_position(store)?.is_none() {
+            return Ok(None);
+        }
+        let Some(at) = last_written else {
+            return Ok(None);
+        };
+        let ms = unix_millis(at);
+        self.db
+            .put_cf(meta, &key, ms.to_be_bytes())
+            .map_err(|e| backend(store, e))?;
+        Ok(Some(UNIX_EPOCH + Duration::from_millis(ms)))
     }
 
     /// `store`'s byte count from the metadata; counted once by reading the
@@ -214,6 +267,18 @@ impl PartitionStore for RocksPartition {
     }
 
     fn write(&mut self, batch: &WriteBatch) -> Result<(), StateError> {
+        let moved = |store: &String, at: &SystemTime| {
+            self.synced.get(store).is_none_or(|last| {
+                at.duration_since(*last)
+                    .map_or(true, |ahead| ahead >= SYNC_GRAIN)
+            })
+        };
+        if batch.changes.is_empty()
+            && batch.positions.is_empty()
+            && !batch.synced.iter().any(|(s, at)| moved(s, at))
+        {
+            return Ok(());
+        }
         let mut wb = rocksdb::WriteBatch::default();
         let mut live = self.live.clone();
         let meta = self.cf(META_CF)?;
@@ -256,11 +321,28 @@ impl PartitionStore for RocksPartition {
                 position.to_be_bytes(),
             );
         }
+        for (store, at) in &batch.synced {
+            wb.put_cf(
+                meta,
+                format!("{SYNCED_PREFIX}{store}"),
+                unix_millis(*at).to_be_bytes(),
+            );
+        }
         self.db
             .write(wb)
             .map_err(|e| backend(&self.path.display().to_string(), e))?;
         self.live = live;
+        for (store, at) in &batch.synced {
+            self.synced.insert(
+                store.clone(),
+                UNIX_EPOCH + Duration::from_millis(unix_millis(*at)),
+            );
+        }
         Ok(())
+    }
+
+    fn synced_at(&self, store: &str) -> Result<Option<SystemTime>, StateError> {
+        Ok(self.synced.get(store).copied())
     }
 
     fn live_bytes(&self) -> u64 {
@@ -283,6 +365,20 @@ impl PartitionStore for RocksPartition {
             }
         }
     }
+}
+
+fn unix_millis(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis().try_into().unwrap_or(u64::MAX))
+}
+
+/// When anything in a directory was last modified.
+fn last_written(dir: &Path) -> Option<SystemTime> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.metadata().ok()?.modified().ok())
+        .max()
 }
 
 #[cfg(test)]
@@ -310,6 +406,7 @@ mod tests {
                     changes,
                 }],
                 positions: vec![("a".into(), chunk as i64)],
+                synced: vec![],
             })
             .unwrap();
         }
@@ -377,6 +474,7 @@ mod tests {
                     },
                 ],
                 positions: vec![("a".into(), 17), ("b".into(), 3)],
+                synced: vec![],
             })
             .unwrap();
             p.write(&WriteBatch {
@@ -385,6 +483,7 @@ mod tests {
                     changes: vec![(b"k2".to_vec(), None)],
                 }],
                 positions: vec![("a".into(), 18)],
+                synced: vec![],
             })
             .unwrap();
         }
@@ -430,6 +529,7 @@ mod tests {
                     .collect(),
             }],
             positions: vec![],
+            synced: vec![],
         };
         {
             let mut p = RocksPartition::open(dir.path(), &stores).unwrap();
@@ -465,6 +565,7 @@ mod tests {
                     changes: vec![(b"x".to_vec(), Some(b"y".to_vec()))],
                 }],
                 positions: vec![("a".into(), 5), ("b".into(), 7)],
+                synced: vec![],
             })
             .unwrap();
         }
@@ -479,5 +580,110 @@ mod tests {
         assert_eq!(p.get("b", b"x").unwrap(), None);
         assert_eq!(p.changelog_position("b").unwrap(), None);
         assert_eq!(p.changelog_position("a").unwrap(), Some(5));
+    }
+
+    /// Sync times (eos-audit-3 findings 2 and 10) are kept per store with
+    /// the data, survive a reopen, and are not moved by opening the
+    /// database (RocksDB rewrites its log and options files on every open,
+    /// which refreshed the directory's age the trust horizon used to read).
+    #[test]
+    fn sync_times_are_per_store_durable_and_not_refreshed_by_an_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = vec!["a".to_owned(), "t".to_owned()];
+        let old = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let newer = old + Duration::from_secs(3600);
+        {
+            let mut p = RocksPartition::open(dir.path(), &stores).unwrap();
+            assert_eq!(p.synced_at("a").unwrap(), None);
+            p.write(&WriteBatch {
+                changes: vec![],
+                positions: vec![("a".into(), 5), ("t".into(), 9)],
+                synced: vec![("a".into(), old), ("t".into(), old)],
+            })
+            .unwrap();
+            p.write(&WriteBatch {
+                synced: vec![("a".into(), newer)],
+                ..WriteBatch::default()
+            })
+            .unwrap();
+        }
+        for _ in 0..3 {
+            let p = RocksPartition::open(dir.path(), &stores).unwrap();
+            assert_eq!(p.synced_at("a").unwrap(), Some(newer));
+            assert_eq!(p.synced_at("t").unwrap(), Some(old), "an open moved it");
+        }
+    }
+
+    /// A write that only moves sync times by less than [`SYNC_GRAIN`] is
+    /// skipped (a worker commits many times a second); a wipe leaves the
+    /// store empty at position 0, in sync as of now.
+    #[test]
+    fn small_sync_moves_are_skipped_and_a_wipe_resets_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = vec!["a".to_owned()];
+        let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut p = RocksPartition::open(dir.path(), &stores).unwrap();
+        p.write(&WriteBatch {
+            changes: vec![StoreChanges {
+                store: "a".into(),
+                changes: vec![(b"k".to_vec(), Some(b"v".to_vec()))],
+            }],
+            positions: vec![("a".into(), 3)],
+            synced: vec![("a".into(), at)],
+        })
+        .unwrap();
+        let only_sync = |d: u64| WriteBatch {
+            synced: vec![("a".into(), at + Duration::from_secs(d))],
+            ..WriteBatch::default()
+        };
+        p.write(&only_sync(59)).unwrap();
+        assert_eq!(p.synced_at("a").unwrap(), Some(at));
+        p.write(&only_sync(60)).unwrap();
+        assert_eq!(
+            p.synced_at("a").unwrap(),
+            Some(at + Duration::from_secs(60))
+        );
+        let before = SystemTime::now();
+        assert_eq!(p.wipe("a").unwrap(), 1);
+        assert_eq!(p.get("a", b"k").unwrap(), None);
+        assert_eq!(p.changelog_position("a").unwrap(), Some(0));
+        assert_eq!(p.live_bytes(), 0);
+        // (Kept in milliseconds.)
+        assert!(
+            p.synced_at("a")
+                .unwrap()
+                .is_some_and(|t| t + Duration::from_millis(1) > before)
+        );
+    }
+
+    /// A database written by a host from before sync times: its stores
+    /// with a position are taken as in sync when the directory was last
+    /// written, read before the open rewrites it.
+    #[test]
+    fn a_database_without_sync_times_takes_its_directory_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = vec!["a".to_owned(), "b".to_owned()];
+        {
+            let mut p = RocksPartition::open(dir.path(), &stores).unwrap();
+            p.write(&WriteBatch {
+                changes: vec![],
+                positions: vec![("a".into(), 5)],
+                synced: vec![],
+            })
+            .unwrap();
+        }
+        let written = last_written(dir.path()).unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
+        let p = RocksPartition::open(dir.path(), &stores).unwrap();
+        let synced = p.synced_at("a").unwrap().expect("a store with a position");
+        assert_eq!(
+            synced,
+            UNIX_EPOCH + Duration::from_millis(unix_millis(written)),
+            "not the directory's age"
+        );
+        assert_eq!(p.synced_at("b").unwrap(), None, "b has no position");
+        drop(p);
+        let p = RocksPartition::open(dir.path(), &stores).unwrap();
+        assert_eq!(p.synced_at("a").unwrap(), Some(synced), "recorded once");
     }
 }

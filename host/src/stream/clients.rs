@@ -135,14 +135,27 @@ pub(crate) fn producer_config(
 }
 
 /// Checks the configuration of the deployment's changelog topics (they
-/// exist: [`prepare_topics`] ran) and returns the shortest
-/// `delete.retention.ms` among them: a local store last in sync longer ago
-/// than that may have missed a tombstone that compaction removed since.
+/// exist: [`prepare_topics`] ran) and returns each local store's trust
+/// horizon: its log's `delete.retention.ms` (a changelog's, or a table's
+/// topic's). A store last in sync longer ago than that may have missed a
+/// tombstone that compaction removed since. A topic whose value cannot be
+/// read gets `default`.
 pub(crate) fn check_changelogs(
     manifest: &Manifest,
     conn: &Connection,
-) -> Result<Option<std::time::Duration>, KafkaError> {
-    let mut shortest: Option<u64> = None;
+    default: std::time::Duration,
+) -> Result<std::collections::BTreeMap<String, std::time::Duration>, KafkaError> {
+    let retention = |config: &std::collections::BTreeMap<String, String>| {
+        config
+            .get("delete.retention.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(default, std::time::Duration::from_millis)
+    };
+    let mut horizons = std::collections::BTreeMap::new();
+    for (store, topic) in &manifest.tables {
+        let (config, _, _) = kafka::topic_config(conn, topic)?;
+        horizons.insert(store.clone(), retention(&config));
+    }
     for store in &manifest.stores {
         let topic = changelog_topic(manifest, store);
         let compacted = |config: &std::collections::BTreeMap<String, String>| {
@@ -184,14 +197,9 @@ pub(crate) fn check_changelogs(
                  broker can lose the store's state; reassign it to more replicas"
             );
         }
-        if let Some(ms) = config
-            .get("delete.retention.ms")
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            shortest = Some(shortest.map_or(ms, |s| s.min(ms)));
-        }
+        horizons.insert(store.clone(), retention(&config));
     }
-    Ok(shortest.map(std::time::Duration::from_millis))
+    Ok(horizons)
 }
 
 /// How long a topic that is not in the metadata is looked for again: a

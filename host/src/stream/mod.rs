@@ -63,6 +63,31 @@ pub enum StreamError {
     /// The deployment's settings cannot work together.
     #[error("{0}")]
     Settings(String),
+    /// A partition's stores hold committed state, but its group has no
+    /// committed offsets for it: reading its input from the earliest
+    /// offset would apply every retained record to that state again.
+    #[error(
+        "group {group} has no committed offset for partition {partition} of {topics}, but the \
+         changelogs of its stores hold committed state ({stores}): processing from the earliest \
+         offset would apply every retained record again (duplicate outputs, state counted \
+         twice). Kafka deletes a group's offsets offsets.retention.minutes (7 days by default) \
+         after its last member left: was the deployment stopped or paused that long? To go on \
+         from where the input is now, set the group's offsets (kafka-consumer-groups.sh \
+         --bootstrap-server <brokers> --group {group} --topic <topic> --reset-offsets \
+         --to-latest (or --to-datetime <when it stopped>) --execute) and start it again; to \
+         process everything again from scratch, delete the changelog topics and the state \
+         directory first. Raise the brokers' offsets.retention.minutes above the longest pause."
+    )]
+    OffsetsLost {
+        /// The deployment's group.
+        group: String,
+        /// The input partition.
+        partition: i32,
+        /// Its source topics.
+        topics: String,
+        /// Its stores with state, and their changelog positions.
+        stores: String,
+    },
     /// A worker must restart its session (producer, consumer, tasks):
     /// fencing, a fatal producer error, a timeout.
     #[error("worker session must restart")]
@@ -207,6 +232,7 @@ impl StreamError {
                 | Self::Kafka(KafkaError::Topic { .. } | KafkaError::NotAuthorized { .. })
                 | Self::Unsendable { .. }
                 | Self::Settings(_)
+                | Self::OffsetsLost { .. }
         )
     }
 }
@@ -265,8 +291,8 @@ pub enum GroupProtocol {
     Consumer,
 }
 
-/// Kafka's default `delete.retention.ms` (one day), when a changelog's
-/// cannot be read.
+/// Kafka's default `delete.retention.ms` (one day), when a topic's cannot
+/// be read.
 const DEFAULT_DELETE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Everything the workers of one deployment share.
@@ -281,10 +307,11 @@ pub(crate) struct Deployment {
     /// Partitions whose task is open on this instance: their local stores
     /// are in use. Held while a task's store is opened or a store removed.
     pub open_tasks: std::sync::Mutex<std::collections::BTreeSet<i32>>,
-    /// A local store last written longer ago than this (the changelogs'
-    /// shortest `delete.retention.ms`) is not trusted: a tombstone may
-    /// have been compacted away meanwhile. It is wiped and restored.
-    pub trust_horizon: Duration,
+    /// Per local store, its log's `delete.retention.ms`: a store last in
+    /// sync with its log longer ago than this is not trusted (a tombstone
+    /// may have been compacted away meanwhile); it is wiped and restored
+    /// in full (`changelog::restore`).
+    pub trust_horizons: std::collections::BTreeMap<String, Duration>,
     /// The warm copies of other instances' tasks kept here
     /// (`processing.standby-replicas`).
     pub standbys: standby::Standbys,
@@ -294,6 +321,14 @@ pub(crate) struct Deployment {
 }
 
 impl Deployment {
+    /// How long after its last sync `store`'s local copy is trusted.
+    pub(crate) fn trust_horizon(&self, store: &str) -> Duration {
+        self.trust_horizons
+            .get(store)
+            .copied()
+            .unwrap_or(DEFAULT_DELETE_RETENTION)
+    }
+
     /// Where the stores of `partition` live.
     pub(crate) fn store_dir(&self, partition: i32) -> PathBuf {
         self.options
@@ -343,8 +378,8 @@ pub fn run_with_metrics(
         None => processor,
     };
     let partitions = prepare_topics(&manifest, &options.kafka)?;
-    let trust_horizon =
-        clients::check_changelogs(&manifest, &options.kafka)?.unwrap_or(DEFAULT_DELETE_RETENTION);
+    let trust_horizons =
+        clients::check_changelogs(&manifest, &options.kafka, DEFAULT_DELETE_RETENTION)?;
     tracing::info!(
         app = %manifest.application_id(),
         partitions,
@@ -368,7 +403,7 @@ pub fn run_with_metrics(
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
         open_tasks: Default::default(),
-        trust_horizon,
+        trust_horizons,
         standbys: Default::default(),
     });
 

@@ -23,7 +23,10 @@
 //! (they may be behind); only a task opens them, after the standby let go.
 //!
 //! Not covered: table stores (restored from their own topic up to the
-//! group's committed offset); and the assignor does not know about
+//! group's committed offset; a standby leaves them, and their sync time,
+//! as the last task here did, so one older than its topic's
+//! `delete.retention.ms` is restored in full when a task opens it); and
+//! the assignor does not know about
 //! standbys: with more instances than `standby-replicas` + 1, a dead
 //! instance's partition can go to an instance without a warm copy, which
 //! restores it in full (docs/manifest.md says so).
@@ -50,6 +53,9 @@ const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 /// Changelog records buffered before a write regardless of the interval.
 const CHUNK: usize = 10_000;
+/// How often the followed stores that reached their changelog's end are
+/// marked in sync ([`Follower::mark_caught_up`]).
+const SYNC_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The standby stores of a deployment on this instance, shared between
 /// the standby thread (which writes them) and the workers (which take them
@@ -251,6 +257,7 @@ struct Follower<'a> {
     pending_records: usize,
     last_plan: Option<Instant>,
     last_flush: Instant,
+    last_sync: Instant,
 }
 
 impl<'a> Follower<'a> {
@@ -271,6 +278,7 @@ impl<'a> Follower<'a> {
             pending_records: 0,
             last_plan: None,
             last_flush: Instant::now(),
+            last_sync: Instant::now(),
         })
     }
 
@@ -326,6 +334,63 @@ impl<'a> Follower<'a> {
         if self.pending_records >= CHUNK || self.last_flush.elapsed() >= FLUSH_INTERVAL {
             self.flush()?;
         }
+        if self.last_sync.elapsed() >= SYNC_INTERVAL {
+            self.mark_caught_up()?;
+        }
+        Ok(())
+    }
+
+    /// Marks each followed store whose changelog it has read to the end in
+    /// sync ([`WriteBatch::synced`]), as of before the end was sampled, less
+    /// the transaction timeout (records of a transaction still open then
+    /// were appended before it). A standby follows changelogs only: a
+    /// task's table stores keep the sync of its last run here, and
+    /// `changelog::restore` judges them by that.
+    fn mark_caught_up(&mut self) -> Result<(), StreamError> {
+        self.last_sync = Instant::now();
+        self.flush()?;
+        let positions = self
+            .consumer
+            .position()
+            .map_err(|e| StreamError::kafka("reading the standby's positions", e))?;
+        let margin = self.d.options.transaction_timeout;
+        let mut caught_up = Vec::new();
+        for (topic, p) in self.next.keys() {
+            let Some(store) = self.store_of(topic) else {
+                continue;
+            };
+            // Past the transaction markers, unlike `next`.
+            let Some(at) = positions
+                .find_partition(topic, *p)
+                .and_then(|e| e.offset().to_raw())
+            else {
+                continue;
+            };
+            let sampled = std::time::SystemTime::now();
+            match kafka::watermarks(&self.consumer, topic, *p) {
+                Ok((_, high)) if at >= high => {
+                    if let Some(synced) = sampled.checked_sub(margin) {
+                        caught_up.push((*p, store.to_owned(), synced));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // Tried again at the next interval.
+                    tracing::debug!(%topic, partition = p, error = %e, "standby: no end offset");
+                    break;
+                }
+            }
+        }
+        let mut stores = self.d.standbys.lock();
+        for (p, store, synced) in caught_up {
+            if let Some(db) = stores.get_mut(&p) {
+                db.write(&WriteBatch {
+                    synced: vec![(store, synced)],
+                    ..WriteBatch::default()
+                })
+                .map_err(StreamError::State)?;
+            }
+        }
         Ok(())
     }
 
@@ -365,6 +430,7 @@ impl<'a> Follower<'a> {
                         changes: changes.into_iter().collect(),
                     }],
                     positions: vec![(store, position)],
+                    synced: Vec::new(),
                 })
                 .map_err(StreamError::State)?;
             }
@@ -475,8 +541,8 @@ impl<'a> Follower<'a> {
     /// Opens `p`'s local stores as a standby and returns where to follow
     /// each changelog from; `None` when a task of this instance has them
     /// open. Stores whose positions this changelog cannot continue (see
-    /// `changelog::restore`), or last written before the trust horizon,
-    /// are wiped first.
+    /// `changelog::restore`), or last in sync with it longer ago than its
+    /// `delete.retention.ms`, are wiped first.
     fn open(&mut self, p: i32) -> Result<Option<Vec<(String, i64)>>, StreamError> {
         let d = self.d;
         let path = d.store_dir(p);
@@ -486,19 +552,36 @@ impl<'a> Follower<'a> {
             if open.contains(&p) {
                 return Ok(None);
             }
-            if super::worker::last_written(&path)
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > d.trust_horizon)
-            {
-                remove_dir(&path)?;
-            }
-            let db = RocksPartition::open(&path, &stores).map_err(StreamError::State)?;
+            let mut db = RocksPartition::open(&path, &stores).map_err(StreamError::State)?;
             let mut positions = Vec::new();
             for (store, topic) in &d.changelogs {
-                let at = db
+                let mut at = db
                     .changelog_position(store)
                     .map_err(StreamError::State)?
                     .unwrap_or(0);
+                // As `changelog::restore` judges it: a store last in sync
+                // longer ago than its changelog's delete.retention.ms is
+                // followed from the start.
+                let horizon = d.trust_horizon(store);
+                if at > 0
+                    && db
+                        .synced_at(store)
+                        .map_err(StreamError::State)?
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > horizon)
+                {
+                    let wiped = db.wipe(store).map_err(StreamError::State)?;
+                    tracing::warn!(
+                        %topic,
+                        partition = p,
+                        position = at,
+                        wiped,
+                        "the standby's store {store} was last in sync with its changelog longer \
+                         ago than the topic's delete.retention.ms: wiped it and following the \
+                         changelog from its start"
+                    );
+                    at = 0;
+                }
                 positions.push((topic.clone(), at));
             }
             d.standbys.lock().insert(p, db);

@@ -885,13 +885,18 @@ impl Task {
 
     /// The transaction committed: apply the pending changes to the
     /// committed stores, recording how far each store's changelog reached
-    /// (`positions`: store -> next changelog offset).
-    pub fn apply_committed(&mut self, positions: Vec<(String, i64)>) -> Result<(), TaskError> {
+    /// (`positions`: store -> next changelog offset) and, when given, that
+    /// every store was in sync with its log as of `synced`.
+    pub fn apply_committed(
+        &mut self,
+        positions: Vec<(String, i64)>,
+        synced: Option<std::time::SystemTime>,
+    ) -> Result<(), TaskError> {
         self.committed_stream_time = self
             .committing_stream_time
             .take()
             .unwrap_or(self.stream_time);
-        Ok(self.fx().state.apply_committed(positions)?)
+        Ok(self.fx().state.apply_committed(positions, synced)?)
     }
 
     /// Freezes the transaction's changes for its commit, which may run
@@ -912,26 +917,19 @@ impl Task {
     /// position to 0 (the store is then restored in full). Returns the
     /// entries deleted.
     pub fn wipe_store(&mut self, store: &str) -> Result<u64, TaskError> {
-        let keys: Vec<Vec<u8>> = self
-            .fx_ref()
-            .state
-            .committed()
-            .range(
-                store,
-                std::ops::Bound::Unbounded,
-                std::ops::Bound::Unbounded,
-            )
-            .map(|e| e.map(|(k, _)| k))
-            .collect::<Result<_, StateError>>()?;
-        let wiped = keys.len() as u64;
-        self.fx().state.write_committed(&WriteBatch {
-            changes: vec![StoreChanges {
-                store: store.to_owned(),
-                changes: keys.into_iter().map(|k| (k, None)).collect(),
-            }],
-            positions: vec![(store.to_owned(), 0)],
-        })?;
-        Ok(wiped)
+        Ok(self.fx().state.wipe_committed(store)?)
+    }
+
+    /// Records that every store is in sync with its log as of `at`
+    /// (nothing of it waits for a commit).
+    pub fn mark_synced(&mut self, at: std::time::SystemTime) -> Result<(), TaskError> {
+        Ok(self.fx().state.mark_synced(at)?)
+    }
+
+    /// When `store` was last known in sync with its log
+    /// ([`crate::state::WriteBatch::synced`]).
+    pub fn synced_at(&self, store: &str) -> Result<Option<std::time::SystemTime>, TaskError> {
+        Ok(self.fx_ref().state.committed().synced_at(store)?)
     }
 
     /// Writes restored changelog records straight to the committed stores.

@@ -296,6 +296,25 @@ impl Core {
         self.on_failure(consumer, step, cause)
     }
 
+    /// A worker with nothing in flight has its tasks' stores in sync with
+    /// their logs (it alone writes their changelogs; a table's topic is
+    /// read on by the consumer): marked so about once a minute, so that a
+    /// quiet deployment's stores are not taken for stale after a restart
+    /// (`changelog::restore` judges them by it).
+    pub(super) fn mark_idle_synced(&mut self) -> Result<(), StreamError> {
+        if !matches!(self.txn, Txn::Idle) || self.idle_synced.elapsed() < Duration::from_secs(60) {
+            return Ok(());
+        }
+        self.idle_synced = Instant::now();
+        let now = std::time::SystemTime::now();
+        for task in self.tasks.values_mut() {
+            if !self.restoring.contains(&task.partition()) {
+                task.mark_synced(now).map_err(StreamError::Task)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Step 5 of a transaction that committed: now, and only now, its
     /// frozen changes go to RocksDB, with the changelog positions in the
     /// same write batch; its counts go to the metrics.
@@ -304,8 +323,16 @@ impl Core {
         frozen: &Open,
         changelog_offsets: &HashMap<(String, i32), i64>,
     ) -> Result<(), StreamError> {
+        // Every store is in sync with its log as of the commit's start:
+        // what comes after its positions is the next transactions' (a
+        // table's: what the consumer reads next).
+        let synced = std::time::SystemTime::now()
+            .checked_sub(frozen.started.elapsed())
+            .unwrap_or(std::time::UNIX_EPOCH);
         for task in self.tasks.values_mut() {
             let p = task.partition();
+            // (A task still restoring is in sync once its restore ends.)
+            let synced = (!self.restoring.contains(&p)).then_some(synced);
             let changelogs = self.d.changelogs.iter().filter_map(|(store, topic)| {
                 changelog_offsets
                     .get(&(topic.clone(), p))
@@ -319,7 +346,8 @@ impl Core {
                     .map(|next| (store.clone(), *next))
             });
             let positions: Vec<(String, i64)> = changelogs.chain(tables).collect();
-            task.apply_committed(positions).map_err(StreamError::Task)?;
+            task.apply_committed(positions, synced)
+                .map_err(StreamError::Task)?;
         }
         let m = &self.d.metrics;
         let p = &frozen.work;

@@ -77,8 +77,6 @@ use producer::*;
 use rebalance::*;
 use txn::*;
 
-pub(super) use restore::last_written;
-
 /// Runs worker `n` until shutdown, restarting its session after errors that
 /// do not stop the deployment.
 pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError> {
@@ -236,6 +234,8 @@ struct Core {
     /// What this worker holds in memory until its commits, against the
     /// deployment's and the tenant's budgets ([`Core::hold`]).
     pub(super) memory: crate::memory::Held,
+    /// When its idle tasks were last marked in sync ([`Core::mark_idle_synced`]).
+    pub(super) idle_synced: Instant,
 }
 
 impl Drop for Core {
@@ -311,6 +311,7 @@ impl Session {
             rewind_pending: false,
             restore_failing_since: BTreeMap::new(),
             restore_consumer,
+            idle_synced: Instant::now(),
             queued: BTreeMap::new(),
             read_from: HashMap::new(),
             memory: d.memory.holder(),
@@ -437,6 +438,7 @@ impl Session {
                 // rewound the input; the next round polls again.
                 let _ = core.start_commit(&self.consumer)?;
             }
+            core.mark_idle_synced()?;
             drop(core);
             if self.last_load_report.elapsed() >= Duration::from_secs(1) {
                 self.report_load();

@@ -24,43 +24,16 @@ pub(super) const PARALLEL_OPENS: usize = 8;
 
 /// Opens `partition`'s local stores, taking them from a standby that kept
 /// them warm (the restore then reads only the changelog's tail past it).
-/// Stores last written longer ago than the changelogs'
-/// `delete.retention.ms` are removed first: compaction may have dropped a
-/// tombstone they never saw. The caller holds `open_tasks`.
+/// Each store's age is judged by the restore (`changelog::restore`): one
+/// last in sync with its log longer ago than the log's
+/// `delete.retention.ms` is wiped and restored in full. The caller holds
+/// `open_tasks`.
 pub(super) fn open_store(d: &Deployment, partition: i32) -> Result<RocksPartition, StreamError> {
     let path = d.store_dir(partition);
     if d.standbys.release(partition) {
         tracing::info!(partition, "taking over the partition's standby stores");
     }
-    if let Some(age) = last_written(&path).and_then(|t| t.elapsed().ok())
-        && age > d.trust_horizon
-    {
-        tracing::warn!(
-            partition,
-            dir = %path.display(),
-            "the local stores were last written {} h ago, longer than the changelogs' \
-             delete.retention.ms ({} h): removing them and restoring in full",
-            age.as_secs() / 3600,
-            d.trust_horizon.as_secs() / 3600
-        );
-        std::fs::remove_dir_all(&path).map_err(|e| {
-            StreamError::State(crate::state::StateError::Backend {
-                store: path.display().to_string(),
-                message: format!("cannot remove stale local stores: {e}"),
-            })
-        })?;
-    }
     RocksPartition::open(&path, &d.manifest.local_stores()).map_err(StreamError::State)
-}
-
-/// When anything in a task's store directory was last modified (RocksDB
-/// writes its log on every write batch).
-pub(in crate::stream) fn last_written(dir: &std::path::Path) -> Option<std::time::SystemTime> {
-    std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.metadata().ok()?.modified().ok())
-        .max()
 }
 
 impl Core {
@@ -204,6 +177,11 @@ impl Core {
                 stats.records
             );
             if stats.finished {
+                if let Err(e) = self.check_offsets_kept(*p) {
+                    let left = partitions.iter().filter(|&q| q > p).count() as u64;
+                    restoring.fetch_sub(left, Ordering::Relaxed);
+                    return Err(e);
+                }
                 Metrics::add(&self.d.metrics.restores, 1);
                 self.restoring.remove(p);
                 // Every source resumes at once: records are taken in
@@ -224,6 +202,49 @@ impl Core {
             wake_fetchers(consumer, &done);
         }
         Ok(())
+    }
+
+    /// Refuses to process `partition` from no committed offsets over stores
+    /// that hold committed state (eos-audit-3 finding 5): under
+    /// exactly-once a changelog record commits with the offsets, so state
+    /// without offsets means the group's offsets were deleted (expired
+    /// after `offsets.retention.minutes` with no member, or removed by
+    /// hand), and `earliest` would apply the retained input again. A
+    /// partition read before has an offset for at least one source.
+    fn check_offsets_kept(&self, partition: i32) -> Result<(), StreamError> {
+        let d = &self.d;
+        let sources = d.manifest.sources();
+        if !d.exactly_once()
+            || sources
+                .iter()
+                .any(|t| self.read_from.contains_key(&(t.to_string(), partition)))
+        {
+            return Ok(());
+        }
+        let task = &self.tasks[&partition];
+        let mut held = Vec::new();
+        for (store, _) in &d.changelogs {
+            if let Some(at) = task
+                .changelog_position(store)
+                .map_err(StreamError::Task)?
+                .filter(|&at| at > 0)
+            {
+                held.push(format!("{store} up to changelog offset {at}"));
+            }
+        }
+        if held.is_empty() {
+            return Ok(());
+        }
+        Err(StreamError::OffsetsLost {
+            group: d.manifest.application_id(),
+            partition,
+            topics: sources
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            stores: held.join(", "),
+        })
     }
 
     /// Waits for the committed offsets of `partitions` to be stable and
