@@ -296,25 +296,6 @@ impl Core {
         self.on_failure(consumer, step, cause)
     }
 
-    /// A worker with nothing in flight has its tasks' stores in sync with
-    /// their logs (it alone writes their changelogs; a table's topic is
-    /// read on by the consumer): marked so about once a minute, so that a
-    /// quiet deployment's stores are not taken for stale after a restart
-    /// (`changelog::restore` judges them by it).
-    pub(super) fn mark_idle_synced(&mut self) -> Result<(), StreamError> {
-        if !matches!(self.txn, Txn::Idle) || self.idle_synced.elapsed() < Duration::from_secs(60) {
-            return Ok(());
-        }
-        self.idle_synced = Instant::now();
-        let now = std::time::SystemTime::now();
-        for task in self.tasks.values_mut() {
-            if !self.restoring.contains(&task.partition()) {
-                task.mark_synced(now).map_err(StreamError::Task)?;
-            }
-        }
-        Ok(())
-    }
-
     /// Step 5 of a transaction that committed: now, and only now, its
     /// frozen changes go to RocksDB, with the changelog positions in the
     /// same write batch; its counts go to the metrics.
