@@ -71,6 +71,11 @@ pub struct Metrics {
     /// Log lines not yet counted in a usage record (see [`Usage`]): the
     /// next committed transaction of any worker takes them.
     pub unbilled_log_lines: AtomicU64,
+    /// Fuel burned and not yet counted in a usage record: the deployment's
+    /// ledger, as for log lines. A transaction takes it into its usage
+    /// record; if the transaction does not commit, it is given back
+    /// (`stream/worker/abort.rs`).
+    pub unbilled_fuel: AtomicU64,
     /// Per worker: its input partitions and their lag.
     workers: Mutex<BTreeMap<u32, WorkerLoad>>,
     /// When the latest worker restarts happened, and the last one's error.
@@ -104,6 +109,7 @@ impl Default for Metrics {
             state_bytes: AtomicU64::default(),
             log_lines: AtomicU64::default(),
             unbilled_log_lines: AtomicU64::default(),
+            unbilled_fuel: AtomicU64::default(),
             throttled_us: AtomicU64::default(),
             memory_commits: AtomicU64::default(),
             call_us: AtomicU64::default(),

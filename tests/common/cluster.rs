@@ -255,6 +255,15 @@ impl Cluster {
         self.script_ok(&["start-broker", &i.to_string()]);
     }
 
+    /// Restarts several nodes together (`scripts/kafka start-broker 1 2 3`):
+    /// a quorum that lost every node serves again only with a majority.
+    pub fn start_brokers(&self, nodes: &[u32]) {
+        let mut args = vec!["start-broker".to_owned()];
+        args.extend(nodes.iter().map(u32::to_string));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.script_ok(&args);
+    }
+
     /// `scripts/kafka args`, which must succeed.
     fn script_ok(&self, args: &[&str]) {
         let out = self.script(args);

@@ -2317,3 +2317,96 @@ fn m_memory_held_per_tenant_and_returned_after_delete() {
         "the host peaked at {peak} MiB (from {base} MiB) for 572 MiB of outputs with held-mb = 64"
     );
 }
+
+/// Issue 42 item 5 (eos-audit-3 finding 6): a commit whose answer is lost
+/// (it committed; the worker cannot know) is neither billed twice nor left
+/// out. The host loses the answers to its first 4 commits
+/// (`--fault-lose-commit-answers`, hidden): each time the worker replaces
+/// its producer, reloads its stores and reads the input again from the
+/// committed offsets. Every counter of `onceflow usage` is then exact
+/// against an independent count: input, outputs and changelog from the
+/// topics, fuel and log lines from the host's own `/metrics` (what its
+/// guests burned, aborted attempts included). Before, the fuel of every
+/// such commit was billed again with the next one.
+#[test]
+fn n_usage_exact_through_lost_commit_answers() {
+    const LOST: usize = 4;
+    let _g = serial();
+    let fleet = Fleet::new();
+    let mut h = fleet.spawn_host(
+        "lost",
+        &cluster().bootstrap,
+        &[
+            "--host-id",
+            "lost",
+            "--fault-lose-commit-answers",
+            &LOST.to_string(),
+        ],
+    );
+    h.wait_healthy("lost", Duration::from_secs(90));
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "lost", "exactly_once_v2", 3);
+    h.json(ACME, &["deploy", path(&w.manifest)]);
+    let mut produced = produce_paced(&w, 0, 3_000, Duration::from_secs(6));
+    produced.absorb(w.produce(3_000, 300, 50, Some(29)));
+    w.wait_done(Duration::from_secs(180));
+    let report = w.verify(false);
+    assert_exact(&report, &produced, "commit answers lost");
+    let log = h.log_text();
+    let injected = log
+        .matches("fault injected: the commit's answer is lost")
+        .count();
+    let unknown = log.matches("the transaction's outcome is unknown").count();
+    figure("usage_lost_commit_answers", injected);
+    assert_eq!(injected, LOST, "the faults injected:\n{log}");
+    assert!(
+        unknown >= LOST,
+        "{unknown} unknown outcomes handled:\n{log}"
+    );
+
+    let usage = h.json(ACME, &["usage"]);
+    let row = usage["deployments"]
+        .as_array()
+        .and_then(|d| d.iter().find(|x| x["deployment"] == w.name.as_str()))
+        .unwrap_or_else(|| panic!("no usage for {}: {usage}", w.name))
+        .clone();
+    let billed = |field: &str| row[field].as_u64().unwrap_or(0);
+    let (inputs, input_bytes) = cluster().records_and_bytes(&w.payments);
+    let (mut outputs, mut output_bytes) = (0, 0);
+    for t in [&w.audit, &w.balances, &w.dlq] {
+        let (n, b) = cluster().records_and_bytes(t);
+        outputs += n;
+        output_bytes += b;
+    }
+    let changelog = format!("{}-balances-changelog", w.app);
+    let state_bytes = cluster().records_and_bytes(&changelog).1;
+    let metrics = h.metrics(ACME);
+    let metric = |name: &str| series_of(&metrics, name, &w.name) as u64;
+    let fuel = metric("onceflow_fuel_total");
+    let log_lines = metric("onceflow_log_lines_total");
+    let mut wrong = Vec::new();
+    for (field, independent) in [
+        ("records_in", inputs),
+        ("bytes_in", input_bytes),
+        ("records_out", outputs),
+        ("bytes_out", output_bytes),
+        ("state_bytes", state_bytes),
+        ("dead_letters", report.dead_letters),
+        ("fuel", fuel),
+        ("log_lines", log_lines),
+    ] {
+        figure(
+            &format!("usage_exact_{field}"),
+            format!("{} (independent: {independent})", billed(field)),
+        );
+        if billed(field) != independent {
+            wrong.push(format!(
+                "{field}: billed {} vs {independent}",
+                billed(field)
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "usage not exact: {wrong:?}\n{row}");
+    assert!(fuel > 0 && report.dead_letters > 0, "{row}");
+    h.json(ACME, &["delete", &w.name, "--purge-state"]);
+    h.stop();
+}

@@ -289,6 +289,10 @@ pub struct KafkaArgs {
     #[arg(long, default_value_t = onceflow::memory::DEFAULT_HELD_MB,
           value_parser = clap::value_parser!(u64).range(64..))]
     pub held_mb: u64,
+    /// Tests only: treat the answers to this many successful transaction
+    /// commits as lost (the outcome unknown, as after a timeout).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub fault_lose_commit_answers: u64,
 }
 
 /// `-X key=value` pairs, every subcommand's alike: secrets from
@@ -341,6 +345,11 @@ impl KafkaArgs {
             cpu_budget: None,
             held_mb: self.held_mb,
             tenant_memory: None,
+            lose_commit_answers: (self.fault_lose_commit_answers > 0).then(|| {
+                std::sync::Arc::new(std::sync::atomic::AtomicU64::new(
+                    self.fault_lose_commit_answers,
+                ))
+            }),
         })
     }
 }
@@ -585,6 +594,7 @@ mod tests {
             report_interval_ms: 5_000,
             state_cleanup_delay_ms: 600_000,
             held_mb: 256,
+            fault_lose_commit_answers: 0,
         }
     }
 

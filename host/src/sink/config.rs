@@ -25,7 +25,7 @@ pub struct SinkConfig {
     /// A batch is applied after at most this long, full or not.
     pub max_batch_wait_ms: u64,
     /// Markers older than this are deleted (see docs/sink.md, "Replays").
-    pub marker_retention_hours: u64,
+    pub marker_retention: std::time::Duration,
     /// The consumer group, when not `onceflow-sink-<name>` (a tenant's sink
     /// on the fleet: `<tenant>.<name>`, in the tenant's namespace).
     pub group: Option<String>,
@@ -161,22 +161,15 @@ fn default_max_wait_ms() -> u64 {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[derive(Default)]
 struct RawMarkers {
-    #[serde(default = "default_retention_hours")]
-    retention_hours: u64,
+    retention_hours: Option<u64>,
+    /// Instead of `retention-hours`, for a retention under an hour.
+    retention_minutes: Option<u64>,
 }
 
-impl Default for RawMarkers {
-    fn default() -> Self {
-        Self {
-            retention_hours: default_retention_hours(),
-        }
-    }
-}
-
-fn default_retention_hours() -> u64 {
-    7 * 24
-}
+/// The markers' retention when none is given: a week.
+const DEFAULT_RETENTION_HOURS: u64 = 7 * 24;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -258,13 +251,32 @@ impl SinkConfig {
                 format!("{}: must be 1 to 60000", raw.batch.max_wait_ms),
             ));
         }
-        if raw.markers.retention_hours == 0 {
-            return Err(invalid(
-                "markers.retention-hours",
-                "0 would delete every marker at once: give at least 1 (default 168, a week)"
-                    .to_owned(),
-            ));
-        }
+        let marker_retention = match (raw.markers.retention_hours, raw.markers.retention_minutes) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "markers.retention-minutes",
+                    "give markers.retention-hours or markers.retention-minutes, not both"
+                        .to_owned(),
+                ));
+            }
+            (Some(0), None) => {
+                return Err(invalid(
+                    "markers.retention-hours",
+                    "0 would delete every marker at once: give at least 1 (default 168, a week), \
+                     or markers.retention-minutes"
+                        .to_owned(),
+                ));
+            }
+            (None, Some(0)) => {
+                return Err(invalid(
+                    "markers.retention-minutes",
+                    "0 would delete every marker at once: give at least 1".to_owned(),
+                ));
+            }
+            (hours, minutes) => std::time::Duration::from_secs(
+                minutes.unwrap_or(hours.unwrap_or(DEFAULT_RETENTION_HOURS) * 60) * 60,
+            ),
+        };
         if raw.dead_letter_topic.is_empty() {
             return Err(invalid("dead-letter-topic", "is empty".to_owned()));
         }
@@ -436,7 +448,7 @@ impl SinkConfig {
             dead_letter_topic: raw.dead_letter_topic,
             max_batch_records: raw.batch.max_records,
             max_batch_wait_ms: raw.batch.max_wait_ms,
-            marker_retention_hours: raw.markers.retention_hours,
+            marker_retention,
             group: None,
         })
     }
@@ -827,6 +839,30 @@ identity = "payment_id"
             e.contains("not a connection string") && e.contains("analytics"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_markers_retention_in_hours_or_minutes() {
+        let with = |markers: &str| {
+            parse(&GOOD.replace("[postgres]", &format!("[markers]\n{markers}\n[postgres]")))
+        };
+        let day = std::time::Duration::from_secs(86_400);
+        assert_eq!(parse(GOOD).expect("parses").marker_retention, 7 * day);
+        let c = with("retention-hours = 24").expect("hours");
+        assert_eq!(c.marker_retention, day);
+        let c = with("retention-minutes = 5").expect("minutes");
+        assert_eq!(c.marker_retention.as_secs(), 300);
+        for (bad, names) in [
+            ("retention-hours = 0", "markers.retention-hours"),
+            ("retention-minutes = 0", "markers.retention-minutes"),
+            (
+                "retention-hours = 1\nretention-minutes = 5",
+                "markers.retention-minutes",
+            ),
+        ] {
+            let e = crate::types::error_chain(&with(bad).expect_err(bad));
+            assert!(e.contains(names), "{bad}: {e}");
+        }
     }
 
     #[test]

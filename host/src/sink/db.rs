@@ -13,9 +13,11 @@
 //! 2. drop records below each partition's stored position: already applied
 //!    (a retry after an ambiguous COMMIT, or a replay after a crash between
 //!    this commit and the Kafka offset commit);
-//! 3. insert a marker per record (its identity and a SHA-256 of its value);
-//!    an identity already marked is a duplicate when the digests agree and
-//!    a dead letter with both digests when they do not;
+//! 3. insert a marker per record of a route with an identity field (the
+//!    identity and a SHA-256 of its value); an identity already marked is a
+//!    duplicate when the digests agree and a dead letter with both digests
+//!    when they do not (a position identity needs no marker: step 2 is its
+//!    check);
 //! 4. apply the new records' effects, per route;
 //! 5. record the dead letters (forwarded to Kafka after the commit);
 //! 6. store each partition's next offset;
@@ -48,6 +50,9 @@ pub(crate) use forward::{Unforwarded, UsageRow};
 pub(crate) use redact::pg_message;
 use routes::{apply_route, param_kind, route_sql};
 
+/// Markers deleted per statement of [`Db::expire_markers`].
+const EXPIRE_CHUNK: u64 = 10_000;
+
 /// One record of a batch, parsed.
 #[derive(Debug, Clone)]
 pub(crate) struct Item {
@@ -64,6 +69,11 @@ pub(crate) struct Item {
     pub json: Result<Option<serde_json::Map<String, Value>>, String>,
     /// The marker's identity (route-qualified).
     pub identity: String,
+    /// Whether the record gets a marker: an identity field's value does.
+    /// A position identity is the record's position, which step 2 already
+    /// filters (the positions move in the same transaction): its marker
+    /// would only be written and expired (issue 42, item 6).
+    pub marked: bool,
     /// SHA-256 of the value (32 zero bytes for a tombstone).
     pub digest: Vec<u8>,
 }
@@ -557,9 +567,14 @@ impl Db {
         }
         let mut new: Vec<&Item> = Vec::new();
         if !slow {
-            let marked = insert_markers(&mut t, s, &config.name, &candidates, marker_pause)
+            let to_mark: Vec<&Item> = candidates.iter().copied().filter(|i| i.marked).collect();
+            let marked = insert_markers(&mut t, s, &config.name, &to_mark, marker_pause)
                 .map_err(BatchError::Database)?;
             for item in candidates {
+                if !item.marked {
+                    new.push(item);
+                    continue;
+                }
                 match marked.get(item.identity.as_str()) {
                     None => new.push(item),
                     Some(d) if *d == item.digest => done.duplicates += 1,
@@ -597,8 +612,12 @@ impl Db {
         } else {
             for item in candidates {
                 let mut sp = t.savepoint("item").map_err(BatchError::Database)?;
-                let marked = insert_markers(&mut sp, s, &config.name, &[item], Duration::ZERO)
-                    .map_err(BatchError::Database)?;
+                let marked = if item.marked {
+                    insert_markers(&mut sp, s, &config.name, &[item], Duration::ZERO)
+                        .map_err(BatchError::Database)?
+                } else {
+                    HashMap::new()
+                };
                 if let Some(d) = marked.get(item.identity.as_str()) {
                     if *d == item.digest {
                         done.duplicates += 1;
@@ -688,29 +707,44 @@ impl Db {
         Ok(done)
     }
 
-    /// Deletes up to 10,000 markers older than the retention; returns how
-    /// many.
-    pub(crate) fn expire_markers(&mut self) -> Result<u64, postgres::Error> {
-        let hours = self.config.marker_retention_hours as f64;
+    /// Deletes markers older than the retention, [`EXPIRE_CHUNK`] at a
+    /// time, until none is left or `slice` has passed; returns how many,
+    /// and whether some may be left.
+    pub(crate) fn expire_markers(
+        &mut self,
+        slice: Duration,
+    ) -> Result<(u64, bool), postgres::Error> {
+        let secs = self.config.marker_retention.as_secs_f64();
         // Forwarded usage rows past the same retention go too (the usage
         // topic holds them).
         self.client.execute(
             &format!(
                 "DELETE FROM {u} WHERE ctid IN (SELECT ctid FROM {u} WHERE sink = $1 AND \
-                 forwarded AND created_at < now() - make_interval(hours => $2::float8::int) \
+                 forwarded AND created_at < now() - make_interval(secs => $2::float8) \
                  LIMIT 10000)",
                 u = self.s.usage
             ),
-            &[&self.config.name, &hours],
+            &[&self.config.name, &secs],
         )?;
-        self.client.execute(
-            &format!(
-                "DELETE FROM {m} WHERE ctid IN (SELECT ctid FROM {m} WHERE sink = $1 AND \
-                 applied_at < now() - make_interval(hours => $2::float8::int) LIMIT 10000)",
-                m = self.s.markers
-            ),
-            &[&self.config.name, &hours],
-        )
+        let started = std::time::Instant::now();
+        let mut total = 0;
+        loop {
+            let n = self.client.execute(
+                &format!(
+                    "DELETE FROM {m} WHERE ctid IN (SELECT ctid FROM {m} WHERE sink = $1 AND \
+                     applied_at < now() - make_interval(secs => $2::float8) LIMIT {EXPIRE_CHUNK})",
+                    m = self.s.markers
+                ),
+                &[&self.config.name, &secs],
+            )?;
+            total += n;
+            if n < EXPIRE_CHUNK {
+                return Ok((total, false));
+            }
+            if started.elapsed() >= slice {
+                return Ok((total, true));
+            }
+        }
     }
 }
 
@@ -886,6 +920,7 @@ mod tests {
             value: None,
             json: Ok(None),
             identity: format!("{topic}/{partition}/{offset}"),
+            marked: false,
             digest: vec![0; 32],
         }
     }

@@ -144,13 +144,8 @@ pub(crate) fn restore(
         // changelogs but not the tables' topics; eos-audit-3 findings 2
         // and 10): wiped and restored in full.
         let horizon = d.trust_horizon(store);
-        if position > 0
-            && let Some(age) = task
-                .synced_at(store)
-                .map_err(StreamError::Task)?
-                .and_then(|at| at.elapsed().ok())
-            && age > horizon
-        {
+        let synced = task.synced_at(store).map_err(StreamError::Task)?;
+        if let Some(age) = stale(position, synced, horizon, SystemTime::now()) {
             let wiped = task.wipe_store(store).map_err(StreamError::Task)?;
             tracing::warn!(
                 %topic,
@@ -182,8 +177,10 @@ pub(crate) fn restore(
         };
         // A table store ahead of the committed offset: the group's offsets
         // were moved back; restore it to them.
+        let mut from_start = position == 0;
         let from =
             if position > high || (position < low && position > 0) || (table && position > end) {
+                from_start = true;
                 let wiped = task.wipe_store(store).map_err(StreamError::Task)?;
                 tracing::warn!(
                     %topic,
@@ -217,6 +214,7 @@ pub(crate) fn restore(
             end - from
         );
         kafka::assign(consumer, &[(topic, partition, Some(from))])?;
+        let mut marks = SyncMarks::new(from_start, sampled);
 
         let mut chunk: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         let mut next = from;
@@ -244,7 +242,7 @@ pub(crate) fn restore(
             next = m.offset() + 1;
             total += 1;
             if chunk.len() >= CHUNK
-                && let Err(e) = write(task, store, &mut chunk, next, None)
+                && let Err(e) = write(task, store, &mut chunk, next, marks.chunk())
             {
                 failed = Some(e);
                 return ControlFlow::Break(());
@@ -265,13 +263,7 @@ pub(crate) fn restore(
         if let Some(e) = failed {
             return Err(e);
         }
-        write(
-            task,
-            store,
-            &mut chunk,
-            next,
-            (!out_of_time).then_some(sampled),
-        )?;
+        write(task, store, &mut chunk, next, marks.finish(!out_of_time))?;
         consumer
             .unassign()
             .map_err(|e| StreamError::kafka("unassigning the changelog", e))?;
@@ -345,8 +337,62 @@ fn span(d: Duration) -> String {
     }
 }
 
-/// Writes restored records with the store's new position; `synced`: the
-/// store reached its log's end as sampled then.
+/// How long ago a store at `position` was last in sync with its log, if
+/// longer than `horizon` (its topic's `delete.retention.ms`): it may lack a
+/// tombstone that compaction removed since. A store at position 0 is
+/// restored from the log's start anyway; one with no sync time recorded
+/// cannot be judged (a store's first restore records one with its first
+/// write: [`SyncMarks`]).
+fn stale(
+    position: i64,
+    synced: Option<SystemTime>,
+    horizon: Duration,
+    now: SystemTime,
+) -> Option<Duration> {
+    let age = now.duration_since(synced?).ok()?;
+    (position > 0 && age > horizon).then_some(age)
+}
+
+/// The sync times a restore's writes record ([`WriteBatch::synced`]).
+///
+/// A restore that reaches the end marks the store in sync as of the end's
+/// sample time. One cut short (the slice ran out, the host stopped) leaves
+/// records past its position that were appended before that time, so the
+/// store keeps its older sync time, except on a restore from the log's
+/// start: the store then holds nothing older than this restore, and its
+/// first write records the sample time, so that the restore's rest, if it
+/// resumes only later than the topic's `delete.retention.ms`, starts over
+/// ([`stale`]) rather than go on past tombstones compacted away meanwhile.
+struct SyncMarks {
+    first: Option<SystemTime>,
+    sampled: SystemTime,
+}
+
+impl SyncMarks {
+    fn new(from_start: bool, sampled: SystemTime) -> Self {
+        SyncMarks {
+            first: from_start.then_some(sampled),
+            sampled,
+        }
+    }
+
+    /// The mark of a chunk written on the way.
+    fn chunk(&mut self) -> Option<SystemTime> {
+        self.first.take()
+    }
+
+    /// The mark of the restore's last write.
+    fn finish(&mut self, reached_end: bool) -> Option<SystemTime> {
+        if reached_end {
+            Some(self.sampled)
+        } else {
+            self.first.take()
+        }
+    }
+}
+
+/// Writes restored records with the store's new position and, if given,
+/// its sync time ([`SyncMarks`]).
 fn write(
     task: &mut Task,
     store: &str,
@@ -456,4 +502,67 @@ pub fn purge(conn: &Connection, group: &str, changelogs: &[String]) -> Result<()
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{MemoryPartition, PartitionStore};
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    /// Writes a restored chunk of `records` keys as `restore` does.
+    fn chunk(store: &mut MemoryPartition, at: i64, records: i64, synced: Option<SystemTime>) {
+        store
+            .write(&WriteBatch {
+                changes: vec![StoreChanges {
+                    store: "s".into(),
+                    changes: (at..at + records)
+                        .map(|i| (i.to_be_bytes().to_vec(), Some(vec![1])))
+                        .collect(),
+                }],
+                positions: vec![("s".into(), at + records)],
+                synced: synced.map(|t| ("s".to_owned(), t)).into_iter().collect(),
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn a_first_restore_cut_short_is_judged_from_its_start() {
+        // A new store's restore from the log's start, cut short after two
+        // chunks (the host stopped), resumed two days later: the records past
+        // its position may have lost tombstones of keys it holds, so it is
+        // stale against a one-day horizon (before: no sync time, never judged).
+        let t0 = SystemTime::UNIX_EPOCH + 1000 * DAY;
+        let mut store = MemoryPartition::default();
+        let mut marks = SyncMarks::new(true, t0);
+        chunk(&mut store, 0, 10, marks.chunk());
+        chunk(&mut store, 10, 5, marks.finish(false));
+        let synced = store.synced_at("s").unwrap();
+        assert_eq!(synced, Some(t0));
+        assert_eq!(stale(15, synced, DAY, t0 + 2 * DAY), Some(2 * DAY));
+        // Resumed within the horizon it goes on from its position.
+        assert_eq!(stale(15, synced, DAY, t0 + DAY / 2), None);
+    }
+
+    #[test]
+    fn a_resumed_restore_keeps_the_older_sync_time_until_it_reaches_the_end() {
+        let old = SystemTime::UNIX_EPOCH + 1000 * DAY;
+        let t1 = old + DAY / 2;
+        let mut store = MemoryPartition::default();
+        chunk(&mut store, 0, 10, Some(old));
+        // From position 10: the records between it and the end were
+        // appended before t1, so a cut-short restore cannot claim t1.
+        let mut marks = SyncMarks::new(false, t1);
+        chunk(&mut store, 10, 10, marks.chunk());
+        chunk(&mut store, 20, 3, marks.finish(false));
+        assert_eq!(store.synced_at("s").unwrap(), Some(old));
+        let mut marks = SyncMarks::new(false, t1);
+        chunk(&mut store, 23, 4, marks.finish(true));
+        assert_eq!(store.synced_at("s").unwrap(), Some(t1));
+        // A store at position 0 is read from the start whatever its age;
+        // one without a sync time cannot be judged.
+        assert_eq!(stale(0, Some(old), DAY, old + 3 * DAY), None);
+        assert_eq!(stale(5, None, DAY, old + 3 * DAY), None);
+    }
 }

@@ -348,6 +348,7 @@ mod tests {
             cpu_budget: None,
             held_mb: crate::memory::DEFAULT_HELD_MB,
             tenant_memory: None,
+            lose_commit_answers: None,
         }
     }
 

@@ -275,6 +275,10 @@ pub struct RunOptions {
     /// The tenant's budget on this host, shared by its deployments and
     /// sinks (`None` outside a fleet).
     pub tenant_memory: Option<std::sync::Arc<crate::memory::MemoryBudget>>,
+    /// Tests only (`--fault-lose-commit-answers`): this many successful
+    /// commits, of any deployment and worker of the process, answer as if
+    /// timed out (the outcome unknown, as after a lost EndTxn response).
+    pub lose_commit_answers: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// The consumer group protocol of a deployment's workers.

@@ -179,7 +179,10 @@ impl Core {
         // same (before, a failed abort left it "open" on the new producer,
         // whose next record was refused with "Erroneous state").
         self.replace_producer()?;
-        self.forget_txn();
+        // The new producer's init_transactions has resolved it: the group's
+        // offsets tell whether it committed, and its usage record with it.
+        let committed = self.committed_after_all(consumer);
+        self.forget_txn(!committed);
         self.reload(consumer)?;
         if self.in_callback {
             self.rewind_pending = true;
@@ -214,7 +217,7 @@ impl Core {
                     // What came behind it never began at the producer:
                     // nothing to abort there.
                     if let Some(next) = next {
-                        self.carry(next);
+                        self.unbill(&next.work);
                     }
                     let _ = self.finish_commit(consumer, frozen, None, outcome)?;
                 }
@@ -226,7 +229,7 @@ impl Core {
                 }
                 None if committed => {
                     if let Some(next) = next {
-                        self.carry(next);
+                        self.unbill(&next.work);
                     }
                 }
                 None => self.reopen_failed(frozen, next),
@@ -260,7 +263,7 @@ impl Core {
                 self.replace_producer()?;
             }
         }
-        self.forget_txn();
+        self.forget_txn(true);
         let Some(consumer) = consumer else {
             return Ok(());
         };
@@ -285,22 +288,60 @@ impl Core {
 
     /// Drops the open transaction's state in the worker (pending state,
     /// offsets, counts, held outputs, delivery reports), once the
-    /// producer's side is aborted or the producer replaced; what its
-    /// attempts burned is billed with the next commit.
-    pub(super) fn forget_txn(&mut self) {
+    /// producer's side is aborted or the producer replaced. What it took
+    /// from the usage ledger goes back (`bill_again`: it did not commit),
+    /// for the next commit to bill.
+    pub(super) fn forget_txn(&mut self, bill_again: bool) {
         Metrics::add(&self.d.metrics.aborts, 1);
         for task in self.tasks.values_mut() {
             task.abort();
         }
         let burned = self.txn.forget();
-        protocol::Work::carry(&mut self.carried, &burned);
+        self.failed_offsets = None;
+        if bill_again {
+            self.unbill(&burned);
+        }
         *self.producer.context().deliveries() = Deliveries::default();
     }
 
-    /// Keeps what a dropped transaction's work burned (fuel, log lines) for
-    /// the next commit to bill.
-    fn carry(&mut self, dropped: Open) {
-        protocol::Work::carry(&mut self.carried, &dropped.work);
+    /// Gives what a transaction that did not commit took from the usage
+    /// ledger (fuel, log lines: the guest did burn them) back to it.
+    pub(super) fn unbill(&self, work: &Pending) {
+        Metrics::add(&self.d.metrics.unbilled_fuel, work.fuel);
+        Metrics::add(&self.d.metrics.unbilled_log_lines, work.log_lines);
+    }
+
+    /// Whether the open transaction, whose outcome was unknown, committed
+    /// after all: only a commit that failed may have ([`Core::reopen_failed`]
+    /// keeps its offsets), and it did if the group's committed offsets
+    /// (stable: a new producer's init_transactions has resolved it) reach
+    /// them. Unknown (no offsets, the group unreadable) counts as
+    /// committed: its usage is then billed at most once, never twice
+    /// (eos-audit-3 finding 6).
+    fn committed_after_all(&self, consumer: &BaseConsumer<WorkerContext>) -> bool {
+        let Some(failed) = &self.failed_offsets else {
+            // A failure before the commit: it never committed.
+            return false;
+        };
+        if failed.is_empty() {
+            return true;
+        }
+        let offsets = kafka::offsets_list(failed);
+        match consumer.committed_offsets(offsets, TXN_CALL_TIMEOUT) {
+            Ok(committed) => failed.iter().all(|((topic, p), next)| {
+                committed
+                    .find_partition(topic, *p)
+                    .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= *next))
+            }),
+            Err(e) => {
+                tracing::info!(
+                    worker = self.worker,
+                    "reading the committed offsets to tell whether a transaction committed: {e}; \
+                     its usage is not billed again"
+                );
+                true
+            }
+        }
     }
 
     /// Seeks every assigned partition back to its committed offset.

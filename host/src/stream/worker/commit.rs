@@ -15,12 +15,11 @@ impl Core {
         &mut self,
         consumer: &BaseConsumer<WorkerContext>,
     ) -> Result<(), StreamError> {
-        let carried = &mut self.carried;
         let open = || {
             Open::new(
                 Instant::now(),
                 consumer.group_metadata(),
-                std::mem::take(carried),
+                Pending::default(),
             )
         };
         let (init, producer) = (&mut self.producer_init, &self.producer);
@@ -159,11 +158,11 @@ impl Core {
         let Some(open) = self.txn.current_mut() else {
             return Ok(());
         };
-        open.work.log_lines += self
-            .d
-            .metrics
-            .unbilled_log_lines
-            .swap(0, std::sync::atomic::Ordering::Relaxed);
+        // Everything burned since the last record, from the deployment's
+        // ledger: given back if this transaction does not commit.
+        let ledger = &self.d.metrics;
+        open.work.log_lines += ledger.unbilled_log_lines.swap(0, Ordering::Relaxed);
+        open.work.fuel += ledger.unbilled_fuel.swap(0, Ordering::Relaxed);
         let usage = open.work.usage();
         if usage == Usage::default() {
             return Ok(());
@@ -259,6 +258,9 @@ impl Core {
     /// failed (still open there); the records processed behind it are
     /// dropped with it.
     pub(super) fn reopen_failed(&mut self, frozen: Open, next: Option<Open>) {
+        // Its offsets, to tell once its outcome is settled whether it
+        // committed after all ([`Core::committed_after_all`]).
+        self.failed_offsets = Some(frozen.offsets.clone());
         if let Some(next) = self.txn.failed(frozen, next) {
             tracing::info!(
                 worker = self.worker,

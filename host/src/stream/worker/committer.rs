@@ -3,6 +3,7 @@
 //! the worker's view of a transaction in flight. The worker bounds every
 //! transactional call the committer makes ([`InFlight::try_outcome`]).
 
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::*;
@@ -185,7 +186,11 @@ pub(super) struct Committer {
 }
 
 impl Committer {
-    pub(super) fn start(worker: u32) -> Result<Committer, StreamError> {
+    /// `lose`: tests only ([`super::super::RunOptions::lose_commit_answers`]).
+    pub(super) fn start(
+        worker: u32,
+        lose: Option<Arc<AtomicU64>>,
+    ) -> Result<Committer, StreamError> {
         let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
         let call = Arc::new(Mutex::new(None));
         let watched = Arc::clone(&call);
@@ -193,7 +198,21 @@ impl Committer {
             .name(format!("onceflow-commit-{worker}"))
             .spawn(move || {
                 for job in inbox {
-                    let outcome = run_commit(&job.producer, job.offsets, Some(job.group), &watched);
+                    let mut outcome =
+                        run_commit(&job.producer, job.offsets, Some(job.group), &watched);
+                    if matches!(outcome, CommitOutcome::Committed { .. })
+                        && lose.as_ref().is_some_and(|n| {
+                            n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                n.checked_sub(1)
+                            })
+                            .is_ok()
+                        })
+                    {
+                        tracing::info!(worker, "fault injected: the commit's answer is lost");
+                        outcome = CommitOutcome::Commit(KafkaError::Global(
+                            RDKafkaErrorCode::OperationTimedOut,
+                        ));
+                    }
                     let _ = job.done.send(Ok(outcome));
                 }
             })

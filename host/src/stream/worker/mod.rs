@@ -148,11 +148,12 @@ struct Pending {
     pub(super) input_bytes: u64,
     /// Bytes of the changelog records written at commit.
     pub(super) state_bytes: u64,
-    /// Fuel burned, this transaction's and aborted attempts' since the last
-    /// commit (carried over an abort: the guest did burn it).
+    /// Fuel and log lines taken from the deployment's ledger
+    /// (`Metrics::unbilled_fuel`, `unbilled_log_lines`) into the usage
+    /// record (step 1b): what the guest burned since the last record, this
+    /// transaction's records and aborted attempts' alike. Given back if the
+    /// transaction does not commit ([`Core::forget_txn`]).
     pub(super) fuel: u64,
-    /// Log lines taken from the deployment's unbilled count (carried over
-    /// an abort too).
     pub(super) log_lines: u64,
 }
 
@@ -204,9 +205,6 @@ struct Core {
     /// The transaction: idle, open, or committing with the next one
     /// behind it (`txn.rs`; pipelined commits, see [`Core::start_commit`]).
     pub(super) txn: Txn,
-    /// What aborted transactions' work burned (fuel, log lines), billed
-    /// with the next commit.
-    pub(super) carried: Pending,
     /// An error raised inside a rebalance callback, for the loop to act on.
     pub(super) failure: Option<StreamError>,
     /// Inside a rebalance callback: an abort cannot rewind there, so it
@@ -236,6 +234,10 @@ struct Core {
     pub(super) memory: crate::memory::Held,
     /// When its idle tasks were last marked in sync ([`Core::mark_idle_synced`]).
     pub(super) idle_synced: Instant,
+    /// The input offsets of the commit that failed, while its transaction
+    /// is aborted ([`Core::reopen_failed`]): whether it committed after
+    /// all, if its outcome was unknown, is told by them.
+    pub(super) failed_offsets: Option<BTreeMap<(String, i32), i64>>,
 }
 
 impl Drop for Core {
@@ -294,7 +296,7 @@ impl Session {
         } else {
             None
         };
-        let committer = Committer::start(n)?;
+        let committer = Committer::start(n, d.options.lose_commit_answers.clone())?;
         let core = Arc::new(Mutex::new(Core {
             d: d.clone(),
             worker: n,
@@ -304,7 +306,6 @@ impl Session {
             tasks: BTreeMap::new(),
             restoring: BTreeSet::new(),
             txn: Txn::Idle,
-            carried: Pending::default(),
             failure: None,
             in_callback: false,
             revoked_during_poll: BTreeSet::new(),
@@ -312,6 +313,7 @@ impl Session {
             restore_failing_since: BTreeMap::new(),
             restore_consumer,
             idle_synced: Instant::now(),
+            failed_offsets: None,
             queued: BTreeMap::new(),
             read_from: HashMap::new(),
             memory: d.memory.holder(),
@@ -538,15 +540,39 @@ impl Session {
     /// when the consumer closes (its revoke callback would try).
     fn discard(&mut self) {
         let mut core = lock(&self.core);
+        // What a transaction that did not commit took from the usage ledger
+        // goes back to the deployment's, for the next session to bill.
         let producer_open = match core.txn.take_flight() {
             // Not under a commit in flight: it ends first. One that
             // committed stays committed (the stores catch up from their
             // changelogs when the tasks open again); one that failed is
             // aborted here with the rest.
-            Some(Commit { flight, .. }) => {
-                !matches!(flight.wait(), Ok(CommitOutcome::Committed { .. }))
+            Some(Commit {
+                flight,
+                frozen,
+                next,
+            }) => {
+                if let Some(next) = next {
+                    core.unbill(&next.work);
+                }
+                match flight.wait() {
+                    Ok(CommitOutcome::Committed { .. }) => false,
+                    // The commit call failed or overran: it may have
+                    // committed, its usage record with it (billed at most
+                    // once: the host's /metrics still count it).
+                    Ok(CommitOutcome::Commit(_)) | Err(_) => true,
+                    Ok(_) => {
+                        core.unbill(&frozen.work);
+                        true
+                    }
+                }
             }
-            None => !std::mem::replace(&mut core.txn, Txn::Idle).is_idle(),
+            None => {
+                let open = !core.txn.is_idle();
+                let dropped = core.txn.forget();
+                core.unbill(&dropped);
+                open
+            }
         };
         if producer_open && self.d.exactly_once() {
             // Whatever the abort's outcome, the session ends here, and the
@@ -562,7 +588,6 @@ impl Session {
         for task in core.tasks.values_mut() {
             task.abort();
         }
-        core.carried = Pending::default();
     }
 
     /// Clean shutdown: commit what was processed, then leave the group.
@@ -710,7 +735,7 @@ impl Core {
         );
         let fuel = task.take_fuel_used();
         Metrics::add(&self.d.metrics.fuel, fuel);
-        self.txn.receiving().work.fuel += fuel;
+        Metrics::add(&self.d.metrics.unbilled_fuel, fuel);
         if let Err(e) = result {
             return Err(self.fail_batch(e));
         }
