@@ -63,6 +63,17 @@ impl Postgres {
         );
     }
 
+    /// Stops the server at once and starts it again after `down`.
+    pub fn restart_after(&self, down: std::time::Duration) {
+        let secs = down.as_secs().to_string();
+        let out = self.script(&["restart", "--down-for", &secs]);
+        assert!(
+            out.status.success(),
+            "scripts/postgres restart --down-for {secs}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     pub fn down(&self) {
         let _ = self.script(&["down", "--purge"]);
     }

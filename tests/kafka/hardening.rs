@@ -695,23 +695,7 @@ fn h02_restore_waits_for_the_changelog_high_watermark() {
     w.wait_done(Duration::from_secs(120));
     assert!(host.stop().success());
 
-    let changelog = format!("{}-balances-changelog", w.app);
-    let txn: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &cluster.bootstrap)
-        .set("transactional.id", format!("{}-late-marker", w.app))
-        .create()
-        .expect("transactional producer");
-    txn.init_transactions(Duration::from_secs(30))
-        .expect("init_transactions");
-    txn.begin_transaction().expect("begin");
-    txn.send(
-        BaseRecord::to(&changelog)
-            .partition(0)
-            .key("acct-h02")
-            .payload("1000000"),
-    )
-    .expect("send");
-    txn.flush(Duration::from_secs(30)).expect("flush");
+    let txn = open_changelog_transaction(cluster, &w, "late-marker", "acct-h02", None);
 
     // The same instance without its local state (a new machine): as a
     // static member it takes its partition back at once, and restores the
@@ -737,21 +721,7 @@ fn h02_restore_waits_for_the_changelog_high_watermark() {
         .expect("commit");
 
     // Payments to the account after the restore.
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &cluster.bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer");
-    let mut sum = 0;
-    for i in 0..10 {
-        let amount = 10 * (i + 1);
-        sum += amount;
-        let value = format!(r#"{{"payment_id":"h02-{i}","account":"acct-h02","amount":{amount}}}"#);
-        producer
-            .send(BaseRecord::to(&w.payments).key("acct-h02").payload(&value))
-            .expect("send");
-    }
-    producer.flush(Duration::from_secs(30)).expect("flush");
+    let sum = pay_ten(cluster, &w, "h02");
     w.wait_done(Duration::from_secs(120));
     let log = host.log_text();
     assert!(host.stop().success());
@@ -900,4 +870,133 @@ fn h10_a_batch_over_the_memory_budget_is_committed_in_parts() {
          for {produced_mb} MiB of outputs",
         peak >> 20
     );
+}
+
+/// eos-audit-3 finding 8: a restore that waits for a previous owner's
+/// transaction left open on a changelog (its broker aborts it after its own
+/// timeout, here 40 s, within its 10 s check interval) keeps the worker
+/// polling its consumer. The host's
+/// `max.poll.interval.ms` is 10 s here: before, the wait ran on the poll
+/// thread in one piece, librdkafka left the group past 10 s ("maximum poll
+/// interval exceeded"), and a rebalance restarted the restore; now the
+/// wait is sliced like the reading (`changelog::stable_end`), and the
+/// partition is restored once the broker has aborted the transaction.
+#[test]
+fn h08_a_restore_waiting_on_an_open_transaction_keeps_polling() {
+    let _g = serial();
+    let cluster = Cluster::shared();
+    let w = Wallet::new(cluster, "hanging", "exactly_once_v2", 1);
+    w.produce(0, 500, 20, None);
+    // (-X reaches every client: the session under the poll interval.)
+    let args = [
+        "--session-timeout-ms",
+        "6000",
+        "-X",
+        "session.timeout.ms=6000",
+        "-X",
+        "max.poll.interval.ms=10000",
+        // A wait for the open transaction (limit: this + 30 s) longer
+        // than the poll interval.
+        "--transaction-timeout-ms",
+        "60000",
+    ];
+    let host = w.start("a", &args);
+    w.wait_done(Duration::from_secs(120));
+    assert!(host.stop().success());
+
+    // A transaction left open on the changelog, as by an owner that died
+    // after writing a state change and before its offsets: the broker
+    // aborts it after 40 to 50 s.
+    let txn = open_changelog_transaction(cluster, &w, "hanging", "acct-h08", Some(40_000));
+    let opened = Instant::now();
+
+    // A new machine: the whole changelog is restored, up to the open
+    // transaction's end once the broker has aborted it.
+    std::fs::remove_dir_all(w.dir.path().join("state-a")).expect("remove the local state");
+    let host = w.start("a", &args);
+    let sum = pay_ten(cluster, &w, "h08");
+    w.wait_done(Duration::from_secs(180));
+    let restored_after = opened.elapsed();
+    let log = host.log_text();
+    assert!(host.stop().success());
+    drop(txn);
+    let expelled = log.to_lowercase().matches("poll interval").count();
+    let balance = last_balances(&w).get("acct-h08").copied();
+    figure("hanging_txn_restored_after_s", restored_after.as_secs());
+    figure("hanging_txn_expelled_for_the_poll_interval", expelled);
+    assert!(
+        log.contains("waiting for the previous owner's last transaction"),
+        "the restore never waited on the open transaction: the test proves nothing\n{}",
+        tail(&log, 20)
+    );
+    assert_eq!(
+        expelled,
+        0,
+        "the worker left its group while its restore waited:\n{}",
+        tail(&log, 30)
+    );
+    assert_eq!(
+        balance,
+        Some(sum),
+        "the aborted state change is not state; the payments are"
+    );
+}
+
+/// Ten payments (10, 20, .. 100) to the account `acct-<tag>`; their sum.
+fn pay_ten(cluster: &Cluster, w: &Wallet, tag: &str) -> i64 {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    let mut sum = 0;
+    for i in 0..10 {
+        let amount = 10 * (i + 1);
+        sum += amount;
+        let value =
+            format!(r#"{{"payment_id":"{tag}-{i}","account":"acct-{tag}","amount":{amount}}}"#);
+        producer
+            .send(
+                BaseRecord::to(&w.payments)
+                    .key(&format!("acct-{tag}"))
+                    .payload(&value),
+            )
+            .expect("send");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    sum
+}
+
+/// A transaction left open on partition 0 of the wallet's changelog: one
+/// state change (`account` = 1,000,000) by producer `<app>-<id>`, flushed,
+/// neither committed nor aborted (the broker aborts it after
+/// `timeout_ms`, if given). Committing or dropping it is the caller's.
+fn open_changelog_transaction(
+    cluster: &Cluster,
+    w: &Wallet,
+    id: &str,
+    account: &str,
+    timeout_ms: Option<u32>,
+) -> BaseProducer {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("transactional.id", format!("{}-{id}", w.app));
+    if let Some(ms) = timeout_ms {
+        config.set("transaction.timeout.ms", ms.to_string());
+    }
+    let txn: BaseProducer = config.create().expect("transactional producer");
+    txn.init_transactions(Duration::from_secs(30))
+        .expect("init_transactions");
+    txn.begin_transaction().expect("begin");
+    let changelog = format!("{}-balances-changelog", w.app);
+    txn.send(
+        BaseRecord::to(&changelog)
+            .partition(0)
+            .key(account)
+            .payload("1000000"),
+    )
+    .expect("send");
+    txn.flush(Duration::from_secs(30)).expect("flush");
+    txn
 }

@@ -1537,3 +1537,89 @@ fn i_markers_stay_within_the_retention_under_load() {
     assert!(max_markers <= bound, "{max_markers} markers, over {bound}");
     stop_sink(s1);
 }
+
+/// Issue 42 item 2 (eos-audit-3 finding 3, its second half): an instance
+/// whose database is away keeps its group membership. The sink's
+/// `max.poll.interval.ms` is 8 s here; PostgreSQL goes down for 20 s while
+/// records keep coming, so the next batch fills while the one in flight
+/// retries. The loop now pauses the partitions and polls on until the
+/// batch returns; before, it waited for the committer with the consumer
+/// unpolled, librdkafka left the group ("maximum poll interval exceeded")
+/// and the instance's batch outlived its membership.
+#[test]
+fn j_a_sink_keeps_its_membership_while_its_database_is_away() {
+    const N: usize = 1_500;
+    let _g = serial();
+    let mut rig = IdSink::new("away", 1);
+    // (-X reaches every client: the session under the poll interval.)
+    let s1 = rig.start(
+        "s1",
+        &[
+            "-X",
+            "session.timeout.ms=3000",
+            "-X",
+            "max.poll.interval.ms=8000",
+        ],
+    );
+    let producer = plain_producer(rig.cluster);
+    let pg = Postgres::up();
+    let topic = rig.topic.clone();
+    std::thread::scope(|scope| {
+        let feed = scope.spawn(|| {
+            for i in 0..N {
+                let value = format!(r#"{{"id": "away-{i}"}}"#);
+                loop {
+                    match producer.send(
+                        rdkafka::producer::BaseRecord::to(&topic)
+                            .key("k")
+                            .payload(&value),
+                    ) {
+                        Ok(()) => break,
+                        Err(_) => {
+                            producer.poll(Duration::from_millis(10));
+                        }
+                    }
+                }
+                producer.poll(Duration::ZERO);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).expect("flush");
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        pg.restart_after(Duration::from_secs(20));
+        feed.join().expect("the feed");
+    });
+    // The rig's own connection did not survive the restart.
+    rig.db = pg.client();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rig.rows() < N as i64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let distinct = count(
+        &mut rig.db,
+        &format!("SELECT count(DISTINCT id) FROM {}", rig.table),
+    );
+    let log = s1.log_text();
+    let expelled = log.matches("maximum poll interval").count();
+    let held =
+        log.matches("reconnecting and applying it again").count() + log.matches("retrying").count();
+    figure("sink_expelled_while_the_database_was_away", expelled);
+    figure(
+        "sink_rows_after_the_database_came_back",
+        format!("{} of {N}", rig.rows()),
+    );
+    assert!(
+        held > 0,
+        "the database's absence never reached the sink: the test proves nothing\n{log}"
+    );
+    assert_eq!(
+        (rig.rows(), distinct),
+        (N as i64, N as i64),
+        "every record once\n{log}"
+    );
+    assert_eq!(
+        expelled, 0,
+        "the sink left its group while its database was away:\n{log}"
+    );
+    stop_sink(s1);
+}

@@ -163,6 +163,14 @@ impl GroupReader {
             .map_err(|e| KafkaError::client("pausing partitions", e))
     }
 
+    /// Fetches `parts` again where the application's position is (after
+    /// [`GroupReader::pause`]: nothing is skipped or read twice).
+    pub(crate) fn resume(&self, parts: &[(String, i32)]) -> Result<(), KafkaError> {
+        self.consumer
+            .resume(&list(parts))
+            .map_err(|e| KafkaError::client("resuming partitions", e))
+    }
+
     /// Reads each of `starts` (paused since assigned) from its owner's
     /// position, `None` being the beginning, then resumes them.
     pub(crate) fn start_at(&self, starts: &[(String, i32, Option<i64>)]) -> Result<(), KafkaError> {

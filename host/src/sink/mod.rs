@@ -208,6 +208,11 @@ const TOPIC_GRACE: Duration = Duration::from_secs(5);
 /// only grew (eos-audit-3 finding 7).
 const EXPIRE_EVERY: Duration = Duration::from_secs(10);
 
+/// How long a batch may be in flight, with the next one full, before the
+/// sink pauses its partitions ([`Sink::hold_back`]): a healthy batch
+/// returns well within it, so the fast path never pauses.
+const HOLD_BACK_AFTER: Duration = Duration::from_secs(1);
+
 /// Runs a PostgreSQL sink until `shutdown` is set (the batch in hand is
 /// committed first).
 pub fn run_postgres(
@@ -285,6 +290,7 @@ pub fn run_postgres(
         held: options.memory.holder(),
         batch_bytes: 0,
         in_flight_bytes: 0,
+        held_back: Vec::new(),
         report: SinkReport::default(),
     };
     let result = sink.run(&shutdown);
@@ -312,6 +318,9 @@ struct Sink<'a> {
     /// Bytes of `batch` ([`held_bytes`]), and of the batch in flight.
     batch_bytes: u64,
     in_flight_bytes: u64,
+    /// The partitions paused while the next batch is full and the one in
+    /// flight has not returned ([`Sink::hold_back`]).
+    held_back: Vec<(String, i32)>,
     report: SinkReport,
 }
 
@@ -325,6 +334,9 @@ impl Sink<'_> {
         while !shutdown.load(Ordering::Relaxed) {
             self.take_changes()?;
             self.finish_in_flight(false)?;
+            if self.in_flight.is_none() {
+                self.release_held_back()?;
+            }
             let wait = match first_at {
                 Some(t) => max_wait.saturating_sub(t.elapsed()),
                 None => max_wait,
@@ -344,7 +356,19 @@ impl Sink<'_> {
             let full = self.batch.len() >= self.config.max_batch_records
                 || !self.held.set(self.batch_bytes + self.in_flight_bytes);
             let due = first_at.is_some_and(|t| t.elapsed() >= max_wait);
-            if full || (due && self.in_flight.is_none()) {
+            if full && self.in_flight.is_some() {
+                // Wait for the batch in flight in short steps, the consumer
+                // polled between them; past HOLD_BACK_AFTER the database is
+                // slow or away: the partitions pause until it returns.
+                self.finish_in_flight_within(Some(Duration::from_millis(100)))?;
+                if self
+                    .in_flight
+                    .as_ref()
+                    .is_some_and(|(_, handed)| handed.elapsed() >= HOLD_BACK_AFTER)
+                {
+                    self.hold_back()?;
+                }
+            } else if full || (due && self.in_flight.is_none()) {
                 self.take_changes()?;
                 self.submit()?;
                 first_at = None;
@@ -393,6 +417,49 @@ impl Sink<'_> {
             .ok_or_else(committer_gone)
     }
 
+    /// The next batch is full while the one in flight has not returned for
+    /// [`HOLD_BACK_AFTER`] (the database slow or away, the committer
+    /// retrying): the loop pauses the partitions and goes on polling, so
+    /// that the instance keeps its membership (`max.poll.interval.ms`) and
+    /// sees rebalances, rather than wait for the committer with the consumer
+    /// unpolled (eos-audit-3 finding 3: an instance expelled meanwhile then
+    /// outlived its membership).
+    /// Partitions claimed while held back (a rebalance meanwhile) are
+    /// paused too.
+    fn hold_back(&mut self) -> Result<(), SinkError> {
+        let parts: Vec<(String, i32)> = self
+            .epochs
+            .keys()
+            .filter(|at| !self.held_back.contains(at))
+            .cloned()
+            .collect();
+        if parts.is_empty() {
+            return Ok(());
+        }
+        self.consumer.pause(&parts)?;
+        tracing::info!(
+            partitions = parts.len(),
+            "the batch in flight is slow (the database slow or away) and the next one is full: \
+             partitions paused until it returns"
+        );
+        self.held_back.extend(parts);
+        Ok(())
+    }
+
+    /// Resumes the partitions [`Sink::hold_back`] paused that are still
+    /// this instance's.
+    fn release_held_back(&mut self) -> Result<(), SinkError> {
+        if self.held_back.is_empty() {
+            return Ok(());
+        }
+        let parts: Vec<(String, i32)> = std::mem::take(&mut self.held_back)
+            .into_iter()
+            .filter(|at| self.epochs.contains_key(at))
+            .collect();
+        self.consumer.resume(&parts)?;
+        Ok(())
+    }
+
     /// Hands the batch to the committer, once the previous one is
     /// committed.
     fn submit(&mut self) -> Result<(), SinkError> {
@@ -417,18 +484,24 @@ impl Sink<'_> {
     /// the counts, the partitions found claimed by another instance, and
     /// the Kafka offsets to commit (for lag monitoring only).
     fn finish_in_flight(&mut self, block: bool) -> Result<(), SinkError> {
+        self.finish_in_flight_within((!block).then_some(Duration::ZERO))
+    }
+
+    /// [`Sink::finish_in_flight`], waiting at most `wait` (`None`: until
+    /// it returns).
+    fn finish_in_flight_within(&mut self, wait: Option<Duration>) -> Result<(), SinkError> {
+        use std::sync::mpsc::RecvTimeoutError;
         let Some((rx, handed)) = &self.in_flight else {
             return Ok(());
         };
         let handed = *handed;
-        let outcome = if block {
-            rx.recv().map_err(|_| committer_gone())?
-        } else {
-            match rx.try_recv() {
+        let outcome = match wait {
+            None => rx.recv().map_err(|_| committer_gone())?,
+            Some(wait) => match rx.recv_timeout(wait) {
                 Ok(o) => o,
-                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(committer_gone()),
-            }
+                Err(RecvTimeoutError::Timeout) => return Ok(()),
+                Err(RecvTimeoutError::Disconnected) => return Err(committer_gone()),
+            },
         };
         self.in_flight = None;
         self.in_flight_bytes = 0;

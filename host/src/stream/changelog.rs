@@ -64,6 +64,9 @@ pub(crate) struct Restorer {
     reader: BaseConsumer<kafka::QuietContext>,
     probe: BaseConsumer<kafka::QuietContext>,
     created: Instant,
+    /// Per changelog partition whose stable end is awaited across restore
+    /// slices ([`stable_end`]): since when, and whether that was logged.
+    waits: std::sync::Mutex<BTreeMap<(String, i32), (Instant, bool)>>,
 }
 
 impl Restorer {
@@ -93,6 +96,7 @@ pub(crate) fn restorer(d: &Deployment) -> Result<Restorer, StreamError> {
         reader,
         probe,
         created: Instant::now(),
+        waits: std::sync::Mutex::default(),
     })
 }
 
@@ -173,7 +177,19 @@ pub(crate) fn restore(
                 .unwrap_or(0);
             (low, end)
         } else {
-            stable_end(d, consumer, topic, partition, high)?
+            match stable_end(d, restorer, topic, partition, high, started + slice)? {
+                Some(ends) => ends,
+                // The previous owner's last transaction is still open on
+                // it: the worker polls meanwhile and the next slice looks
+                // again.
+                None => {
+                    return Ok(RestoreStats {
+                        records: total,
+                        elapsed: started.elapsed(),
+                        finished: false,
+                    });
+                }
+            }
         };
         // A table store ahead of the committed offset: the group's offsets
         // were moved back; restore it to them.
@@ -286,23 +302,34 @@ pub(crate) fn restore(
 /// last stable offset has reached `high`: every transaction that had
 /// written to it when `high` was sampled is then resolved. A transaction
 /// left open by a crashed or paused owner is aborted by the broker after
-/// the transaction timeout, so this waits at most about that long.
+/// the transaction timeout, so this waits at most about that long in all,
+/// but only until `until` in one call: then `None`, and the worker polls
+/// its consumer before the next slice looks again (eos-audit-3 finding 8:
+/// a wait on the poll thread as long as a transaction timeout past about
+/// 270 s outlasted `max.poll.interval.ms`, and the member was expelled).
 fn stable_end(
     d: &Deployment,
-    consumer: &BaseConsumer<kafka::QuietContext>,
+    restorer: &Restorer,
     topic: &str,
     partition: i32,
     high: i64,
-) -> Result<(i64, i64), StreamError> {
+    until: Instant,
+) -> Result<Option<(i64, i64)>, StreamError> {
     let limit = d.options.transaction_timeout + Duration::from_secs(30);
-    let started = Instant::now();
-    let mut logged = false;
+    let key = (topic.to_owned(), partition);
+    let waits = || restorer.waits.lock().unwrap_or_else(|e| e.into_inner());
+    let since = waits()
+        .entry(key.clone())
+        .or_insert((Instant::now(), false))
+        .0;
     loop {
-        let (low, end) = kafka::watermarks(consumer, topic, partition)?;
+        let (low, end) = kafka::watermarks(&restorer.reader, topic, partition)?;
         if end >= high {
-            return Ok((low, end));
+            waits().remove(&key);
+            return Ok(Some((low, end)));
         }
-        if started.elapsed() >= limit {
+        if since.elapsed() >= limit {
+            waits().remove(&key);
             return Err(super::Restart::Unstable {
                 what: format!(
                     "changelog {topic}/{partition} (stable offset {end}, high watermark {high})"
@@ -312,7 +339,11 @@ fn stable_end(
             }
             .into());
         }
-        if !logged && started.elapsed() >= Duration::from_secs(1) {
+        if since.elapsed() >= Duration::from_secs(1)
+            && let Some(wait) = waits().get_mut(&key)
+            && !wait.1
+        {
+            wait.1 = true;
             tracing::info!(
                 %topic,
                 partition,
@@ -320,7 +351,9 @@ fn stable_end(
                 high,
                 "waiting for the previous owner's last transaction to be resolved on the changelog"
             );
-            logged = true;
+        }
+        if Instant::now() >= until {
+            return Ok(None);
         }
         std::thread::sleep(Duration::from_millis(20));
     }

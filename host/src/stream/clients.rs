@@ -34,9 +34,11 @@ pub(crate) fn consumer_config(
     // no latency; under at_least_once up to that long.
     let min_bytes = FETCH_MIN_BYTES.to_string();
     let fetch_wait = fetch_wait_ms(commit_interval_ms).to_string();
+    // (An operator's -X max.poll.interval.ms wins over the 5 minutes here.)
     let mut c = options.kafka.config_with(&[
         ("fetch.min.bytes", &min_bytes),
         ("fetch.wait.max.ms", &fetch_wait),
+        ("max.poll.interval.ms", "300000"),
     ]);
     c.set("group.id", group)
         .set("client.id", client_id)
@@ -49,7 +51,6 @@ pub(crate) fn consumer_config(
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
-        .set("max.poll.interval.ms", "300000")
         // After a restart or a rebalance the committed offsets are unstable
         // (KIP-447) until the previous owner's transaction is resolved, and
         // librdkafka retries the OffsetFetch with an exponential backoff,
