@@ -946,8 +946,9 @@ fn c_tenant_isolation_and_refusals() {
 
 /// Commit latency p99 (s) of a deployment from the difference of two
 /// scrapes of the histogram (interpolated inside the bucket, as Prometheus'
-/// histogram_quantile does).
-fn p99_between(before: &str, after: &str, deployment: &str) -> Option<f64> {
+/// histogram_quantile does); `None` with fewer than `min_commits` commits
+/// between them.
+fn p99_between(before: &str, after: &str, deployment: &str, min_commits: f64) -> Option<f64> {
     let buckets = |text: &str| -> Vec<(f64, f64)> {
         text.lines()
             .filter(|l| l.starts_with("onceflow_commit_latency_seconds_bucket{"))
@@ -976,7 +977,7 @@ fn p99_between(before: &str, after: &str, deployment: &str) -> Option<f64> {
         })
         .collect();
     let total = delta.last()?.1;
-    if total < 10.0 {
+    if total < min_commits {
         return None;
     }
     let target = 0.99 * total;
@@ -1122,8 +1123,11 @@ fn d_hostile_neighbour_latency() {
     cleanup.deployed(ACME, &w.name);
     let mut produced = w.produce(0, 100, 100, None);
     w.wait_done(Duration::from_secs(120));
-    // ~200 commits per phase (100 ms interval), for a p99 that is not the max.
-    let phase = Duration::from_secs(20);
+    // ~60 commits per phase (100 ms interval) and the drain's: the p99s
+    // are figures (their targets live in scripts/isolation, which repeats
+    // longer phases); what the test checks is that the victim commits in
+    // every phase and stays exact.
+    let phase = Duration::from_secs(6);
     // Records/s offered to the victim: about what the phases offered before
     // 2026-12-03, when `produce_paced` made a producer per 250 ms chunk and
     // so spread the 40,000 records of a "2,000/s" phase over ~50 s. At a
@@ -1145,9 +1149,9 @@ fn d_hostile_neighbour_latency() {
         next += rate * phase.as_secs();
         w.wait_done(Duration::from_secs(120));
         let after = h.metrics(OPERATOR);
-        let p99 = p99_between(&before, &after, &w.name).unwrap_or_else(|| {
-            panic!("the victim committed fewer than 10 transactions in the {label} phase")
-        }) * 1e3;
+        let p99 = p99_between(&before, &after, &w.name, 1.0)
+            .unwrap_or_else(|| panic!("the victim committed no transaction in the {label} phase"))
+            * 1e3;
         figure(
             &format!("cp_victim_commit_p99_ms_{label}"),
             format!("{p99:.1}"),
@@ -1387,9 +1391,9 @@ fn f_a_host_on_a_fresh_cluster_waits_for_its_topics_and_brokers() {
 
     // 1. The brokers are up, the control topics are not there: three hosts
     //    started at once (a fleet rolled out on a new cluster) create them
-    //    and serve. A topic just created has no leader for a moment; three
+    //    and serve. A topic just created has no leader for a moment; two
     //    rounds, because that moment is not always seen.
-    for round in 1..=3 {
+    for round in 1..=2 {
         fresh.0.purge();
         fresh.0.up();
         let mut hosts: Vec<(String, HostProc)> = ["a", "b", "c"]
@@ -2409,4 +2413,136 @@ fn n_usage_exact_through_lost_commit_answers() {
     assert!(fuel > 0 && report.dead_letters > 0, "{row}");
     h.json(ACME, &["delete", &w.name, "--purge-state"]);
     h.stop();
+}
+
+/// The issue-42 drill "rolling restart of the hosts", as an upgrade of the
+/// host binary does it: every host of a 3-host fleet stopped (SIGTERM),
+/// down past its session (8 s: its partitions move, and the standbys
+/// `standby-replicas = 1` keeps take them over), then started again, one
+/// after another, under a steady load; `ONCEFLOW_ROLLING_PASSES` times
+/// (default 1; scripts/drill --rolling-hosts runs 2). Exact at the end;
+/// figures: restarts, standby takeovers, and the longest time the
+/// deployment's committed input did not move while payments waited (the
+/// bound asserted is loose, 60 s: the figure is the measure).
+#[test]
+fn o_rolling_restart_of_the_hosts() {
+    let _g = serial();
+    let passes: u32 = std::env::var("ONCEFLOW_ROLLING_PASSES")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .expect("ONCEFLOW_ROLLING_PASSES: a number of passes")
+        })
+        .unwrap_or(1);
+    let fleet = Fleet::new();
+    let names = ["r1", "r2", "r3"];
+    let mut hosts: Vec<Option<HostProc>> =
+        names.iter().map(|n| Some(fleet.start_host(n))).collect();
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "roll", "exactly_once_v2", 6);
+    let text = std::fs::read_to_string(&w.manifest).expect("manifest");
+    assert!(text.contains("commit-interval-ms = 100\n"), "{text}");
+    std::fs::write(
+        &w.manifest,
+        text.replace(
+            "commit-interval-ms = 100\n",
+            "commit-interval-ms = 100\nstandby-replicas = 1\n",
+        ),
+    )
+    .expect("write the manifest");
+    let mut produced = w.produce(0, 1, 500, None);
+    hosts[0]
+        .as_ref()
+        .expect("r1 runs")
+        .json(ACME, &["deploy", path(&w.manifest)]);
+    wait_for(
+        "every host owns partitions",
+        Duration::from_secs(120),
+        || {
+            let d = hosts[0]
+                .as_ref()
+                .expect("r1")
+                .json(ACME, &["describe", &w.name]);
+            let hosts = d["hosts"].as_array().cloned().unwrap_or_default();
+            hosts
+                .iter()
+                .filter(|h| h["partitions"].as_array().is_some_and(|p| !p.is_empty()))
+                .count()
+                == 3
+        },
+    );
+    w.wait_done(Duration::from_secs(120));
+
+    // The load, and a watch on the committed input: the longest stretch
+    // with payments waiting and nothing committed.
+    let restarts = 3 * passes as u64;
+    let per_restart = Duration::from_secs(15);
+    let load_for = per_restart * restarts as u32 + Duration::from_secs(10);
+    let stop_watch = std::sync::atomic::AtomicBool::new(false);
+    let mut longest_stall = Duration::ZERO;
+    std::thread::scope(|scope| {
+        let load = scope.spawn(|| produce_paced(&w, 1, 500 * load_for.as_secs(), load_for));
+        let watch = scope.spawn(|| {
+            let mut longest = Duration::ZERO;
+            let mut moved = Instant::now();
+            let mut last = -1;
+            while !stop_watch.load(std::sync::atomic::Ordering::Relaxed) {
+                let (committed, end) = w.cluster.progress(&w.app, &w.payments);
+                if committed != last || committed >= end {
+                    last = committed;
+                    moved = Instant::now();
+                }
+                longest = longest.max(moved.elapsed());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            longest
+        });
+        for pass in 0..passes {
+            for (i, name) in names.iter().enumerate() {
+                let started = Instant::now();
+                hosts[i].take().expect("the host runs").stop();
+                std::thread::sleep(Duration::from_secs(8));
+                hosts[i] = Some(fleet.start_host(name));
+                println!(
+                    "rolling pass {pass}: {name} restarted ({} ms)",
+                    started.elapsed().as_millis()
+                );
+                if let Some(rest) = per_restart.checked_sub(started.elapsed()) {
+                    std::thread::sleep(rest);
+                }
+            }
+        }
+        produced.absorb(load.join().expect("the load"));
+        w.wait_done(Duration::from_secs(180));
+        stop_watch.store(true, std::sync::atomic::Ordering::Relaxed);
+        longest_stall = watch.join().expect("the watch");
+    });
+    let logs: String = names
+        .iter()
+        .map(|n| {
+            std::fs::read_to_string(fleet.dir.path().join(format!("{n}.log"))).unwrap_or_default()
+        })
+        .collect();
+    let takeovers = logs
+        .matches("taking over the partition's standby stores")
+        .count();
+    let report = w.verify(false);
+    figure("rolling_host_restarts", restarts);
+    figure("rolling_standby_takeovers", takeovers);
+    figure("rolling_records_verified", report.valid);
+    figure("rolling_longest_stall_ms", longest_stall.as_millis());
+    assert_exact(&report, &produced, "rolling restarts of the hosts");
+    assert!(
+        takeovers > 0,
+        "no standby took over a partition of a stopped host"
+    );
+    assert!(
+        longest_stall < Duration::from_secs(60),
+        "the deployment's input stood still for {longest_stall:?}"
+    );
+    let last = hosts[0].take().expect("r1");
+    last.json(ACME, &["delete", &w.name, "--purge-state"]);
+    last.stop();
+    for h in hosts.into_iter().flatten() {
+        h.stop();
+    }
 }

@@ -568,7 +568,7 @@ fn n_isolation_interleaved() {
             next += n;
             w.wait_done(Duration::from_secs(120));
             let after = h.metrics(OPERATOR);
-            let commit_p99 = p99_between(&before, &after, &w.name)
+            let commit_p99 = p99_between(&before, &after, &w.name, 10.0)
                 .unwrap_or_else(|| panic!("the victim committed fewer than 10 transactions"))
                 * 1e3;
             (

@@ -196,3 +196,77 @@ fn fraud_joins_payments_with_the_accounts_table_offline() {
         }
     }
 }
+
+/// A task of the pageviews example on partition 0 over memory stores, its
+/// window store's retention set to `retention_ms`.
+fn pageviews_task(retention_ms: u64) -> onceflow::task::Task {
+    use onceflow::manifest::Manifest;
+    use onceflow::sandbox::{Sandbox, SandboxConfig};
+    use onceflow::state::MemoryPartition;
+    use onceflow::task::{Task, TaskConfig, processor_policy};
+    let m = Manifest::load(build_guest("examples/pageviews/onceflow.toml")).unwrap();
+    let bytes = std::fs::read(m.component_path()).unwrap();
+    let processor = Sandbox::new(SandboxConfig::default())
+        .unwrap()
+        .load(&bytes, processor_policy(&m))
+        .unwrap();
+    let mut config = TaskConfig::from_manifest(&m);
+    config.window_stores = vec![("views".to_owned(), retention_ms)];
+    Task::new(0, processor, config, Box::new(MemoryPartition::default()))
+}
+
+/// eos-audit-3 finding 12: an abort takes the last sweep of expired windows
+/// back with the stream time, so the records that run again sweep again and
+/// their transaction deletes the expired windows. Before, `Task::abort` kept
+/// the sweep's time: the second run swept nothing, and the expired windows
+/// stayed (with their changelog records) for another quarter of the
+/// retention.
+#[test]
+fn an_abort_takes_back_the_sweep_of_expired_windows() {
+    use onceflow::state::window::decode;
+    use onceflow::task::{BatchOutcome, Task};
+    use onceflow::types::InputRecord;
+    let view = |offset: i64, page: &str, at: i64| InputRecord {
+        topic: "pageviews".into(),
+        partition: 0,
+        offset,
+        timestamp: at,
+        key: Some(page.as_bytes().to_vec()),
+        value: Some(b"{}".to_vec()),
+        headers: vec![],
+    };
+    // The windows the open transaction deletes: (page, start).
+    let deleted = |task: &Task| -> Vec<(String, i64)> {
+        task.pending_changes()
+            .into_iter()
+            .filter(|c| c.store == "views")
+            .flat_map(|c| c.changes)
+            .filter(|(_, value)| value.is_none())
+            .filter_map(|(raw, _)| decode(&raw))
+            .map(|w| (String::from_utf8_lossy(&w.key).into_owned(), w.start))
+            .collect()
+    };
+    // Retention 5 s: a sweep is due every 1.25 s of stream time.
+    let mut task = pageviews_task(5_000);
+    task.process_batch(&[view(0, "/a", BASE + 4_000)], &mut BatchOutcome::default())
+        .unwrap();
+    task.freeze();
+    task.apply_committed(Vec::new(), None).unwrap();
+    assert_eq!(deleted(&task), []);
+
+    // 2 s later /a's window (start BASE) is 6 s old: the sweep deletes it.
+    let next = [view(1, "/b", BASE + 6_000)];
+    task.process_batch(&next, &mut BatchOutcome::default())
+        .unwrap();
+    assert_eq!(deleted(&task), [("/a".to_owned(), BASE)]);
+
+    // The transaction aborts; the same record runs again.
+    task.abort();
+    task.process_batch(&next, &mut BatchOutcome::default())
+        .unwrap();
+    assert_eq!(
+        deleted(&task),
+        [("/a".to_owned(), BASE)],
+        "the record ran again, and its transaction must delete what its sweep deleted"
+    );
+}

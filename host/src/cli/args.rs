@@ -371,29 +371,58 @@ const INSTANCE_ID_FILE: &str = "instance-id";
 /// path, that id, so the instance keeps its transactional ids and group
 /// membership. The file is created atomically (written aside, then
 /// hard-linked into place, which fails if another process was first).
+///
+/// A file that holds no valid id (damaged: cut short, overwritten) is moved
+/// aside to `instance-id.damaged` and a new random id made, with a warning:
+/// a new id is a new instance, whose previous incarnation's transactions the
+/// group's new owners fence as for any departed instance.
 fn kept_instance_id(state_dir: &Path) -> anyhow::Result<String> {
     let file = state_dir.join(INSTANCE_ID_FILE);
-    let read = |file: &Path| -> anyhow::Result<Option<String>> {
-        match std::fs::read_to_string(file) {
-            Ok(text) if valid_instance_id(text.trim()) => Ok(Some(text.trim().to_owned())),
-            Ok(text) => Err(usage(format!(
-                "{}: {:?} is not an instance id (letters, digits, '-', '_' or '.'): fix it, or \
-                 delete it to get a new id (a new id is a new instance: its state is restored \
-                 from the changelogs), or pass --instance-id",
-                file.display(),
-                text.trim()
-            ))),
+    // Some(Err(text)): the file holds no valid id.
+    let read = |file: &Path| -> anyhow::Result<Option<Result<String, String>>> {
+        match std::fs::read(file) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let id = text.trim();
+                Ok(Some(if valid_instance_id(id) {
+                    Ok(id.to_owned())
+                } else {
+                    Err(id.chars().take(40).collect())
+                }))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(usage(format!("cannot read {}: {e}", file.display()))),
         }
     };
-    if let Some(id) = read(&file)? {
-        return Ok(id);
+    let mut damaged = false;
+    match read(&file)? {
+        Some(Ok(id)) => return Ok(id),
+        Some(Err(text)) => {
+            let aside = state_dir.join(format!("{INSTANCE_ID_FILE}.damaged"));
+            std::fs::rename(&file, &aside).map_err(|e| {
+                usage(format!(
+                    "{} holds no instance id ({text:?}) and cannot be moved aside: {e}; delete \
+                     it to get a new id, or pass --instance-id",
+                    file.display()
+                ))
+            })?;
+            tracing::warn!(
+                "{} held no instance id ({text:?}: letters, digits, '-', '_' or '.' expected): \
+                 moved to {}, and this host starts as a new instance with a new id (its group \
+                 membership and transactional ids are new; its local stores are kept, checked \
+                 against their changelogs as usual). To keep an id across such damage, pass \
+                 --instance-id",
+                file.display(),
+                aside.display()
+            );
+            damaged = true;
+        }
+        None => {}
     }
     let has_state = std::fs::read_dir(state_dir)
         .map(|mut entries| entries.next().is_some())
         .unwrap_or(false);
-    let id = if has_state {
+    let id = if has_state && !damaged {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(state_dir.to_string_lossy().as_bytes());
         let id = format!("i{}", hex::encode(&digest[..6]));
@@ -424,8 +453,18 @@ fn kept_instance_id(state_dir: &Path) -> anyhow::Result<String> {
             Ok(id)
         }
         // Another process made it first: use its id.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&file)?
-            .ok_or_else(|| usage(format!("{} vanished while being read", file.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match read(&file)? {
+            Some(Ok(id)) => Ok(id),
+            Some(Err(text)) => Err(usage(format!(
+                "{}: {text:?} is not an instance id (another process wrote it meanwhile): fix \
+                 it, or pass --instance-id",
+                file.display()
+            ))),
+            None => Err(usage(format!(
+                "{} vanished while being read",
+                file.display()
+            ))),
+        },
         Err(e) => Err(usage(format!("cannot create {}: {e}", file.display()))),
     }
 }
@@ -623,5 +662,27 @@ mod tests {
         std::fs::rename(&at, root.path().join("volume-b")).expect("rename");
         std::fs::rename(root.path().join("volume-a"), &at).expect("rename");
         assert_eq!(args(&at).run_options().expect("options").instance_id, first);
+    }
+
+    /// An instance-id file cut short or overwritten: moved aside, and the
+    /// host starts as a new instance (with state kept), its new id kept
+    /// from then on. Before, the host refused to start.
+    #[test]
+    fn a_damaged_instance_id_file_is_replaced_by_a_new_id() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let at = root.path().join("state");
+        std::fs::create_dir_all(at.join("demo.wallet")).expect("mkdir");
+        let first = args(&at).run_options().expect("options").instance_id;
+        let file = at.join(INSTANCE_ID_FILE);
+        for damage in [&b""[..], b"\0\0\0\0\0\0", b"i01\xff\xfe garbage"] {
+            std::fs::write(&file, damage).expect("damage");
+            let id = args(&at).run_options().expect("a new id").instance_id;
+            assert!(valid_instance_id(&id) && id != first, "{id}");
+            assert_eq!(
+                std::fs::read(at.join(format!("{INSTANCE_ID_FILE}.damaged"))).expect("kept aside"),
+                damage
+            );
+            assert_eq!(args(&at).run_options().expect("options").instance_id, id);
+        }
     }
 }

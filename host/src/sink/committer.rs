@@ -298,8 +298,9 @@ impl Committer {
     }
 
     /// Sends the dead letters recorded in the database to the dead-letter
-    /// topic, then marks them forwarded (at least once: a crash between
-    /// the two sends them again; the key and headers identify them).
+    /// topic, then marks them forwarded (`db/forward.rs`; at least once: a
+    /// crash between the two sends them again; the key and headers identify
+    /// them).
     pub(super) fn forward_dead_letters(&mut self) -> Result<(), SinkError> {
         let topic = self.config.dead_letter_topic.clone();
         let producer = &self.producer;
@@ -325,11 +326,10 @@ impl Committer {
                 }
                 Err(BatchError::Fatal(e @ SinkError::Kafka(KafkaError::Timeout { .. }))) => {
                     // Kafka did not take them within FORWARD_BOUND: the
-                    // transaction rolled back, and they go again at the
-                    // next forward.
+                    // next forward waits for them again, then marks them.
                     tracing::warn!(
-                        "forwarding dead letters: {}; they stay in the database and are sent \
-                         again in a few seconds",
+                        "forwarding dead letters: {}; they stay unmarked in the database until \
+                         Kafka acknowledges them (checked again in a few seconds)",
                         crate::types::error_chain(&e)
                     );
                     return Ok(());
@@ -404,8 +404,8 @@ impl Committer {
                 Ok(n) => tracing::debug!(rows = n, "sink usage forwarded"),
                 Err(BatchError::Fatal(e @ SinkError::Kafka(KafkaError::Timeout { .. }))) => {
                     tracing::warn!(
-                        "forwarding the sink's usage: {}; it stays in the database and is sent \
-                         again in a few seconds",
+                        "forwarding the sink's usage: {}; it stays unmarked in the database until \
+                         Kafka acknowledges it (checked again in a few seconds)",
                         crate::types::error_chain(&e)
                     );
                     return Ok(());

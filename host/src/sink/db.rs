@@ -152,6 +152,9 @@ pub(crate) struct Db {
     /// Tests' fault window: markers inserted one at a time, with this pause
     /// after each ([`Db::pause_between_markers`]).
     marker_pause: Duration,
+    /// Per table, the rows sent to Kafka and not acknowledged yet: settled
+    /// before anything more is sent (`forward.rs`).
+    unconfirmed: BTreeMap<String, Vec<i64>>,
 }
 
 /// Onceflow's tables in `schema`, quoted.
@@ -198,6 +201,7 @@ impl Db {
             },
             bill: false,
             marker_pause: Duration::ZERO,
+            unconfirmed: BTreeMap::new(),
         };
         db.create_tables()?;
         if let Some(role) = &config.postgres.role {
@@ -237,11 +241,14 @@ impl Db {
         } = &self.s;
         // Current: checked without a lock, so a start never waits for (nor
         // stalls) the running batches.
+        // (The outboxes' `claimed_until` came with a later version.)
         let present: bool = self
             .client
             .query_one(
                 "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
-                 AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL",
+                 AND (SELECT count(*) FROM pg_attribute WHERE attname = 'claimed_until' \
+                      AND NOT attisdropped \
+                      AND attrelid IN (to_regclass($3), to_regclass($4))) = 2",
                 &[progress, markers, dead_letters, usage],
             )
             .map_err(|e| db_error("looking for the sink's tables", e))?
@@ -277,7 +284,9 @@ impl Db {
                forwarded boolean NOT NULL DEFAULT false,
                created_at timestamptz NOT NULL DEFAULT now());
              CREATE INDEX IF NOT EXISTS onceflow_sink_usage_unforwarded
-               ON {usage} (sink, id) WHERE NOT forwarded;"
+               ON {usage} (sink, id) WHERE NOT forwarded;
+             ALTER TABLE {dead_letters} ADD COLUMN IF NOT EXISTS claimed_until timestamptz;
+             ALTER TABLE {usage} ADD COLUMN IF NOT EXISTS claimed_until timestamptz;"
         );
         // Missing (a first start, or a version that adds tables): created
         // under a transaction-level advisory lock per schema, so sinks

@@ -58,6 +58,82 @@ fn backend(store: &str, e: impl std::fmt::Display) -> StateError {
     }
 }
 
+/// A file in a database's directory that marks it damaged (a checksum
+/// failed, a file is missing or cut short): the next open removes the
+/// database, and the task restores its stores from their logs. It holds
+/// what was found.
+const DAMAGED_FILE: &str = "DAMAGED";
+
+/// Whether a RocksDB error says the database's files are damaged: a
+/// checksum or a size that does not match, a file the MANIFEST lists that
+/// is gone; not a lock another process holds, nor a full disk.
+fn is_damage(e: &rocksdb::Error) -> bool {
+    match e.kind() {
+        rocksdb::ErrorKind::Corruption => true,
+        rocksdb::ErrorKind::IOError => {
+            let m = e.to_string();
+            m.contains("No such file or directory") && !m.contains("/LOCK")
+        }
+        _ => false,
+    }
+}
+
+/// Marks the database at `path` damaged (best effort: failing, the error
+/// itself still ends the session, and the next open meets the damage).
+fn mark_damaged(path: &Path, what: &str) {
+    if let Err(e) = std::fs::write(path.join(DAMAGED_FILE), what) {
+        tracing::warn!(path = %path.display(), "cannot mark the database damaged: {e}");
+    }
+}
+
+/// A RocksDB failure of `store` in the database at `path`: one that says
+/// its files are damaged marks it so.
+fn failed(path: &Path, store: &str, e: rocksdb::Error) -> StateError {
+    if is_damage(&e) {
+        mark_damaged(path, e.as_ref());
+    }
+    backend(store, e)
+}
+
+/// A metadata value of `store` that is not what the host writes: the
+/// database is marked damaged.
+fn damaged(path: &Path, store: &str, what: &str) -> StateError {
+    mark_damaged(path, &format!("{what} of store {store}"));
+    backend(store, what)
+}
+
+/// Removes the damaged database at `path` (its stores are then restored in
+/// full from their logs), saying so.
+fn remove_damaged(path: &Path, what: &str) -> Result<(), StateError> {
+    tracing::warn!(
+        path = %path.display(),
+        "the local stores in {} are damaged ({what}): removed; they are restored from their \
+         changelogs (and tables from their topics) before the partition is processed",
+        path.display()
+    );
+    let place = path.display().to_string();
+    std::fs::remove_dir_all(path)
+        .map_err(|e| backend(&place, format!("cannot remove the damaged database: {e}")))?;
+    std::fs::create_dir_all(path).map_err(|e| backend(&place, e))
+}
+
+/// The message for a database that did not open, with what to do.
+fn open_failure(path: &Path, e: &rocksdb::Error) -> StateError {
+    let m = e.to_string();
+    let hint = if m.contains("/LOCK") {
+        " (is another onceflow using this --state-dir?)"
+    } else if m.contains("No space left") {
+        " (the state directory's disk is full: free space; the partition is opened again every \
+         few seconds)"
+    } else {
+        ""
+    };
+    backend(
+        &path.display().to_string(),
+        format!("cannot open RocksDB: {m}{hint}"),
+    )
+}
+
 impl RocksPartition {
     /// Opens (or creates) the database at `path` with a column family per
     /// store. Column families of stores no longer declared (an upgrade
@@ -77,8 +153,12 @@ impl RocksPartition {
         // Read before RocksDB touches the directory (it writes a log and
         // options files on every open): when a database from before sync
         // times was last written.
-        let last_written = last_written(path);
+        let mut last_written = last_written(path);
         std::fs::create_dir_all(path).map_err(|e| backend(&path.display().to_string(), e))?;
+        if let Ok(what) = std::fs::read_to_string(path.join(DAMAGED_FILE)) {
+            remove_damaged(path, what.trim())?;
+            last_written = None;
+        }
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -94,35 +174,52 @@ impl RocksPartition {
         opts.set_max_total_wal_size(2 * WRITE_BUFFER_BYTES as u64);
         opts.set_max_open_files(64);
         opts.set_keep_log_file_num(2);
-        let existing = DB::list_cf(&opts, path).unwrap_or_default();
         let declared = |name: &str| name == META_CF || stores.iter().any(|s| s == name);
-        let stale: Vec<String> = existing
-            .into_iter()
-            .filter(|name| name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME && !declared(name))
-            .collect();
-        let cfs = stores
-            .iter()
-            .map(String::as_str)
-            .chain([META_CF])
-            .chain(stale.iter().map(String::as_str))
-            .map(|name| ColumnFamilyDescriptor::new(name, cf_options()));
-        let mut db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| {
-            backend(
-                &path.display().to_string(),
-                format!("cannot open RocksDB: {e} (is another onceflow using this --state-dir?)"),
-            )
-        })?;
+        // A damaged database (found by the open, or while listing its
+        // column families) is removed once and opened again, empty.
+        let mut removed = false;
+        let (mut db, stale) = loop {
+            let existing = match DB::list_cf(&opts, path) {
+                Ok(names) => names,
+                // (A new database has no CURRENT to list from: not damage.)
+                Err(e) if e.kind() == rocksdb::ErrorKind::Corruption && !removed => {
+                    remove_damaged(path, e.as_ref())?;
+                    (removed, last_written) = (true, None);
+                    continue;
+                }
+                // A new database.
+                Err(_) => Vec::new(),
+            };
+            let stale: Vec<String> = existing
+                .into_iter()
+                .filter(|name| name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME && !declared(name))
+                .collect();
+            let cfs = stores
+                .iter()
+                .map(String::as_str)
+                .chain([META_CF])
+                .chain(stale.iter().map(String::as_str))
+                .map(|name| ColumnFamilyDescriptor::new(name, cf_options()));
+            match DB::open_cf_descriptors(&opts, path, cfs) {
+                Ok(db) => break (db, stale),
+                Err(e) if is_damage(&e) && !removed => {
+                    remove_damaged(path, e.as_ref())?;
+                    (removed, last_written) = (true, None);
+                }
+                Err(e) => return Err(open_failure(path, &e)),
+            }
+        };
         for name in &stale {
             let meta = db
                 .cf_handle(META_CF)
                 .ok_or_else(|| backend(META_CF, "no such column family"))?;
             db.delete_cf(meta, format!("{POSITION_PREFIX}{name}"))
-                .map_err(|e| backend(name, e))?;
+                .map_err(|e| failed(path, name, e))?;
             db.delete_cf(meta, format!("{BYTES_PREFIX}{name}"))
-                .map_err(|e| backend(name, e))?;
+                .map_err(|e| failed(path, name, e))?;
             db.delete_cf(meta, format!("{SYNCED_PREFIX}{name}"))
-                .map_err(|e| backend(name, e))?;
-            db.drop_cf(name).map_err(|e| backend(name, e))?;
+                .map_err(|e| failed(path, name, e))?;
+            db.drop_cf(name).map_err(|e| failed(path, name, e))?;
             tracing::info!(
                 path = %path.display(),
                 store = %name,
@@ -156,11 +253,15 @@ impl RocksPartition {
     ) -> Result<Option<SystemTime>, StateError> {
         let meta = self.cf(META_CF)?;
         let key = format!("{SYNCED_PREFIX}{store}");
-        if let Some(raw) = self.db.get_cf(meta, &key).map_err(|e| backend(store, e))? {
+        if let Some(raw) = self
+            .db
+            .get_cf(meta, &key)
+            .map_err(|e| failed(&self.path, store, e))?
+        {
             let arr: [u8; 8] = raw
                 .as_slice()
                 .try_into()
-                .map_err(|_| backend(store, "corrupt sync time"))?;
+                .map_err(|_| damaged(&self.path, store, "corrupt sync time"))?;
             return Ok(Some(
                 UNIX_EPOCH + Duration::from_millis(u64::from_be_bytes(arr)),
             ));
@@ -174,7 +275,7 @@ impl RocksPartition {
         let ms = unix_millis(at);
         self.db
             .put_cf(meta, &key, ms.to_be_bytes())
-            .map_err(|e| backend(store, e))?;
+            .map_err(|e| failed(&self.path, store, e))?;
         Ok(Some(UNIX_EPOCH + Duration::from_millis(ms)))
     }
 
@@ -183,21 +284,25 @@ impl RocksPartition {
     fn load_live_bytes(&self, store: &str) -> Result<u64, StateError> {
         let meta = self.cf(META_CF)?;
         let key = format!("{BYTES_PREFIX}{store}");
-        if let Some(raw) = self.db.get_cf(meta, &key).map_err(|e| backend(store, e))? {
+        if let Some(raw) = self
+            .db
+            .get_cf(meta, &key)
+            .map_err(|e| failed(&self.path, store, e))?
+        {
             let arr: [u8; 8] = raw
                 .as_slice()
                 .try_into()
-                .map_err(|_| backend(store, "corrupt byte count"))?;
+                .map_err(|_| damaged(&self.path, store, "corrupt byte count"))?;
             return Ok(u64::from_be_bytes(arr));
         }
         let mut bytes = 0;
         for item in self.db.iterator_cf(self.cf(store)?, IteratorMode::Start) {
-            let (k, v) = item.map_err(|e| backend(store, e))?;
+            let (k, v) = item.map_err(|e| failed(&self.path, store, e))?;
             bytes += entry_bytes(&k, Some(&v));
         }
         self.db
             .put_cf(meta, &key, bytes.to_be_bytes())
-            .map_err(|e| backend(store, e))?;
+            .map_err(|e| failed(&self.path, store, e))?;
         Ok(bytes)
     }
 
@@ -217,7 +322,7 @@ impl PartitionStore for RocksPartition {
     fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
         self.db
             .get_cf(self.cf(store)?, key)
-            .map_err(|e| backend(store, e))
+            .map_err(|e| failed(&self.path, store, e))
     }
 
     fn range<'a>(
@@ -253,7 +358,7 @@ impl PartitionStore for RocksPartition {
             .iterator_cf_opt(cf, read, mode)
             .map(move |item| {
                 item.map(|(k, v)| (k.into_vec(), v.into_vec()))
-                    .map_err(|e| backend(&store, e))
+                    .map_err(|e| failed(&self.path, &store, e))
             })
             .filter(move |item| match (item, &skip_equal) {
                 (Ok((k, _)), Some(s)) => k != s,
@@ -295,7 +400,7 @@ impl PartitionStore for RocksPartition {
                         let found = self
                             .db
                             .get_pinned_cf(cf, key)
-                            .map_err(|e| backend(&c.store, e))?;
+                            .map_err(|e| failed(&self.path, &c.store, e))?;
                         entry_bytes(key, found.as_deref())
                     }
                 };
@@ -330,7 +435,7 @@ impl PartitionStore for RocksPartition {
         }
         self.db
             .write(wb)
-            .map_err(|e| backend(&self.path.display().to_string(), e))?;
+            .map_err(|e| failed(&self.path, &self.path.display().to_string(), e))?;
         self.live = live;
         for (store, at) in &batch.synced {
             self.synced.insert(
@@ -353,14 +458,14 @@ impl PartitionStore for RocksPartition {
         let raw = self
             .db
             .get_cf(self.cf(META_CF)?, format!("{POSITION_PREFIX}{store}"))
-            .map_err(|e| backend(store, e))?;
+            .map_err(|e| failed(&self.path, store, e))?;
         match raw {
             None => Ok(None),
             Some(bytes) => {
                 let arr: [u8; 8] = bytes
                     .as_slice()
                     .try_into()
-                    .map_err(|_| backend(store, "corrupt changelog position"))?;
+                    .map_err(|_| damaged(&self.path, store, "corrupt changelog position"))?;
                 Ok(Some(i64::from_be_bytes(arr)))
             }
         }
@@ -685,5 +790,160 @@ mod tests {
         drop(p);
         let p = RocksPartition::open(dir.path(), &stores).unwrap();
         assert_eq!(p.synced_at("a").unwrap(), Some(synced), "recorded once");
+    }
+
+    /// A database of store "a" with `batches` batches of 1,000 keys (batch
+    /// b: keys b*1000.., position b+1), flushed into SST files when
+    /// `flush`, else left in the write-ahead log.
+    fn written(dir: &Path, batches: u64, flush: bool) {
+        let stores = vec!["a".to_owned()];
+        let mut p = RocksPartition::open(dir, &stores).unwrap();
+        for b in 0..batches {
+            let changes = (0..1_000u64)
+                .map(|i| {
+                    (
+                        format!("{:08}", b * 1_000 + i).into_bytes(),
+                        Some(vec![b'v'; 200]),
+                    )
+                })
+                .collect();
+            p.write(&WriteBatch {
+                changes: vec![StoreChanges {
+                    store: "a".into(),
+                    changes,
+                }],
+                positions: vec![("a".into(), b as i64 + 1)],
+                synced: vec![],
+            })
+            .unwrap();
+        }
+        if flush {
+            for cf in ["a", META_CF] {
+                p.db.flush_cf(p.db.cf_handle(cf).unwrap()).unwrap();
+            }
+        }
+    }
+
+    /// The files of `dir` whose names end or start with `name`, sorted.
+    fn files(dir: &Path, name: &str) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                let f = p.file_name().unwrap().to_string_lossy().into_owned();
+                f.ends_with(name) || f.starts_with(name)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Cuts `f` to `keep`/`of` of its length.
+    fn cut(f: &Path, keep: u64, of: u64) {
+        let len = std::fs::metadata(f).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(f)
+            .unwrap()
+            .set_len(len * keep / of)
+            .unwrap();
+    }
+
+    /// Opens the database after `damage`, reading every key of "a" the
+    /// way a task would; a read that fails ends that open (the session
+    /// restarts) and the next one is tried: what the third open holds.
+    fn open_after(dir: &Path, damage: impl FnOnce(&Path)) -> (Option<i64>, usize) {
+        damage(dir);
+        let stores = vec!["a".to_owned()];
+        for _ in 0..3 {
+            let Ok(p) = RocksPartition::open(dir, &stores) else {
+                continue;
+            };
+            let Ok(position) = p.changelog_position("a") else {
+                continue;
+            };
+            let keys: Result<Vec<_>, _> =
+                p.range("a", Bound::Unbounded, Bound::Unbounded).collect();
+            if let Ok(keys) = keys {
+                return (position, keys.len());
+            }
+        }
+        panic!("the damaged database did not open within three tries");
+    }
+
+    #[test]
+    fn a_damaged_database_is_removed_and_opens_empty() {
+        type Damage = fn(&Path);
+        let cases: [(&str, Damage); 5] = [
+            ("an SST file cut short", |d| cut(&files(d, ".sst")[0], 1, 2)),
+            ("bytes of an SST file's data blocks overwritten", |d| {
+                use std::os::unix::fs::FileExt;
+                for f in files(d, ".sst") {
+                    let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+                    file.write_all_at(&[0xA5; 4096], 64).unwrap();
+                }
+            }),
+            ("an SST file gone", |d| {
+                std::fs::remove_file(&files(d, ".sst")[0]).unwrap();
+            }),
+            ("the MANIFEST cut short", |d| {
+                cut(&files(d, "MANIFEST-")[0], 1, 3)
+            }),
+            ("CURRENT names no MANIFEST", |d| {
+                std::fs::write(d.join("CURRENT"), "MANIFEST-999999\n").unwrap();
+            }),
+        ];
+        for (what, damage) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            written(dir.path(), 20, true);
+            let (position, keys) = open_after(dir.path(), damage);
+            assert_eq!(
+                (position, keys),
+                (None, 0),
+                "{what}: the damaged database must be removed (restored in full from the log)"
+            );
+            assert!(!dir.path().join(DAMAGED_FILE).exists(), "{what}");
+        }
+    }
+
+    /// A write-ahead log cut short or overwritten loses its last writes
+    /// with their positions (each write is one batch with its position):
+    /// what stays is consistent, and the restore reads the rest again.
+    #[test]
+    fn a_damaged_write_ahead_log_goes_back_to_a_consistent_write() {
+        for of in [2, 3, 5] {
+            let dir = tempfile::tempdir().unwrap();
+            written(dir.path(), 20, false);
+            let (position, keys) = open_after(dir.path(), |d| {
+                cut(&files(d, ".log").into_iter().last().unwrap(), of - 1, of)
+            });
+            let position = position.unwrap_or(0);
+            assert!(
+                position < 20,
+                "the log was cut, and nothing lost: {position}"
+            );
+            assert_eq!(
+                keys as i64,
+                position * 1_000,
+                "the keys of exactly the batches before position {position}"
+            );
+        }
+    }
+
+    /// A database another process holds open is not damaged: its error
+    /// says what to check, and it is kept.
+    #[test]
+    fn a_locked_database_is_not_taken_for_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 3, false);
+        let stores = vec!["a".to_owned()];
+        let held = RocksPartition::open(dir.path(), &stores).unwrap();
+        let Err(e) = RocksPartition::open(dir.path(), &stores) else {
+            panic!("a second open of a held database succeeded");
+        };
+        assert!(e.to_string().contains("another onceflow"), "{e}");
+        drop(held);
+        let p = RocksPartition::open(dir.path(), &stores).unwrap();
+        assert_eq!(p.changelog_position("a").unwrap(), Some(3));
     }
 }

@@ -76,9 +76,10 @@ pub(crate) fn consumer_config(
             kafka::set_session(&mut c, options.session_timeout);
         }
         GroupProtocol::Consumer => {
-            // The brokers' range assignor is meant to co-partition as the
-            // classic one does (not covered by the co-partitioning test,
-            // which runs the classic protocol).
+            // The brokers' range assignor co-partitions as the classic one
+            // does (i_copartition::two_inputs_under_kip_848_never_give_a_
+            // task_two_owners: no assignment splits a task's topics, and no
+            // changelog partition has two owners' commits interleaved).
             c.set("group.protocol", "consumer").set(
                 "group.remote.assignor",
                 if co_partitioned { "range" } else { "uniform" },

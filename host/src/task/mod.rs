@@ -197,6 +197,15 @@ pub struct BatchOutcome {
 }
 
 /// The effects of a task: its state and the outputs of the call in progress.
+/// A task's clocks: what a commit fixes and an abort goes back to.
+#[derive(Clone, Copy, Debug, Default)]
+struct Times {
+    /// The largest record timestamp seen.
+    stream: Option<i64>,
+    /// The stream time of the last sweep of expired windows.
+    swept: Option<i64>,
+}
+
 /// One input partition's processing.
 pub struct Task {
     partition: i32,
@@ -209,16 +218,13 @@ pub struct Task {
     /// Fuel to bill: the calls' and the inits' (every new instance's, after
     /// a trap too).
     fuel_used: u64,
-    /// The largest record timestamp seen, counting records not committed
-    /// yet.
-    stream_time: Option<i64>,
-    /// The stream time of the last commit (what an abort goes back to).
-    committed_stream_time: Option<i64>,
-    /// The stream time the transaction being committed ends at (`Some`
-    /// while one is frozen, see [`Task::freeze`]).
-    committing_stream_time: Option<Option<i64>>,
-    /// The stream time of the last sweep of expired windows.
-    swept_at: Option<i64>,
+    /// Stream time and the last sweep, counting records not committed yet.
+    time: Times,
+    /// The times of the last commit (what an abort goes back to).
+    committed_time: Times,
+    /// The times the transaction being committed ends at (`Some` while one
+    /// is frozen, see [`Task::freeze`]).
+    committing_time: Option<Times>,
     /// Whether the processor ever asked for punctuation (its instance may be
     /// gone when the offsets commit).
     punctuated: bool,
@@ -251,10 +257,9 @@ impl Task {
             config,
             guest: None,
             fuel_used: 0,
-            stream_time: None,
-            committed_stream_time: None,
-            committing_stream_time: None,
-            swept_at: None,
+            time: Times::default(),
+            committed_time: Times::default(),
+            committing_time: None,
             punctuated: false,
             held_at_start: 0,
             parked: Duration::ZERO,
@@ -292,7 +297,7 @@ impl Task {
     /// The task's stream time: the largest record timestamp it has seen
     /// (committed or not).
     pub fn stream_time(&self) -> Option<i64> {
-        self.stream_time
+        self.time.stream
     }
 
     /// Whether the task's results depend on stream time (window stores, or
@@ -310,8 +315,11 @@ impl Task {
     /// Sets the stream time the task's committed offsets carry (restoring
     /// the task); records older than it do not move it.
     pub fn restore_stream_time(&mut self, committed: Option<i64>) {
-        self.stream_time = committed;
-        self.committed_stream_time = committed;
+        self.time = Times {
+            stream: committed,
+            swept: None,
+        };
+        self.committed_time = self.time;
     }
 
     /// Processes a batch of this partition's records, in order, adding
@@ -346,7 +354,7 @@ impl Task {
         outcome.done = 0;
         outcome.full = false;
         let mut times = Vec::with_capacity(batch.len());
-        let mut now = self.stream_time;
+        let mut now = self.time.stream;
         let mut from = 0;
         for (i, record) in batch.iter().enumerate() {
             let before = now;
@@ -376,7 +384,7 @@ impl Task {
                     // here: it punctuates when that record is processed.
                     break;
                 }
-                self.stream_time = Some(now);
+                self.time.stream = Some(now);
                 self.punctuate(now, outcome)?;
                 from = i + 1;
                 if outcome.full {
@@ -389,7 +397,7 @@ impl Task {
         }
         // The stream time of the last record finished.
         if let Some(last) = outcome.done.checked_sub(1) {
-            self.stream_time = times[last];
+            self.time.stream = times[last];
         }
         let swept = self.sweep_expired_windows();
         // The host's work for the batch after its last call is the
@@ -458,19 +466,20 @@ impl Task {
     /// sweep. Reads never see an expired window anyway: this only frees
     /// the space, in the same transaction.
     fn sweep_expired_windows(&mut self) -> Result<(), TaskError> {
-        let Some(now) = self.stream_time else {
+        let Some(now) = self.time.stream else {
             return Ok(());
         };
         let windows = self.config.window_stores.clone();
         let due = |retention: u64| {
             let step = (retention / 4).max(1000) as i64;
-            self.swept_at
+            self.time
+                .swept
                 .is_none_or(|at| now >= at.saturating_add(step))
         };
         if !windows.iter().any(|(_, retention)| due(*retention)) {
             return Ok(());
         }
-        self.swept_at = Some(now);
+        self.time.swept = Some(now);
         let fx = self.fx();
         for (store, retention) in &windows {
             let expired = WindowStore {
@@ -892,10 +901,7 @@ impl Task {
         positions: Vec<(String, i64)>,
         synced: Option<std::time::SystemTime>,
     ) -> Result<(), TaskError> {
-        self.committed_stream_time = self
-            .committing_stream_time
-            .take()
-            .unwrap_or(self.stream_time);
+        self.committed_time = self.committing_time.take().unwrap_or(self.time);
         Ok(self.fx().state.apply_committed(positions, synced)?)
     }
 
@@ -904,7 +910,7 @@ impl Task {
     /// changes, and [`Task::apply_committed`] applies only those. An
     /// abort forgets both.
     pub fn freeze(&mut self) {
-        self.committing_stream_time = Some(self.stream_time);
+        self.committing_time = Some(self.time);
         self.fx().state.freeze();
     }
 
@@ -940,8 +946,10 @@ impl Task {
     /// The transaction aborted: drop pending changes and the instance (a
     /// guest never outlives an aborted transaction).
     pub fn abort(&mut self) {
-        self.stream_time = self.committed_stream_time;
-        self.committing_stream_time = None;
+        // The sweep goes back too: the windows it deleted are deleted
+        // again when the records run again (eos-audit-3 finding 12).
+        self.time = self.committed_time;
+        self.committing_time = None;
         self.fx().state.abort();
         self.fx().call_outputs.clear();
         self.guest = None;

@@ -1,16 +1,35 @@
 //! What a batch transaction recorded for Kafka, forwarded after the commit:
 //! the dead letters (to the sink's dead-letter topic) and, on a fleet host,
-//! the batch's usage (to `_onceflow.usage`). Both the same way: the rows
-//! not yet forwarded, oldest first, locked (`FOR UPDATE SKIP LOCKED`) in a
-//! transaction, handed to `send`, then marked forwarded in it. At least
-//! once: a crash between the send and the mark sends them again, each with
-//! what identifies it (a dead letter's source headers, a usage record's
-//! row id, which the usage reader counts once).
+//! the batch's usage (to `_onceflow.usage`). Both the same way, with no
+//! transaction open while Kafka is waited for (eos-audit-3 finding 11):
+//!
+//! - the rows not yet forwarded, oldest first, are claimed for
+//!   [`CLAIM`] in one statement (`claimed_until`; `FOR UPDATE SKIP LOCKED`
+//!   keeps two instances of a sink from claiming the same rows; the
+//!   sink's own table, which no other tenant can touch, unlike an advisory
+//!   lock);
+//! - `send` sends them and waits (up to its bound) for Kafka's
+//!   acknowledgements; then they are marked forwarded;
+//! - rows not acknowledged within the bound are remembered, their claim
+//!   renewed, and settled (acknowledged, then marked) before anything more
+//!   is sent: a slow broker delays them instead of having them sent twice.
+//!
+//! At least once: a crash between the send and the mark sends them again
+//! (once the claim runs out), each with what identifies it (a dead letter's
+//! source headers, a usage record's row id, which the usage reader counts
+//! once).
 
 use postgres::Row;
 
+use std::time::Duration;
+
 use super::{BatchError, Db, DeadLetter};
+use crate::kafka::KafkaError;
 use crate::sink::SinkError;
+
+/// How long a claim keeps other instances of the sink off the rows: longer
+/// than a forward waits for Kafka, renewed while it waits again.
+const CLAIM: Duration = Duration::from_secs(60);
 
 /// A dead letter recorded in the database, not yet in the Kafka topic.
 #[derive(Debug)]
@@ -84,7 +103,8 @@ impl Db {
     }
 
     /// The rows of this sink in `table` not forwarded yet, oldest first, as
-    /// `parse` reads `columns`; `send` gets them, then they are marked.
+    /// `parse` reads `columns` (the id first): claimed, `send` gets them,
+    /// then they are marked. `send(&[])` waits for what was sent before.
     fn forward<R>(
         &mut self,
         table: &str,
@@ -93,28 +113,82 @@ impl Db {
         id: impl Fn(&R) -> i64,
         send: &mut dyn FnMut(&[R]) -> Result<(), SinkError>,
     ) -> Result<u64, BatchError> {
-        let mut t = self.client.transaction().map_err(BatchError::Database)?;
-        let rows = t
+        let claim = format!("{} seconds", CLAIM.as_secs());
+        // Sent before and not acknowledged then: settled first.
+        let mut n = 0;
+        if let Some(ids) = self.unconfirmed.remove(table) {
+            self.client
+                .execute(
+                    &format!(
+                        "UPDATE {table} SET claimed_until = now() + $2::text::interval \
+                         WHERE id = ANY($1)"
+                    ),
+                    &[&ids, &claim],
+                )
+                .map_err(|e| {
+                    self.unconfirmed.insert(table.to_owned(), ids.clone());
+                    BatchError::Database(e)
+                })?;
+            n = ids.len() as u64;
+            self.settle(table, ids, send(&[]))?;
+        }
+        let rows = self
+            .client
             .query(
                 &format!(
-                    "SELECT {columns} FROM {table} WHERE sink = $1 AND NOT forwarded \
-                     ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED"
+                    "UPDATE {table} SET claimed_until = now() + $2::text::interval \
+                     WHERE id IN (SELECT id FROM {table} WHERE sink = $1 AND NOT forwarded \
+                       AND (claimed_until IS NULL OR claimed_until < now()) \
+                       ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED) \
+                     RETURNING {columns}"
                 ),
-                &[&self.config.name],
+                &[&self.config.name, &claim],
             )
             .map_err(BatchError::Database)?;
         if rows.is_empty() {
-            return Ok(0);
+            return Ok(n);
         }
-        let parsed: Vec<R> = rows.iter().map(parse).collect();
-        send(&parsed).map_err(BatchError::Fatal)?;
+        let mut parsed: Vec<R> = rows.iter().map(parse).collect();
+        parsed.sort_by_key(|r| id(r));
         let ids: Vec<i64> = parsed.iter().map(id).collect();
-        t.execute(
+        n += ids.len() as u64;
+        self.settle(table, ids, send(&parsed))?;
+        Ok(n)
+    }
+
+    /// Marks `ids` forwarded if `sent` (their send) succeeded. Not
+    /// acknowledged in time, or not marked, they wait in `unconfirmed`;
+    /// failed, they are sent again at the next forward.
+    fn settle(
+        &mut self,
+        table: &str,
+        ids: Vec<i64>,
+        sent: Result<(), SinkError>,
+    ) -> Result<(), BatchError> {
+        match sent {
+            Ok(()) => {}
+            Err(e @ SinkError::Kafka(KafkaError::Timeout { .. })) => {
+                self.unconfirmed.insert(table.to_owned(), ids);
+                return Err(BatchError::Fatal(e));
+            }
+            Err(e) => {
+                // Refused: claimed no more, sent again at the next forward.
+                let _ = self.client.execute(
+                    &format!("UPDATE {table} SET claimed_until = NULL WHERE id = ANY($1)"),
+                    &[&ids],
+                );
+                return Err(BatchError::Fatal(e));
+            }
+        }
+        let marked = self.client.execute(
             &format!("UPDATE {table} SET forwarded = true WHERE id = ANY($1)"),
             &[&ids],
-        )
-        .map_err(BatchError::Database)?;
-        t.commit().map_err(BatchError::Database)?;
-        Ok(ids.len() as u64)
+        );
+        if let Err(e) = marked {
+            // In Kafka already: marked at the next forward.
+            self.unconfirmed.insert(table.to_owned(), ids);
+            return Err(BatchError::Database(e));
+        }
+        Ok(())
     }
 }

@@ -241,10 +241,16 @@ struct Core {
 }
 
 impl Drop for Core {
-    /// The session ended: its tasks close.
+    /// The session ended: its tasks close, their databases first, then
+    /// their partitions are released (as `close_task` does): released
+    /// first, another worker could open a database still locked by this one
+    /// (eos-audit-3 finding 13).
     fn drop(&mut self) {
+        let tasks = std::mem::take(&mut self.tasks);
+        let partitions: Vec<i32> = tasks.keys().copied().collect();
+        drop(tasks);
         let mut open = self.d.open_tasks.lock().unwrap_or_else(|e| e.into_inner());
-        for p in self.tasks.keys() {
+        for p in &partitions {
             open.remove(p);
         }
     }
