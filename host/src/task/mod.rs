@@ -28,9 +28,11 @@ use crate::types::{AccessError, Effects, Entry, InputRecord, OutputRecord, Store
 
 mod dead_letter;
 mod effects;
+mod time;
 
 pub use dead_letter::{dead_letter, dead_letter_headers};
 use effects::TaskEffects;
+use time::{Times, next_punctuation};
 
 /// Largest output record (key + value + headers) accepted, in bytes.
 pub const MAX_OUTPUT_BYTES: u64 = crate::types::MAX_RECORD_BYTES;
@@ -194,16 +196,6 @@ pub struct BatchOutcome {
     pub done: usize,
     /// It stopped early: its room ran out.
     pub full: bool,
-}
-
-/// The effects of a task: its state and the outputs of the call in progress.
-/// A task's clocks: what a commit fixes and an abort goes back to.
-#[derive(Clone, Copy, Debug, Default)]
-struct Times {
-    /// The largest record timestamp seen.
-    stream: Option<i64>,
-    /// The stream time of the last sweep of expired windows.
-    swept: Option<i64>,
 }
 
 /// One input partition's processing.
@@ -959,17 +951,6 @@ impl Task {
     pub fn dump_state(&self) -> Result<Vec<(String, Vec<Entry>)>, TaskError> {
         Ok(self.fx_ref().state.dump()?)
     }
-}
-
-/// The first stream-time punctuation point after `before`: the next
-/// multiple of `every` (Kafka Streams aligns stream-time schedules to 0 and
-/// skips the points a jump in time passed over).
-fn next_punctuation(before: i64, every: u64) -> i64 {
-    let every = every.min(i64::MAX as u64) as i64;
-    before
-        .div_euclid(every)
-        .saturating_add(1)
-        .saturating_mul(every)
 }
 
 /// A host failure while the task itself touched its stores.
