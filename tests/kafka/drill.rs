@@ -33,7 +33,9 @@
 //! exactly_once_v2), `ONCEFLOW_DRILL_COMPARE` (default 1: after an
 //! exactly_once_v2 drill, one round under at_least_once),
 //! `ONCEFLOW_DRILL_REQUEST_TIMEOUT_MS` (the hosts' request and socket
-//! timeout, default 5000; the latency spike is 1 s longer each way).
+//! timeout, default 5000; the latency spike is 1 s longer each way),
+//! `ONCEFLOW_DRILL_BOUNCES` (the bounce drill's kinds, in turn: a
+//! comma-separated list of the names below; default all four).
 //!
 //! The broker-bounce drill (`broker_bounces`, issue 42) runs the same rig
 //! with the bounces of Kafka's own `streams_broker_bounce_test.py` instead,
@@ -96,6 +98,9 @@ struct Settings {
     guarantee: String,
     compare: bool,
     request_timeout_ms: u64,
+    /// The bounce drill's kinds, taken in turn (`ONCEFLOW_DRILL_BOUNCES`: a
+    /// comma-separated list of their names; default all four).
+    bounces: Vec<Fault>,
 }
 
 fn env_var<T: std::str::FromStr>(name: &str, what: &str) -> Option<T> {
@@ -136,12 +141,32 @@ impl Settings {
         let compare = env_var::<u8>("ONCEFLOW_DRILL_COMPARE", "0 or 1").unwrap_or(1) == 1;
         let request_timeout_ms =
             env_var("ONCEFLOW_DRILL_REQUEST_TIMEOUT_MS", "milliseconds").unwrap_or(5_000);
+        let bounces = match env_var::<String>("ONCEFLOW_DRILL_BOUNCES", "bounce kinds") {
+            None => Fault::BOUNCES.to_vec(),
+            Some(list) => list
+                .split(',')
+                .map(|name| {
+                    let name = name.trim();
+                    *Fault::BOUNCES
+                        .iter()
+                        .find(|f| f.name() == name)
+                        .unwrap_or_else(|| {
+                            let known: Vec<_> = Fault::BOUNCES.iter().map(|f| f.name()).collect();
+                            panic!(
+                                "ONCEFLOW_DRILL_BOUNCES: unknown bounce {name:?}; use any of {}",
+                                known.join(", ")
+                            )
+                        })
+                })
+                .collect(),
+        };
         Settings {
             rounds,
             minutes,
             guarantee,
             compare,
             request_timeout_ms,
+            bounces,
         }
     }
 }
@@ -471,7 +496,8 @@ impl<'a> Drill<'a> {
     fn inject_bounce(&mut self, r: u32) {
         let all: Vec<u32> = (1..=self.cluster.brokers).collect();
         self.await_first_commit();
-        let kind = Fault::BOUNCES[(r as usize - 1) % Fault::BOUNCES.len()];
+        let kinds = &self.settings.bounces;
+        let kind = kinds[(r as usize - 1) % kinds.len()];
         match kind {
             Fault::LeaderBounce => {
                 let (leader, led) = busiest_leader(self.cluster, &self.w.payments);

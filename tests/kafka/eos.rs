@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::common;
 use crate::common::cluster::{Cluster, serial};
 use crate::common::host_process::restored_records;
+use crate::common::request_delay::{INIT_PRODUCER_ID, RequestDelay};
 use crate::common::wallet::{Wallet, assert_exact};
 
 fn figure(name: &str, value: impl std::fmt::Display) {
@@ -485,7 +486,16 @@ fn wallet_through_broker_failure(cluster: &'static Cluster, label: &str, fail: i
         fail();
         produced.absorb(more.join().expect("producer thread"));
     });
-    w.wait_done(Duration::from_secs(300));
+    let drain = w.wait_done(Duration::from_secs(300));
+    let log = host.log_text();
+    // What the soak looks for: a stable committed-offset fetch that timed
+    // out (the worker says "did not become stable" and starts again).
+    println!(
+        "FIGURE broker_failure_{label} drain_ms {} unstable_waits {} sessions {}",
+        drain.as_millis(),
+        log.matches("did not become stable").count(),
+        log.matches("worker session started").count()
+    );
     assert!(host.stop().success());
     assert_exact(&w.verify(false), &produced, label);
 }
@@ -544,6 +554,65 @@ fn h_broker_restarts() {
 /// `scripts/bench recovery --failover 0,1`), and fences the dead host's
 /// open transaction instead of waiting for the broker to time it out. The
 /// output stays exact.
+/// eos-audit-3 finding 9: a fencing probe dropped with its
+/// `InitProducerId` still on the way, handled after the worker's own,
+/// fences the worker's producer. A proxy holds every probe's
+/// `InitProducerId` back 0.6 s (and sends it after its client is gone). Before
+/// (probes dropped after 150 ms each, for 3 s), the last probes' requests
+/// landed after the new producer's and fenced it; now the probes' waits
+/// grow, so one is answered, after every earlier request has landed, and
+/// the real producer comes last.
+#[test]
+fn k_a_late_fencing_probe_does_not_fence_the_new_producer() {
+    let _g = serial();
+    let cluster: &'static Cluster =
+        Box::leak(Box::new(Cluster::start_behind_proxy("probes", 19492, 1)));
+    let delay = RequestDelay::start(
+        cluster,
+        INIT_PRODUCER_ID,
+        "-probe",
+        Duration::from_millis(600),
+    );
+    let w = Wallet::new(cluster, "probes", "exactly_once_v2", 2);
+    let produced = w.produce(0, 2_000, 1_000, None);
+    let host = w.start(
+        "a",
+        &["--log", "info,onceflow::stream::worker::producer=debug"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while w.committed() < 2_000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let committed = w.committed();
+    // librdkafka's words when a producer learns it was fenced.
+    let fenced_count = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("fenced by a newer instance") && l.contains("FATAL"))
+            .count()
+    };
+    let log = host.log_text();
+    let fenced = fenced_count(&log);
+    for line in log
+        .lines()
+        .filter(|l| l.contains("abort probes") || l.contains("producer ready"))
+    {
+        println!("  {line}");
+    }
+    figure("late_probe_requests_delayed", delay.delayed());
+    figure("late_probe_fenced_producers", fenced);
+    figure(
+        "late_probe_committed",
+        format!("{committed} of 2000 in 90 s"),
+    );
+    assert!(host.stop().success(), "the host stops cleanly:\n{log}");
+    assert!(delay.delayed() > 0, "the probes' requests were held back");
+    assert_eq!(fenced, 0, "no producer fenced by a late probe:\n{log}");
+    assert_eq!(committed, 2_000, "all committed:\n{log}");
+    assert_exact(&w.verify(false), &produced, "late probes");
+    drop(delay);
+    cluster.down();
+}
+
 #[test]
 fn i_standby_takes_over_a_dead_host() {
     let _g = serial();

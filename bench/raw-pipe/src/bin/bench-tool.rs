@@ -94,6 +94,10 @@ enum Command {
     CreateTopics {
         #[arg(required = true)]
         topics: Vec<String>,
+        /// A topic config for every topic named, `key=value` (repeatable),
+        /// e.g. `message.timestamp.type=LogAppendTime`.
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        configs: Vec<String>,
     },
     /// Delete topics (missing ones are ignored).
     DeleteTopics {
@@ -310,7 +314,9 @@ fn main() -> anyhow::Result<()> {
                 timeout: Duration::from_secs(timeout_secs),
             },
         )?,
-        Command::CreateTopics { topics } => create_topics(&cli.bootstrap_servers, &topics)?,
+        Command::CreateTopics { topics, configs } => {
+            create_topics(&cli.bootstrap_servers, &topics, &configs)?
+        }
         Command::DeleteTopics { topics } => delete_topics(&cli.bootstrap_servers, &topics)?,
         Command::VerifyEnrich {
             first,
@@ -369,7 +375,18 @@ fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
         .context("creating the admin client")
 }
 
-fn create_topics(bootstrap: &str, specs: &[String]) -> anyhow::Result<serde_json::Value> {
+fn create_topics(
+    bootstrap: &str,
+    specs: &[String],
+    configs: &[String],
+) -> anyhow::Result<serde_json::Value> {
+    let configs = configs
+        .iter()
+        .map(|c| {
+            c.split_once('=')
+                .with_context(|| format!("--config {c:?}: expected key=value"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut parsed = Vec::new();
     for spec in specs {
         let (rest, compact) = match spec.strip_suffix(":compact") {
@@ -387,12 +404,14 @@ fn create_topics(bootstrap: &str, specs: &[String]) -> anyhow::Result<serde_json
     let new: Vec<NewTopic> = parsed
         .iter()
         .map(|(name, partitions, compact)| {
-            let topic = NewTopic::new(name, *partitions, TopicReplication::Fixed(1));
+            let mut topic = NewTopic::new(name, *partitions, TopicReplication::Fixed(1));
             if *compact {
-                topic.set("cleanup.policy", "compact")
-            } else {
-                topic
+                topic = topic.set("cleanup.policy", "compact");
             }
+            for (key, value) in &configs {
+                topic = topic.set(key, value);
+            }
+            topic
         })
         .collect();
     let results = futures::executor::block_on(admin(bootstrap)?.create_topics(

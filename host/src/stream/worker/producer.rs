@@ -266,10 +266,27 @@ pub(super) fn fence(
     }
 }
 
-/// How long each of [`abort_previous_quickly`]'s probes waits for its
-/// answer, and how long it goes on probing at most.
+/// How long each of [`abort_previous_quickly`]'s first
+/// [`ABORT_PROBES_AT_FIRST_WAIT`] probes waits for its answer (each later
+/// one waits twice as long as the one before), and how long the probes go
+/// on at most.
 pub(super) const ABORT_PROBE_WAIT: Duration = Duration::from_millis(150);
+pub(super) const ABORT_PROBES_AT_FIRST_WAIT: u32 = 3;
 pub(super) const ABORT_PROBE_BUDGET: Duration = Duration::from_secs(3);
+
+/// The wait of the probe after `probes` probes that got no producer id:
+/// [`ABORT_PROBE_WAIT`] for the first few (an abort usually completes
+/// within 0.5 s), then doubling, within what is left of the budget (at
+/// least the first wait), so that an answer slower than the first wait
+/// is still awaited by some probe.
+fn probe_wait(probes: u32, spent: Duration) -> Duration {
+    let doublings = (probes + 1)
+        .saturating_sub(ABORT_PROBES_AT_FIRST_WAIT)
+        .min(8);
+    let wait = ABORT_PROBE_WAIT * (1 << doublings);
+    wait.min(ABORT_PROBE_BUDGET.saturating_sub(spent))
+        .max(ABORT_PROBE_WAIT)
+}
 
 /// Waits until the open transaction of `transactional_id`'s previous
 /// incarnation (crashed, or a departed host's worker) is aborted, so that
@@ -282,16 +299,22 @@ pub(super) const ABORT_PROBE_BUDGET: Duration = Duration::from_secs(3);
 /// (`rd_kafka_idemp_pid_timer_restart`, not configurable), so a restart
 /// would pay 0.5 s for every answer that came too early (0, 1 or 2 of them
 /// in the recovery benchmark: results/2026-12-05-recovery.md). Instead,
-/// throwaway producers ask, one after another, each dropped after
-/// [`ABORT_PROBE_WAIT`] unless it got its producer id (the abort is done,
-/// or nothing was open), for at most [`ABORT_PROBE_BUDGET`]; an answer the
-/// probes cannot help with (not authorized, say) ends them at once and
-/// the real `init_transactions` reports it. Fencing is unchanged: every
-/// successful `InitProducerId` bumps the epoch, and the caller's comes last.
-/// (Were a probe's request still in flight when it is dropped and handled
-/// after the caller's, the caller's producer would be fenced by it: its
-/// next transactional call fails, and the worker starts a new session, as
-/// for any fencing.)
+/// throwaway producers ask, one after another, each dropped after its wait
+/// ([`probe_wait`]: 150 ms, then doubling) unless it got its producer id
+/// (the abort is done, or nothing was open), for at most
+/// [`ABORT_PROBE_BUDGET`]; an answer the probes cannot help with (not
+/// authorized, say) ends them at once and the real `init_transactions`
+/// reports it. Fencing is unchanged: every successful `InitProducerId` bumps
+/// the epoch, and the caller's comes last.
+///
+/// A probe dropped with its request still on the way could have it handled
+/// after the caller's, and fence the caller's producer (eos-audit-3 finding
+/// 9; safe, but a restart, and again at every restart while requests are
+/// that slow). The growing waits close that: once a probe waits longer than
+/// requests take, it is answered, and the earlier probes' requests, sent
+/// before its own, have landed by then. Only when no probe is answered
+/// within the budget (requests slower than about 1.2 s) can one still land
+/// late (`k_a_late_fencing_probe_does_not_fence_the_new_producer`).
 pub(super) fn abort_previous_quickly(
     options: &crate::stream::RunOptions,
     transactional_id: &str,
@@ -300,6 +323,7 @@ pub(super) fn abort_previous_quickly(
     let started = Instant::now();
     let mut probes = 0;
     let outcome = loop {
+        let wait = probe_wait(probes, started.elapsed());
         let probe = match producer_config(
             options,
             Some(transactional_id),
@@ -312,9 +336,9 @@ pub(super) fn abort_previous_quickly(
         };
         probes += 1;
         if let Some(topic) = topic {
-            connect_first(&probe, topic, ABORT_PROBE_WAIT);
+            connect_first(&probe, topic, wait);
         }
-        let outcome = probe.init_transactions(ABORT_PROBE_WAIT);
+        let outcome = probe.init_transactions(wait);
         drop(probe);
         match outcome {
             // A timeout, or CONCURRENT_TRANSACTIONS: the abort goes on.
@@ -466,5 +490,23 @@ impl Core {
         if let Err(e) = spawned {
             tracing::info!("cannot start a thread to fence departed workers: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The probes' waits when none is answered and each takes its whole
+    /// wait: three short ones, then doubling within the budget.
+    #[test]
+    fn probe_waits_grow_within_the_budget() {
+        let (mut spent, mut waits) = (Duration::ZERO, Vec::new());
+        while spent < ABORT_PROBE_BUDGET {
+            let wait = probe_wait(waits.len() as u32, spent);
+            waits.push(wait.as_millis());
+            spent += wait;
+        }
+        assert_eq!(waits, [150, 150, 150, 300, 600, 1200, 450]);
     }
 }
