@@ -46,8 +46,10 @@ use crate::common::wallet::Wallet;
 /// and the next transaction's first records take, shorter than the hosts'
 /// request timeouts (a restore's 1 s offset probes among them).
 const LATENCY_MS: u64 = 2_000;
-/// Times the second host joins and leaves.
-const REBALANCES: u32 = 3;
+/// Times the second host joins and leaves (two: each of the 4 rebalances
+/// of three rounds aborted with records in flight, so two rounds keep the
+/// test's proof and save the suite a round of about 20 s).
+const REBALANCES: u32 = 2;
 /// The hosts' commit interval: records are produced into the open
 /// transaction (in flight, held up by the latency) for this long before its
 /// commit begins, and an abort waits for a commit in flight to end first.
