@@ -250,6 +250,19 @@ class Density:
             raise Failure(f"the host (pid {self.host.pid}) exited with code {self.host.returncode}; "
                           f"its last log lines:\n{self.host_tail()}")
 
+    def outwait(self, watcher: subprocess.Popen, timeout: float) -> bool:
+        """Waits up to `timeout` s for `watcher` to end, the host alive all
+        along; True if it ended, else it is killed and False."""
+        deadline = time.time() + timeout
+        while watcher.poll() is None and time.time() < deadline:
+            self.check_host()
+            time.sleep(0.5)
+        if watcher.poll() is not None:
+            return True
+        watcher.kill()
+        self.children.discard(watcher)
+        return False
+
     def api(self, path: str) -> dict:
         request = urllib.request.Request(
             f"{self.server}{path}", headers={"Authorization": f"Bearer {self.token}"}
@@ -417,13 +430,7 @@ class Density:
                 last_progress = time.time()
         log(f"stage {stage}: waiting for every new deployment's first commit "
             f"(at most {self.args.start_timeout} s)")
-        deadline = time.time() + self.args.start_timeout
-        while watcher.poll() is None and time.time() < deadline:
-            self.check_host()
-            time.sleep(0.5)
-        if watcher.poll() is None:
-            watcher.kill()
-            self.children.discard(watcher)
+        if not self.outwait(watcher, self.args.start_timeout):
             try:
                 st = self.statuses()
                 down = [f"{self.name(i)}: {st.get(self.name(i), {}).get('status', 'not listed')}" for i in new
@@ -475,13 +482,7 @@ class Density:
         for i in deployed:
             self.sent[i] += self.args.trickle
         self.rounds += 1
-        deadline = time.time() + self.args.output_timeout
-        while watcher.poll() is None and time.time() < deadline:
-            self.check_host()
-            time.sleep(0.5)
-        if watcher.poll() is None:
-            watcher.kill()
-            self.children.discard(watcher)
+        if not self.outwait(watcher, self.args.output_timeout):
             short = [f"{self.name(i)} {c} of {self.sent[i]}" for i, c in self.counts(deployed).items()
                      if c != self.sent[i]]
             raise Failure(
