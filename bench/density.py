@@ -310,6 +310,7 @@ class Density:
             "--bootstrap-servers", self.args.bootstrap_servers,
             "--state-dir", str(self.work / "state"),
             "--host-id", "density",
+            *self.args.host_arg,
         ]
         log(f"starting the host: {' '.join(argv)} (log: {self.host_log})")
         self.host = subprocess.Popen(
@@ -553,6 +554,7 @@ class Density:
         raw = self.raw = {
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "context": self.args.context,
+            "host_args": self.args.host_arg,
             "stages_asked": self.args.stages,
             "trickle": self.args.trickle,
             "idle_seconds": self.args.idle_seconds,
@@ -614,7 +616,7 @@ class Density:
         day = time.strftime("%Y-%m-%d")
         out = Path(self.args.results)
         out.mkdir(parents=True, exist_ok=True)
-        stem = f"{day}-density{'-quick' if self.args.quick else ''}"
+        stem = f"{day}-density{'-quick' if self.args.quick else ''}{'-' + self.args.suffix if self.args.suffix else ''}"
         (out / f"{stem}.json").write_text(json.dumps(self.raw, indent=2) + "\n")
         (out / f"{stem}.md").write_text(report(self.raw))
         self.paths = (out / f"{stem}.md", out / f"{stem}.json")
@@ -625,7 +627,8 @@ def report(raw: dict) -> str:
         f"# Density, {raw['date']}",
         "",
         f"One `onceflow host`, one local broker, wallets (exactly_once_v2, 100 ms commits) each on its own "
-        f"1-partition topics, deployed in stages (`scripts/bench density`, bench/density.py). {raw['context']}",
+        f"1-partition topics, deployed in stages (`scripts/bench density`, bench/density.py). {raw['context']}"
+        + (f" Host arguments: `{' '.join(raw['host_args'])}`." if raw.get("host_args") else ""),
         "",
         "Host columns: VmRSS, OS threads, open descriptors, ESTABLISHED TCP connections to the broker; "
         "\"per dep.\" is (stage - empty host) / deployments. Idle CPU: the host's utime+stime over "
@@ -720,6 +723,10 @@ def main() -> int:
                     help="s after the last trickle payment is sent for every audit record")
     ap.add_argument("--results", default=str(REPO / "bench/results"))
     ap.add_argument("--context", default="")
+    ap.add_argument("--suffix", default="", help="added to the results' file names (an experiment's name)")
+    ap.add_argument("--host-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for `onceflow host` (repeatable; e.g. --host-arg=-Xfetch.wait.max.ms=500 "
+                         "to measure a librdkafka setting); written into the report")
     args = ap.parse_args()
     spec = args.stages or (QUICK_STAGES if args.quick else STAGES)
     try:

@@ -274,7 +274,8 @@ pub struct KafkaArgs {
     /// ONCEFLOW_KAFKA_PASSWORD, not `-X sasl.password=`, which `ps` shows.
     #[arg(short = 'X', long = "kafka-config")]
     pub kafka_config: Vec<String>,
-    /// How often to log throughput, commit latency and failures (ms).
+    /// How often to log throughput, commit latency and failures (ms), while
+    /// there is something to say: an idle deployment logs nothing.
     #[arg(long, default_value_t = 5_000)]
     pub report_interval_ms: u64,
     /// How long the local stores of a partition this instance no longer

@@ -581,7 +581,9 @@ fn check_settings(manifest: &Manifest, options: &RunOptions) -> Result<(), Strea
     Ok(())
 }
 
-/// Logs the figures since `last`.
+/// Logs the figures since `last`, unless nothing happened since: an idle
+/// deployment stays quiet (a host of hundreds would log a line per
+/// deployment every report interval).
 fn report(
     app: &str,
     metrics: &Metrics,
@@ -589,6 +591,9 @@ fn report(
     elapsed: Duration,
 ) -> crate::metrics::Snapshot {
     let now = metrics.snapshot();
+    if now == last {
+        return now;
+    }
     let secs = elapsed.as_secs_f64().max(1e-3);
     let latency = metrics.take_latency();
     tracing::info!(
