@@ -1123,11 +1123,11 @@ fn d_hostile_neighbour_latency() {
     cleanup.deployed(ACME, &w.name);
     let mut produced = w.produce(0, 100, 100, None);
     w.wait_done(Duration::from_secs(120));
-    // ~60 commits per phase (100 ms interval) and the drain's: the p99s
+    // ~40 commits per phase (100 ms interval) and the drain's: the p99s
     // are figures (their targets live in scripts/isolation, which repeats
     // longer phases); what the test checks is that the victim commits in
     // every phase and stays exact.
-    let phase = Duration::from_secs(6);
+    let phase = Duration::from_secs(4);
     // Records/s offered to the victim: about what the phases offered before
     // 2026-12-03, when `produce_paced` made a producer per 250 ms chunk and
     // so spread the 40,000 records of a "2,000/s" phase over ~50 s. At a
@@ -1391,9 +1391,11 @@ fn f_a_host_on_a_fresh_cluster_waits_for_its_topics_and_brokers() {
 
     // 1. The brokers are up, the control topics are not there: three hosts
     //    started at once (a fleet rolled out on a new cluster) create them
-    //    and serve. A topic just created has no leader for a moment; two
-    //    rounds, because that moment is not always seen.
-    for round in 1..=2 {
+    //    and serve. A topic just created has no leader for a moment, which
+    //    one round does not always see; every CI run is another round (a
+    //    second round here cost 30 s of the suite's budget).
+    const ROUNDS: u32 = 1;
+    for round in 1..=ROUNDS {
         fresh.0.purge();
         fresh.0.up();
         let mut hosts: Vec<(String, HostProc)> = ["a", "b", "c"]

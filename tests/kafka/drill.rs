@@ -1100,8 +1100,7 @@ fn drill(
 fn network_faults() {
     let _g = serial();
     let settings = Settings::from_env();
-    let cluster: &'static Cluster =
-        Box::leak(Box::new(Cluster::start_behind_proxy("drill", 19692, 3)));
+    let cluster = Cluster::proxied_three();
     let proxy = FaultProxy::start(cluster).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "drill: 3 brokers behind toxiproxy (hosts bootstrap from {}; the rig from {}); {} under {}",
@@ -1145,6 +1144,7 @@ fn network_faults() {
         );
     }
     drop(proxy);
+    // The last user of the shared nodes in the suite's order.
     cluster.down();
 }
 
@@ -1205,8 +1205,7 @@ fn wait_in_sync(cluster: &Cluster) -> Duration {
 fn broker_bounces() {
     let _g = serial();
     let settings = Settings::from_env();
-    let cluster: &'static Cluster =
-        Box::leak(Box::new(Cluster::start_behind_proxy("bounce", 19892, 3)));
+    let cluster = Cluster::proxied_three();
     let proxy = FaultProxy::start(cluster).unwrap_or_else(|e| panic!("{e}"));
     let rounds_unset = std::env::var("ONCEFLOW_DRILL_ROUNDS")
         .ok()
@@ -1237,5 +1236,4 @@ fn broker_bounces() {
     );
     assert!(outcome.findings.is_empty(), "findings: {outcome:?}");
     drop(proxy);
-    cluster.down();
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::common;
 use crate::common::cluster::{Cluster, serial};
 use crate::common::host_process::restored_records;
+use crate::common::proxy::FaultProxy;
 use crate::common::request_delay::{INIT_PRODUCER_ID, RequestDelay};
 use crate::common::wallet::{Wallet, assert_exact};
 
@@ -540,10 +541,14 @@ fn h_broker_restarts() {
     });
     single.down();
 
-    // Three nodes: kill one mid-run.
-    let three: &'static Cluster = Box::leak(Box::new(Cluster::start("three", 19292, 3)));
+    // Three nodes: kill one mid-run. The drills' nodes (their proxy passes
+    // connections through untouched here), left running for them with the
+    // node started again.
+    let three = Cluster::proxied_three();
+    let proxy = FaultProxy::start(three).unwrap_or_else(|e| panic!("{e}"));
     wallet_through_broker_failure(three, "broker3", || three.stop_broker(2, "KILL"));
-    three.down();
+    drop(proxy);
+    three.start_broker(2);
 }
 
 /// Standby replicas (issue 12, item 4): two hosts with `standby-replicas =
