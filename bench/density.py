@@ -310,6 +310,7 @@ class Density:
             "--bootstrap-servers", self.args.bootstrap_servers,
             "--state-dir", str(self.work / "state"),
             "--host-id", "density",
+            f"--hibernate-after-secs={self.args.hibernate_after}",
             *self.args.host_arg,
         ]
         log(f"starting the host: {' '.join(argv)} (log: {self.host_log})")
@@ -347,10 +348,34 @@ class Density:
             self.host.kill()
             self.host.wait()
 
-    def measure(self, label: str) -> dict:
-        """The snapshot, the idle window, the snapshot again."""
+    def hibernating(self) -> int:
+        """Deployments whose host says they hibernate."""
+        return sum(
+            1 for d in self.statuses().values()
+            if any(h.get("hibernating") for h in d.get("hosts", []))
+        )
+
+    def await_hibernation(self, deployed: int) -> dict:
+        """With hibernation on, waits until every deployment hibernates (the
+        idle state measured); how long that took and how many did."""
+        after = self.args.hibernate_after
+        started = time.time()
+        deadline = started + after + 120
+        asleep = self.hibernating()
+        while asleep < deployed and time.time() < deadline:
+            self.check_host()
+            time.sleep(1)
+            asleep = self.hibernating()
+        waited = round(time.time() - started, 1)
+        log(f"{asleep} of {deployed} deployments hibernating after {waited} s")
+        return {"hibernating": asleep, "hibernation_wait_s": waited}
+
+    def measure(self, label: str, deployed: int = 0) -> dict:
+        """The snapshot, the idle window, the snapshot again (with
+        hibernation on, once every deployment hibernates)."""
         assert self.host is not None
         time.sleep(SETTLE_SECONDS)
+        asleep = self.await_hibernation(deployed) if self.args.hibernate_after and deployed else {}
         self.check_host()
         before = snapshot(self.host.pid, self.broker_pid, self.broker_port)
         log(f"{label}: idle for {self.args.idle_seconds} s (CPU)")
@@ -364,6 +389,7 @@ class Density:
             "after_idle": after,
             "idle_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 2),
             "broker_idle_cpu_pct": round(100 * (b1 - b0) / (t1 - t0), 2),
+            **asleep,
         }
 
     def manifest(self, i: int) -> Path:
@@ -558,6 +584,7 @@ class Density:
             "stages_asked": self.args.stages,
             "trickle": self.args.trickle,
             "idle_seconds": self.args.idle_seconds,
+            "hibernate_after": self.args.hibernate_after,
             "onceflow": self.args.onceflow,
             "work": str(self.work),
             "stages": [],
@@ -573,7 +600,7 @@ class Density:
                 log(f"stage {stage} of {len(self.args.stages)}: {done} -> {target} deployments")
                 deploy = self.deploy_stage(stage, done + 1, target)
                 done = target
-                figures = self.measure(f"stage {stage}")
+                figures = self.measure(f"stage {stage}", target)
                 output = self.trickle(stage)
                 row = {"deployments": target, "deploy": deploy, **figures, "produce_to_output": output}
                 raw["stages"].append(row)
@@ -632,7 +659,10 @@ def report(raw: dict) -> str:
         "",
         "Host columns: VmRSS, OS threads, open descriptors, ESTABLISHED TCP connections to the broker; "
         "\"per dep.\" is (stage - empty host) / deployments. Idle CPU: the host's utime+stime over "
-        f"{raw['idle_seconds']} s with nothing sent. Deploy: from `onceflow deploy` starting (its primer payment "
+        f"{raw['idle_seconds']} s with nothing sent"
+        + (f", once every deployment hibernated (`--hibernate-after-secs={raw['hibernate_after']}`)"
+           if raw.get("hibernate_after") else ", no hibernation (`--hibernate-after-secs=0`)")
+        + ". Deploy: from `onceflow deploy` starting (its primer payment "
         "landed ~0.1 s before) to the primer's audit record visible read_committed (the first commit). "
         f"Produce-to-output: {raw['trickle']} payments to every deployment after the stage (each deployment's in "
         "one burst), per record, from its arrival at the broker (LogAppendTime) to its audit record visible "
@@ -669,7 +699,9 @@ def report(raw: dict) -> str:
         lines.append(
             f"- {s['deployments']} deployments: {d['new']} deployed in {d['seconds']:.0f} s "
             f"(`onceflow deploy` itself p50 {fmt(d['cli_s']['p50'], '.2f')} s, max {fmt(d['cli_s']['max'], '.2f')} s); "
-            f"the trickle sent in {s['produce_to_output']['sending_seconds']:.0f} s; broker idle CPU "
+            + (f"{s['hibernating']} of {s['deployments']} hibernating {s['hibernation_wait_s']:.0f} s after the "
+               "stage (the trickle wakes them); " if "hibernating" in s else "")
+            + f"the trickle sent in {s['produce_to_output']['sending_seconds']:.0f} s; broker idle CPU "
             f"{s['broker_idle_cpu_pct']:.1f}%; host RSS before the idle window {s['before_idle']['rss_mb']:,.0f} MB."
         )
     if raw["stages"] and base:
@@ -715,6 +747,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help=f"stages {QUICK_STAGES}")
     ap.add_argument("--trickle", type=int, default=20, help="payments to each deployment after each stage")
     ap.add_argument("--idle-seconds", type=int, default=20)
+    ap.add_argument("--hibernate-after", type=int, default=10, metavar="S",
+                    help="the host's --hibernate-after-secs; the idle window is measured once every deployment "
+                         "hibernates (0: never, the host as before hibernation; default 10)")
     ap.add_argument("--parallel", type=int, default=4, help="bench-tool producers (and counters) at once")
     ap.add_argument("--deploy-timeout", type=int, default=180, help="s for one `onceflow deploy` to return")
     ap.add_argument("--start-timeout", type=int, default=300,

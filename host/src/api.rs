@@ -103,6 +103,12 @@ pub struct HostStatus {
     /// same id. Empty from hosts that predate it.
     #[serde(default)]
     pub incarnation: String,
+    /// Whether the deployment hibernates on this host (its state stays
+    /// `running`): no input for `--hibernate-after-secs`, so no workers or
+    /// Kafka clients until a record arrives. False from hosts that predate
+    /// it.
+    #[serde(default)]
+    pub hibernating: bool,
 }
 
 /// One host's view of a deployment, as answered.

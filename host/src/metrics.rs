@@ -76,6 +76,11 @@ pub struct Metrics {
     /// record; if the transaction does not commit, it is given back
     /// (`stream/worker/abort.rs`).
     pub unbilled_fuel: AtomicU64,
+    /// Whether the deployment hibernates now (`stream::Hibernation`): no
+    /// workers, no clients, waiting for input.
+    pub hibernating: std::sync::atomic::AtomicBool,
+    /// How many times it hibernated.
+    pub hibernations: AtomicU64,
     /// Per worker: its input partitions and their lag.
     workers: Mutex<BTreeMap<u32, WorkerLoad>>,
     /// When the latest worker restarts happened, and the last one's error.
@@ -113,6 +118,8 @@ impl Default for Metrics {
             throttled_us: AtomicU64::default(),
             memory_commits: AtomicU64::default(),
             call_us: AtomicU64::default(),
+            hibernating: Default::default(),
+            hibernations: AtomicU64::default(),
             workers: Mutex::default(),
             restart_log: Mutex::default(),
             commit_latency_us: Mutex::default(),
@@ -132,6 +139,9 @@ pub struct WorkerLoad {
     pub partitions: BTreeSet<i32>,
     /// Records between its positions and the partitions' last stable offsets.
     pub lag: i64,
+    /// Its partitions whose records did not all reach it yet (see
+    /// `stream::hibernate`): 0 when it has seen everything there is.
+    pub unfetched: i64,
 }
 
 /// A deployment whose workers restarted this many times within
@@ -227,6 +237,7 @@ impl Metrics {
         for w in workers.values() {
             all.partitions.extend(&w.partitions);
             all.lag += w.lag;
+            all.unfetched += w.unfetched;
         }
         all
     }
@@ -338,7 +349,7 @@ impl Exposition {
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         type Get = fn(&Metrics) -> u64;
-        let counters: [(&str, &str, Get); 20] = [
+        let counters: [(&str, &str, Get); 21] = [
             (
                 "onceflow_records",
                 "Input records processed (committed)",
@@ -422,6 +433,11 @@ impl Collector for Exposition {
                 |m| m.throttled_us.load(Ordering::Relaxed),
             ),
             (
+                "onceflow_hibernations",
+                "Times the deployment hibernated on this host (--hibernate-after-secs)",
+                |m| m.hibernations.load(Ordering::Relaxed),
+            ),
+            (
                 "onceflow_memory_commits",
                 "Commits made early because the deployment or its tenant reached its memory budget",
                 |m| m.memory_commits.load(Ordering::Relaxed),
@@ -446,7 +462,12 @@ impl Collector for Exposition {
             }
         }
         type Level = fn(&Metrics) -> i64;
-        let gauges: [(&str, &str, Level); 4] = [
+        let gauges: [(&str, &str, Level); 5] = [
+            (
+                "onceflow_hibernating",
+                "1 while the deployment hibernates on this host: no input lately, no workers or clients",
+                |m| i64::from(m.hibernating.load(Ordering::Relaxed)),
+            ),
             (
                 "onceflow_failing",
                 "1 while the deployment's workers are in a restart loop (see describe's last errors)",
@@ -531,6 +552,7 @@ mod tests {
             WorkerLoad {
                 partitions: [1, 2].into(),
                 lag: 7,
+                unfetched: 0,
             },
         );
         let mut registry = prometheus_client::registry::Registry::default();

@@ -218,25 +218,6 @@ impl Cluster {
         SHARED.get_or_init(|| Cluster::start("shared", 19092, 1))
     }
 
-    /// The three nodes behind a proxy that the suite's drills (abort in
-    /// flight, broker bounces, network faults) and the three-node broker
-    /// restart share, started once: a 3-node start costs about 15 s of the
-    /// suite's budget. Each user starts its own `FaultProxy` and leaves every
-    /// node running; `d_drill::network_faults`, the last of them in the
-    /// suite's order, stops the nodes, and `scripts/stop-test-clusters`
-    /// stops whatever a filtered run left. Brought up again if stopped, and
-    /// started afresh if an earlier user failed with a node down.
-    pub fn proxied_three() -> &'static Cluster {
-        static THREE: OnceLock<Cluster> = OnceLock::new();
-        let c = THREE.get_or_init(|| Cluster::place("drill", 19692, 3, true));
-        if !c.script(&["up", "--brokers", "3"]).status.success() {
-            eprintln!("the shared 3-node cluster was not whole: starting it afresh");
-            c.down();
-            c.up();
-        }
-        c
-    }
-
     /// [`Cluster::purge`] for a `Drop`: never panics; says whether it worked.
     pub fn purge_quietly(&self) -> bool {
         self.script(&["down", "--purge"]).status.success()

@@ -94,7 +94,8 @@ fn figure(name: &str, value: impl std::fmt::Display) {
 #[test]
 fn abort_with_requests_in_flight() {
     let _g = serial();
-    let cluster = Cluster::proxied_three();
+    let cluster: &'static Cluster =
+        Box::leak(Box::new(Cluster::start_behind_proxy("abort", 19792, 3)));
     let proxy = FaultProxy::start(cluster).unwrap_or_else(|e| panic!("{e}"));
     let w = Wallet::new(cluster, "abort", EXACTLY_ONCE, PARTITIONS);
     let manifest = std::fs::read_to_string(&w.manifest).expect("the wallet's manifest");
@@ -230,4 +231,5 @@ fn abort_with_requests_in_flight() {
         errors.join("\n")
     );
     drop(proxy);
+    cluster.down();
 }

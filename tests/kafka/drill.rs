@@ -1100,7 +1100,8 @@ fn drill(
 fn network_faults() {
     let _g = serial();
     let settings = Settings::from_env();
-    let cluster = Cluster::proxied_three();
+    let cluster: &'static Cluster =
+        Box::leak(Box::new(Cluster::start_behind_proxy("drill", 19692, 3)));
     let proxy = FaultProxy::start(cluster).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "drill: 3 brokers behind toxiproxy (hosts bootstrap from {}; the rig from {}); {} under {}",
@@ -1144,7 +1145,6 @@ fn network_faults() {
         );
     }
     drop(proxy);
-    // The last user of the shared nodes in the suite's order.
     cluster.down();
 }
 
@@ -1197,7 +1197,8 @@ fn wait_in_sync(cluster: &Cluster) -> Duration {
 }
 
 /// The broker-bounce drill (module docs): one bounce a round, each kind in
-/// turn, drained and verified after each; 3 rounds (the hard bounces)
+/// turn, drained and verified after each; a round of each kind
+/// `ONCEFLOW_DRILL_BOUNCES` names, at most 3 (by default the hard bounces),
 /// unless `ONCEFLOW_DRILL_ROUNDS` or `ONCEFLOW_DRILL_MINUTES` says otherwise;
 /// exactly_once_v2 only (`network_faults` shows what at_least_once does
 /// under crashes).
@@ -1205,16 +1206,18 @@ fn wait_in_sync(cluster: &Cluster) -> Duration {
 fn broker_bounces() {
     let _g = serial();
     let settings = Settings::from_env();
-    let cluster = Cluster::proxied_three();
+    let cluster: &'static Cluster =
+        Box::leak(Box::new(Cluster::start_behind_proxy("bounce", 19892, 3)));
     let proxy = FaultProxy::start(cluster).unwrap_or_else(|e| panic!("{e}"));
     let rounds_unset = std::env::var("ONCEFLOW_DRILL_ROUNDS")
         .ok()
         .is_none_or(|v| v.is_empty());
-    // Unless told (scripts/drill --bounces: 4, one of each), the hard
-    // bounces only: the suite's short round (the rolling restart takes
-    // about 3 minutes of broker restarts on a 2-core machine).
+    // Unless told (scripts/drill --bounces: 4, one of each), one round of
+    // each kind asked for, at most the 3 hard bounces (the rolling restart
+    // takes about 3 minutes of broker restarts on a 2-core machine); the
+    // suite asks for a leader's and every broker's (scripts/test).
     let rounds = if rounds_unset && settings.minutes.is_none() {
-        3
+        settings.bounces.len().min(3) as u32
     } else {
         settings.rounds
     };
@@ -1236,4 +1239,5 @@ fn broker_bounces() {
     );
     assert!(outcome.findings.is_empty(), "findings: {outcome:?}");
     drop(proxy);
+    cluster.down();
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use onceflow::kafka::Connection;
 use onceflow::manifest::Language;
-use onceflow::stream::RunOptions;
+use onceflow::stream::{Hibernation, RunOptions};
 
 use super::remote::RemoteArgs;
 use super::{init, usage};
@@ -290,11 +290,26 @@ pub struct KafkaArgs {
     #[arg(long, default_value_t = onceflow::memory::DEFAULT_HELD_MB,
           value_parser = clap::value_parser!(u64).range(64..))]
     pub held_mb: u64,
+    /// Hibernate a deployment whose inputs got no record for this many
+    /// seconds (0: never): its workers commit, leave the group and close
+    /// their clients, and start again when a record arrives
+    /// (docs/operations.md, "Capacity"). Default: 300 for `onceflow host`,
+    /// never for `onceflow run`.
+    #[arg(long)]
+    pub hibernate_after_secs: Option<u64>,
     /// Tests only: treat the answers to this many successful transaction
     /// commits as lost (the outcome unknown, as after a timeout).
     #[arg(long, default_value_t = 0, hide = true)]
     pub fault_lose_commit_answers: u64,
 }
+
+/// `onceflow host`'s default `--hibernate-after-secs`.
+pub const HOST_HIBERNATE_AFTER_SECS: u64 = 300;
+
+/// How often a process's hibernating deployments look at their inputs'
+/// ends (all together, `kafka::EndWatch`): a record waits up to this long
+/// before its deployment starts waking.
+const HIBERNATION_WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// `-X key=value` pairs, every subcommand's alike: secrets from
 /// `-X <key>.file=PATH` and `ONCEFLOW_KAFKA_PASSWORD`
@@ -326,11 +341,14 @@ impl KafkaArgs {
             }
             None => kept_instance_id(&state_dir)?,
         };
+        let kafka = Connection {
+            bootstrap_servers: self.bootstrap_servers.clone(),
+            extra_config,
+        };
         Ok(RunOptions {
-            kafka: Connection {
-                bootstrap_servers: self.bootstrap_servers.clone(),
-                extra_config,
-            },
+            // One client describes every deployment's group.
+            groups: Some(onceflow::kafka::GroupWatch::new(kafka.clone())),
+            kafka,
             state_dir,
             instance_id,
             session_timeout: Duration::from_millis(self.session_timeout_ms),
@@ -351,6 +369,17 @@ impl KafkaArgs {
                     self.fault_lose_commit_answers,
                 ))
             }),
+            hibernation: None,
+        })
+    }
+
+    /// The hibernation of `--hibernate-after-secs`, or of `default` (s)
+    /// when not given; `None` for 0.
+    pub fn hibernation(&self, kafka: &Connection, default: Option<u64>) -> Option<Hibernation> {
+        let secs = self.hibernate_after_secs.or(default).filter(|s| *s > 0)?;
+        Some(Hibernation {
+            after: Duration::from_secs(secs),
+            ends: onceflow::kafka::EndWatch::new(kafka.clone(), HIBERNATION_WATCH_INTERVAL),
         })
     }
 }
@@ -634,8 +663,26 @@ mod tests {
             report_interval_ms: 5_000,
             state_cleanup_delay_ms: 600_000,
             held_mb: 256,
+            hibernate_after_secs: None,
             fault_lose_commit_answers: 0,
         }
+    }
+
+    #[test]
+    fn hibernation_defaults_per_command_and_zero_is_never() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut a = args(dir.path());
+        let kafka = Connection::default();
+        assert!(a.hibernation(&kafka, None).is_none(), "onceflow run: never");
+        let host = a.hibernation(&kafka, Some(HOST_HIBERNATE_AFTER_SECS));
+        assert_eq!(host.map(|h| h.after), Some(Duration::from_secs(300)));
+        a.hibernate_after_secs = Some(0);
+        assert!(a.hibernation(&kafka, Some(300)).is_none());
+        a.hibernate_after_secs = Some(7);
+        assert_eq!(
+            a.hibernation(&kafka, None).map(|h| h.after),
+            Some(Duration::from_secs(7))
+        );
     }
 
     /// Two containers that mount their own volume at the same path (here:

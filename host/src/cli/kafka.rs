@@ -41,7 +41,10 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
             ));
         }
     };
-    let run = a.kafka.run_options()?;
+    let mut run = a.kafka.run_options()?;
+    run.hibernation = a
+        .kafka
+        .hibernation(&run.kafka, Some(super::args::HOST_HIBERNATE_AFTER_SECS));
     let sink_connections = match &a.sink_connections {
         Some(path) => Connections::load(path).map_err(|e| usage(error_chain(&e)))?,
         None => Connections::default(),
@@ -74,7 +77,8 @@ pub fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| manifest.component_path());
     let bytes = read_component(&component_path, Some(&manifest))?;
-    let options = a.kafka.run_options()?;
+    let mut options = a.kafka.run_options()?;
+    options.hibernation = a.kafka.hibernation(&options.kafka, None);
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let processor = super::local::load_processor(&sandbox, &bytes, &manifest, &component_path)?;
 

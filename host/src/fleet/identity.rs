@@ -134,6 +134,7 @@ impl Fleet {
             last_errors: Vec::new(),
             updated_ms: now_ms(),
             incarnation: self.incarnation.clone(),
+            hibernating: false,
         });
     }
 

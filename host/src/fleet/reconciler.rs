@@ -404,6 +404,10 @@ impl Fleet {
                 last_errors,
                 updated_ms: now_ms(),
                 incarnation: self.incarnation.clone(),
+                hibernating: r
+                    .metrics
+                    .hibernating
+                    .load(std::sync::atomic::Ordering::Relaxed),
             };
             self.control.put_status(&status);
         }

@@ -4,7 +4,9 @@
 //! Here: [`Connection`] and [`KafkaError`]; reading in `read.rs`, sending in
 //! `send.rs`, publishing small records (the fleet's control topics, guest
 //! logs, a deploy's admission) in `publish.rs`, topic admin in `topics.rs`,
-//! what an error means in `errors.rs`, secrets in `secrets.rs`.
+//! what an error means in `errors.rs`, secrets in `secrets.rs`, the ends
+//! of many partitions watched for hibernating deployments in `ends.rs`, the
+//! deployments' consumer groups watched by one client in `group_watch.rs`.
 //!
 //! rdkafka is owned here and by `stream` (the EOS loop's consumer and
 //! transactional producer; docs/architecture.md, "Rules"): the fleet and
@@ -28,15 +30,20 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 mod secrets;
 pub use secrets::{ConfigError, FILE_SECRETS, PASSWORD_ENV, extra_config, is_secret};
 
+mod ends;
 mod errors;
 mod group;
+mod group_watch;
 mod publish;
 mod read;
 mod send;
 mod topics;
 
+pub use ends::{EndWatch, Ends};
 pub(crate) use errors::*;
 pub(crate) use group::*;
+pub(crate) use group_watch::GroupRegistration;
+pub use group_watch::GroupWatch;
 pub(crate) use publish::*;
 pub(crate) use read::*;
 pub(crate) use send::*;
@@ -51,6 +58,63 @@ pub struct Connection {
     pub bootstrap_servers: String,
     /// Extra librdkafka properties for every client, applied last.
     pub extra_config: Vec<(String, String)>,
+}
+
+/// A consumer client a process-wide watch (`ends.rs`, `group_watch.rs`)
+/// creates at its first use and keeps.
+pub(crate) struct SharedClient {
+    connection: Connection,
+    settings: &'static [(&'static str, &'static str)],
+    what: &'static str,
+    client: std::sync::Mutex<Option<Arc<BaseConsumer<QuietContext>>>>,
+}
+
+impl SharedClient {
+    /// A client of `connection` with `settings`; `what` names it in errors.
+    pub(crate) fn new(
+        connection: Connection,
+        settings: &'static [(&'static str, &'static str)],
+        what: &'static str,
+    ) -> SharedClient {
+        SharedClient {
+            connection,
+            settings,
+            what,
+            client: Default::default(),
+        }
+    }
+
+    /// The client, created now if it was not yet.
+    pub(crate) fn get(&self) -> Result<Arc<BaseConsumer<QuietContext>>, KafkaError> {
+        let mut client = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = client.as_ref() {
+            return Ok(c.clone());
+        }
+        let c: BaseConsumer<QuietContext> = self
+            .connection
+            .config_with(self.settings)
+            .create_with_context(QuietContext::default())
+            .map_err(|e| KafkaError::client(format!("creating {}", self.what), e))?;
+        let c = Arc::new(c);
+        *client = Some(c.clone());
+        Ok(c)
+    }
+}
+
+/// Whether a repeated failure is due to be logged again: once a minute.
+#[derive(Default)]
+pub(crate) struct OncePerMinute(Option<Instant>);
+
+impl OncePerMinute {
+    pub(crate) fn due(&mut self) -> bool {
+        let due = self
+            .0
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(60));
+        if due {
+            self.0 = Some(Instant::now());
+        }
+        due
+    }
 }
 
 /// A Kafka operation that failed.

@@ -265,11 +265,19 @@ pub(crate) fn group_members<C: ConsumerContext>(
     let list = consumer
         .fetch_group_list(Some(group), ADMIN_TIMEOUT)
         .map_err(|e| KafkaError::client(format!("describing consumer group {group}"), e))?;
-    let Some(info) = list.groups().iter().find(|g| g.name() == group) else {
-        return Ok(None);
-    };
+    Ok(list
+        .groups()
+        .iter()
+        .find(|g| g.name() == group)
+        .and_then(stable_members))
+}
+
+/// A described group's members and their assignments; `None` unless it is
+/// stable.
+pub(crate) fn stable_members(info: &rdkafka::groups::GroupInfo) -> Option<Vec<GroupMember>> {
+    let group = info.name();
     if info.state() != "Stable" {
-        return Ok(None);
+        return None;
     }
     let mut members = Vec::new();
     for m in info.members() {
@@ -289,7 +297,7 @@ pub(crate) fn group_members<C: ConsumerContext>(
             partitions,
         });
     }
-    Ok(Some(members))
+    Some(members)
 }
 
 /// Reads a consumer protocol assignment (any version; none has tagged

@@ -351,6 +351,8 @@ mod tests {
             held_mb: crate::memory::DEFAULT_HELD_MB,
             tenant_memory: None,
             lose_commit_answers: None,
+            hibernation: None,
+            groups: None,
         }
     }
 

@@ -13,6 +13,7 @@
 pub mod changelog;
 mod clients;
 pub mod cpu;
+mod hibernate;
 pub mod names;
 pub mod protocol;
 mod standby;
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 
 pub use changelog::{changelog_topic, changelog_topics};
 pub use clients::{input_partitions, prepare_topics};
+pub use hibernate::Hibernation;
 
 use crate::kafka::{Connection, KafkaError};
 use crate::manifest::{Guarantee, Manifest};
@@ -279,6 +281,13 @@ pub struct RunOptions {
     /// commits, of any deployment and worker of the process, answer as if
     /// timed out (the outcome unknown, as after a lost EndTxn response).
     pub lose_commit_answers: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// When an idle deployment gives back its clients and threads until
+    /// input arrives (`hibernate.rs`); `None`: never.
+    pub hibernation: Option<Hibernation>,
+    /// The process's watch over its deployments' consumer groups (shared:
+    /// one client for all); `None`: each deployment describes its own group
+    /// from its standby thread.
+    pub groups: Option<Arc<crate::kafka::GroupWatch>>,
 }
 
 /// The consumer group protocol of a deployment's workers.
@@ -307,7 +316,12 @@ pub(crate) struct Deployment {
     pub options: RunOptions,
     pub changelogs: Vec<(String, String)>,
     pub metrics: Arc<Metrics>,
+    /// Set by the caller: stop for good.
     pub shutdown: Arc<AtomicBool>,
+    /// Set to hibernate: the workers stop as at a shutdown, and start again
+    /// when input arrives (`hibernate.rs`). Workers and the standby thread
+    /// look at both through [`Deployment::stopping`].
+    pub hibernate: AtomicBool,
     /// Partitions whose task is open on this instance: their local stores
     /// are in use. Held while a task's store is opened or a store removed.
     pub open_tasks: std::sync::Mutex<std::collections::BTreeSet<i32>>,
@@ -345,6 +359,43 @@ impl Deployment {
 impl Deployment {
     pub(crate) fn exactly_once(&self) -> bool {
         self.manifest.processing.guarantee == Guarantee::ExactlyOnceV2
+    }
+
+    /// Whether the workers should stop (commit what they processed and
+    /// leave): the deployment stops, or hibernates.
+    pub(crate) fn stopping(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed) || self.hibernate.load(Ordering::Relaxed)
+    }
+}
+
+/// How a session of the workers ended without an error.
+enum SessionEnd {
+    /// Asked to stop (or a worker stopped on its own, which stops the rest).
+    Stopped,
+    /// Stopped to hibernate, waiting for these inputs' ends to move.
+    Hibernated(crate::kafka::Ends),
+}
+
+/// How often the deployment's thread looks at its workers when none ended:
+/// the figures, the unowned stores, whether it may hibernate.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The deployment thread's periodic work, kept across hibernations.
+struct Watch {
+    last_report: Instant,
+    last: crate::metrics::Snapshot,
+    unowned_since: BTreeMap<i32, Instant>,
+    last_cleanup: Instant,
+}
+
+/// Tells the deployment's thread that a worker ended (sent when the
+/// worker's thread drops it), so the thread sleeps until then or its next
+/// tick instead of looking every few milliseconds.
+struct Ended(std::sync::mpsc::Sender<()>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
     }
 }
 
@@ -406,51 +457,129 @@ pub fn run_with_metrics(
         changelogs,
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
+        hibernate: AtomicBool::new(false),
         open_tasks: Default::default(),
         trust_horizons,
         standbys: Default::default(),
     });
 
+    let app = deployment.manifest.application_id();
+    let mut watch = Watch {
+        last_report: Instant::now(),
+        last: metrics.snapshot(),
+        unowned_since: BTreeMap::new(),
+        last_cleanup: Instant::now(),
+    };
+    let result = loop {
+        match run_session(&deployment, &mut watch, partitions) {
+            Ok(SessionEnd::Hibernated(ends)) => {
+                let Some(h) = &deployment.options.hibernation else {
+                    break Ok(());
+                };
+                if !hibernate::hibernate(&deployment, h, ends) {
+                    break Ok(());
+                }
+                // Not watched while asleep: kept another full delay.
+                watch.unowned_since.clear();
+                deployment.hibernate.store(false, Ordering::Relaxed);
+            }
+            Ok(SessionEnd::Stopped) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    report(&app, &metrics, watch.last, watch.last_report.elapsed());
+    log_stopped(&metrics);
+    result.map(|()| metrics)
+}
+
+/// Runs the workers (and the standby thread) until they all stopped:
+/// asked to, after one failed, or to hibernate.
+fn run_session(
+    deployment: &Arc<Deployment>,
+    watch: &mut Watch,
+    partitions: i32,
+) -> Result<SessionEnd, StreamError> {
+    let d = deployment;
+    let (ended, ends) = std::sync::mpsc::channel();
     let mut handles = Vec::new();
-    for n in 0..deployment.manifest.processing.worker_threads {
-        let d = deployment.clone();
+    for n in 0..d.manifest.processing.worker_threads {
+        let (d, ended) = (d.clone(), Ended(ended.clone()));
         let handle = std::thread::Builder::new()
             .name(format!("onceflow-worker-{n}"))
-            .spawn(move || worker::run_worker(&d, n))
+            .spawn(move || {
+                let _ended = ended;
+                worker::run_worker(&d, n)
+            })
             .map_err(|e| Restart::spawn("a worker thread", e))?;
         handles.push(handle);
     }
-    let standby = start_standby(&deployment);
-
-    let app = deployment.manifest.application_id();
-    let mut last_report = Instant::now();
-    let mut last = metrics.snapshot();
-    let mut result = Ok(());
-    let mut unowned_since = std::collections::BTreeMap::new();
-    let mut last_cleanup = Instant::now();
-    while handles.iter().any(|h| !h.is_finished()) {
-        std::thread::sleep(Duration::from_millis(50));
-        if last_cleanup.elapsed() >= Duration::from_secs(10) {
-            last_cleanup = Instant::now();
-            remove_unowned_stores(&deployment, &mut unowned_since);
+    drop(ended);
+    let app = d.manifest.application_id();
+    // Who owns which partition: for standbys, and under exactly-once to
+    // fence a dead host's transactions. Without standbys the deployment
+    // thread reads it from the process's watch, and no thread of its own
+    // runs.
+    let replicas = d.manifest.processing.standby_replicas;
+    let owners = match &d.options.groups {
+        Some(groups) if replicas > 0 || d.exactly_once() => {
+            groups.register(&app, standby::watch_interval(d))
         }
-        if handles.iter().any(|h| h.is_finished()) && !shutdown.load(Ordering::Relaxed) {
+        _ => None,
+    };
+    let (standby, owners) = match owners {
+        Some(owners) if replicas == 0 => (None, Some(owners)),
+        owners => (start_standby(d, owners), None),
+    };
+    let mut seen = 0;
+
+    let tick = TICK.min(d.options.report_interval);
+    let mut idle = d
+        .options
+        .hibernation
+        .as_ref()
+        .map(|h| hibernate::Idle::new(d, h.after, partitions));
+    let mut hibernating = None;
+    while handles.iter().any(|h| !h.is_finished()) {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Disconnected) = ends.recv_timeout(tick) {
+            // Every worker dropped its `Ended`; their threads end now.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if watch.last_cleanup.elapsed() >= Duration::from_secs(10) {
+            watch.last_cleanup = Instant::now();
+            remove_unowned_stores(d, &mut watch.unowned_since);
+        }
+        if handles.iter().any(|h| h.is_finished()) && !d.stopping() {
             // A worker stopped on its own: the deployment failed. Stop the
             // others cleanly.
-            shutdown.store(true, Ordering::Relaxed);
+            d.shutdown.store(true, Ordering::Relaxed);
         }
-        if last_report.elapsed() >= deployment.options.report_interval {
-            last = report(&app, &metrics, last, last_report.elapsed());
-            last_report = Instant::now();
+        if watch.last_report.elapsed() >= d.options.report_interval {
+            watch.last = report(&app, &d.metrics, watch.last, watch.last_report.elapsed());
+            watch.last_report = Instant::now();
+        }
+        if let Some(owners) = &owners {
+            standby::saw_group(d, owners, &mut seen);
+        }
+        if hibernating.is_none()
+            && !d.stopping()
+            && let (Some(idle), Some(h)) = (idle.as_mut(), &d.options.hibernation)
+            && let Some(inputs) = idle.check(d, &h.ends)
+        {
+            d.hibernate.store(true, Ordering::Relaxed);
+            hibernating = Some(inputs);
         }
     }
     if let Some(h) = standby {
-        // The workers stopped, so shutdown is set: the thread ends within a poll.
-        shutdown.store(true, Ordering::Relaxed);
+        if !d.stopping() {
+            // The workers stopped on their own (each one failed).
+            d.shutdown.store(true, Ordering::Relaxed);
+        }
+        // The thread ends within a poll.
         if h.join().is_err() {
             tracing::warn!("the standby thread panicked");
         }
     }
+    let mut result = Ok(());
     for h in handles {
         let worker = h
             .join()
@@ -460,21 +589,27 @@ pub fn run_with_metrics(
             result = Err(e);
         }
     }
-    report(&app, &metrics, last, last_report.elapsed());
-    log_stopped(&metrics);
-    result.map(|()| metrics)
+    result?;
+    Ok(match hibernating {
+        Some(inputs) if !d.shutdown.load(Ordering::Relaxed) => SessionEnd::Hibernated(inputs),
+        _ => SessionEnd::Stopped,
+    })
 }
 
 /// Starts the standby thread (standby replicas, and fencing a dead host's
-/// transactions): optional, the workers go on without it.
-fn start_standby(deployment: &Arc<Deployment>) -> Option<std::thread::JoinHandle<()>> {
+/// transactions), reading the group from `owners` if given: optional, the
+/// workers go on without it.
+fn start_standby(
+    deployment: &Arc<Deployment>,
+    owners: Option<crate::kafka::GroupRegistration>,
+) -> Option<std::thread::JoinHandle<()>> {
     if deployment.manifest.processing.standby_replicas == 0 && !deployment.exactly_once() {
         return None;
     }
     let d = deployment.clone();
     std::thread::Builder::new()
         .name("onceflow-standby".to_owned())
-        .spawn(move || standby::run(&d))
+        .spawn(move || standby::run(&d, owners))
         .inspect_err(|e| {
             tracing::warn!(
                 "cannot start the standby thread ({e}): no standby replicas, and a dead host's \

@@ -3,12 +3,14 @@
 //! instances run, so that a task moving here after its instance died
 //! restores only a short tail instead of its whole changelog.
 //!
-//! One thread per deployment ([`run`]; under exactly-once also with no
-//! standbys, to remember which worker ran each partition: a host that takes
-//! over from a dead one fences its transactions, `worker::producer`, `Core::start_fencing`)
-//! learns from the group coordinator
-//! which instance runs which partition (the group's description: a worker's
-//! client id names its instance, [`super::names::transactional_id`]). For
+//! The process's group watch (`kafka::GroupWatch`, one client for every
+//! deployment) learns from the group coordinator which instance runs which
+//! partition (the group's description: a worker's client id names its
+//! instance, [`super::names::transactional_id`]). Under exactly-once that is
+//! remembered even with no standbys ([`saw_group`], on the deployment's
+//! thread), so that a host that takes over from a dead one fences its
+//! transactions (`worker::producer`, `Core::start_fencing`). With standbys,
+//! one thread per deployment ([`run`]) follows the changelogs. For
 //! each partition it ranks the other instances by a hash of (application,
 //! partition, instance) and the first `standby-replicas` of them keep a
 //! standby: the partition's local stores (the same RocksDB directory a task
@@ -126,11 +128,34 @@ impl Standbys {
     }
 }
 
+/// How often the deployment's group is described: every second with
+/// standbys, every 5 s without.
+pub(super) fn watch_interval(d: &Deployment) -> Duration {
+    if d.manifest.processing.standby_replicas > 0 {
+        PLAN_INTERVAL
+    } else {
+        WATCH_INTERVAL
+    }
+}
+
+/// Records who owns which partition from the process's group watch, when
+/// it has a newer description than `seen`: the deployment thread's part
+/// when no standby thread runs (exactly-once with no standbys).
+pub(super) fn saw_group(d: &Deployment, owners: &kafka::GroupRegistration, seen: &mut u64) {
+    if let Some((n, members)) = owners.newer_than(*seen) {
+        *seen = n;
+        let sources: Vec<String> = d.manifest.sources().iter().map(|s| s.to_string()).collect();
+        d.standbys
+            .saw_owners(&d.manifest.application_id(), &sources, &members);
+    }
+}
+
 /// Keeps this instance's standbys until the deployment shuts down. Errors
 /// are logged and retried: a standby is an optimisation, never a reason to
-/// stop processing.
-pub(crate) fn run(d: &Deployment) {
-    let mut follower = match Follower::new(d) {
+/// stop processing. The group is read from the process's watch (`owners`)
+/// or, without one, described by the thread's own client.
+pub(crate) fn run(d: &Deployment, owners: Option<kafka::GroupRegistration>) {
+    let mut follower = match Follower::new(d, owners) {
         Ok(f) => f,
         Err(e) => {
             tracing::warn!(
@@ -142,7 +167,7 @@ pub(crate) fn run(d: &Deployment) {
         }
     };
     let mut last_error: Option<(String, Instant)> = None;
-    while !d.shutdown.load(Ordering::Relaxed) {
+    while !d.stopping() {
         if let Err(e) = follower.step() {
             let message = crate::types::error_chain(&e);
             // The same error once a minute at most (a broker down for a
@@ -258,10 +283,16 @@ struct Follower<'a> {
     last_plan: Option<Instant>,
     last_flush: Instant,
     last_sync: Instant,
+    /// The process's watch of the group, and the last description used.
+    owners: Option<kafka::GroupRegistration>,
+    seen: u64,
 }
 
 impl<'a> Follower<'a> {
-    fn new(d: &'a Deployment) -> Result<Self, StreamError> {
+    fn new(
+        d: &'a Deployment,
+        owners: Option<kafka::GroupRegistration>,
+    ) -> Result<Self, StreamError> {
         let group = format!("{}-standby", d.manifest.application_id());
         let consumer = d.options.kafka.reader(
             &group,
@@ -279,6 +310,8 @@ impl<'a> Follower<'a> {
             last_plan: None,
             last_flush: Instant::now(),
             last_sync: Instant::now(),
+            owners,
+            seen: 0,
         })
     }
 
@@ -291,11 +324,7 @@ impl<'a> Follower<'a> {
     }
 
     fn step(&mut self) -> Result<(), StreamError> {
-        let interval = if self.d.manifest.processing.standby_replicas > 0 {
-            PLAN_INTERVAL
-        } else {
-            WATCH_INTERVAL
-        };
+        let interval = watch_interval(self.d);
         if self.last_plan.is_none_or(|t| t.elapsed() >= interval) {
             self.last_plan = Some(Instant::now());
             self.replan()?;
@@ -453,8 +482,18 @@ impl<'a> Follower<'a> {
     /// is rebalancing.
     fn replan(&mut self) -> Result<(), StreamError> {
         let app = self.d.manifest.application_id();
-        let Some(members) = kafka::group_members(&self.consumer, &app)? else {
-            return Ok(());
+        let members = match &self.owners {
+            Some(owners) => match owners.newer_than(self.seen) {
+                Some((n, members)) => {
+                    self.seen = n;
+                    members
+                }
+                None => return Ok(()),
+            },
+            None => match kafka::group_members(&self.consumer, &app)? {
+                Some(members) => std::sync::Arc::new(members),
+                None => return Ok(()),
+            },
         };
         let sources: Vec<String> = self
             .d

@@ -92,7 +92,7 @@ pub(crate) fn run_worker(d: &Arc<Deployment>, n: u32) -> Result<(), StreamError>
         );
     }
     loop {
-        if d.shutdown.load(Ordering::Relaxed) {
+        if d.stopping() {
             return Ok(());
         }
         let result = Session::start(d, n).and_then(|mut session| {
@@ -337,6 +337,7 @@ impl Session {
             core: core.clone(),
             errors: kafka::ErrorLog::default(),
             lag: std::sync::atomic::AtomicI64::new(0),
+            unfetched: std::sync::atomic::AtomicI64::new(1),
             membership: Mutex::new(Membership {
                 last_report: None,
                 last_connected: Instant::now(),
@@ -363,7 +364,7 @@ impl Session {
         let interval = Duration::from_millis(self.d.manifest.processing.commit_interval_ms);
         let max_batch = self.d.manifest.processing.max_batch_records as usize;
         loop {
-            if self.d.shutdown.load(Ordering::Relaxed) {
+            if self.d.stopping() {
                 return self.shut_down();
             }
             let wait = {
@@ -483,10 +484,17 @@ impl Session {
             let core = lock(&self.core);
             (core.worker, core.tasks.keys().copied().collect())
         };
-        let lag = self.consumer.context().lag.load(Ordering::Relaxed);
-        self.d
-            .metrics
-            .worker_load(worker, WorkerLoad { partitions, lag });
+        let context = self.consumer.context();
+        let lag = context.lag.load(Ordering::Relaxed);
+        let unfetched = context.unfetched.load(Ordering::Relaxed);
+        self.d.metrics.worker_load(
+            worker,
+            WorkerLoad {
+                partitions,
+                lag,
+                unfetched,
+            },
+        );
     }
 
     /// Polls up to `max` records: waits up to `wait` for the first, then

@@ -443,8 +443,8 @@ impl Core {
     /// rest of `init_transactions` is librdkafka's 500 ms retry timers
     /// (0.5 to 1 s measured in the failover benchmark).
     ///
-    /// The previous owners are known from the standby thread's view of the
-    /// group (read every second with standbys, every 5 s without: a
+    /// The previous owners are known from the process's view of the group
+    /// (`kafka::GroupWatch`; read every second with standbys, every 5 s without: a
     /// partition that moved in the last seconds before its owner died may
     /// still wait for the transaction timeout). A worker fenced twice (its
     /// partitions came in two assignments) is harmless: its epoch is bumped

@@ -10,6 +10,12 @@ pub(super) struct WorkerContext {
     /// Records behind the last stable offsets over the assigned partitions,
     /// from librdkafka's statistics (every second).
     pub(super) lag: std::sync::atomic::AtomicI64,
+    /// Assigned partitions not yet fetched to their last stable offset, or
+    /// with fetched records not yet polled (the statistics' `next_offset`,
+    /// which passes transaction markers and aborted records, and
+    /// `fetchq_cnt`): 0 when everything there is reached the worker. Until
+    /// the first statistics, 1.
+    pub(super) unfetched: std::sync::atomic::AtomicI64,
     /// The consumer's group membership as the statistics report it.
     pub(super) membership: Mutex<Membership>,
 }
@@ -71,6 +77,14 @@ impl ClientContext for WorkerContext {
             .map(|(_, p)| p.consumer_lag.max(0))
             .sum();
         self.lag.store(lag, Ordering::Relaxed);
+        let unfetched = statistics
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.values())
+            .filter(|p| p.partition >= 0 && p.desired)
+            .filter(|p| p.fetchq_cnt > 0 || p.ls_offset < 0 || p.next_offset < p.ls_offset)
+            .count();
+        self.unfetched.store(unfetched as i64, Ordering::Relaxed);
     }
 }
 
