@@ -99,6 +99,22 @@ impl EndWatch {
     pub fn wait_moved(self: &Arc<Self>, since: Ends, stop: &dyn Fn() -> bool) -> bool {
         let id = {
             let mut state = self.lock();
+            if !state.thread_started {
+                let me = self.clone();
+                match std::thread::Builder::new()
+                    .name("onceflow-end-watch".to_owned())
+                    .spawn(move || me.watch())
+                {
+                    Ok(_) => state.thread_started = true,
+                    Err(e) => {
+                        // Nobody would wake the waiter: it does not sleep.
+                        tracing::warn!(
+                            "cannot start the end-offset watch's thread ({e}): not hibernating"
+                        );
+                        return true;
+                    }
+                }
+            }
             let id = state.next_id;
             state.next_id += 1;
             state.waiters.insert(
@@ -108,46 +124,21 @@ impl EndWatch {
                     moved: false,
                 },
             );
-            if !state.thread_started {
-                let me = self.clone();
-                match std::thread::Builder::new()
-                    .name("onceflow-end-watch".to_owned())
-                    .spawn(move || me.watch())
-                {
-                    Ok(_) => state.thread_started = true,
-                    Err(e) => {
-                        // Without the thread nobody wakes: the waiter asks
-                        // for itself (below).
-                        tracing::warn!("cannot start the end-offset watch's thread: {e}");
-                    }
-                }
-            }
             self.changed.notify_all();
             id
         };
+        let mut state = self.lock();
         loop {
-            let state = self.lock();
-            let (mut state, _) = self
-                .changed
-                .wait_timeout(state, STOP_CHECK)
-                .unwrap_or_else(|e| e.into_inner());
             let moved = state.waiters.get(&id).is_none_or(|w| w.moved);
-            if !state.thread_started
-                && let Some(w) = state.waiters.get_mut(&id)
-            {
-                let partitions: Vec<_> = w.since.keys().cloned().collect();
-                drop(state);
-                let now = self.ends(&partitions);
-                state = self.lock();
-                if let (Ok(now), Some(w)) = (now, state.waiters.get_mut(&id)) {
-                    w.moved = moved_from(&w.since, &now);
-                }
-            }
-            let moved = moved || state.waiters.get(&id).is_none_or(|w| w.moved);
             if moved || stop() {
                 state.waiters.remove(&id);
                 return moved;
             }
+            state = self
+                .changed
+                .wait_timeout(state, STOP_CHECK)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 

@@ -99,8 +99,9 @@ impl Idle {
     /// called every second or so while it runs.
     pub(super) fn check(&mut self, d: &Deployment, watch: &EndWatch) -> Option<Ends> {
         let records = d.metrics.snapshot().records;
-        // (Not the lag figure: librdkafka counts it from the consumer's
-        // own commits, and the workers commit offsets in transactions.)
+        // (Not the lag figure: librdkafka counts it from the offsets it
+        // knows committed, and the workers commit theirs in transactions,
+        // so it may be stale.)
         let busy = records != self.records
             || d.metrics.load().unfetched != 0
             || d.metrics.restoring.load(Ordering::Relaxed) != 0
