@@ -123,11 +123,20 @@ impl Fleet {
         // component is fetched and compiled.
         let lock = self.admission_lock(&tenant.name);
         let _admitting = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let conn = self.control.connection();
+        // One client counts the partitions of every deployment of the
+        // tenant, each topic once, for both checks below.
+        let counts =
+            std::cell::RefCell::new(stream::InputPartitions::new(self.control.connection()));
+        let wanted = counts
+            .borrow_mut()
+            .of(&manifest)?
+            .map_or(0, |n| n.max(0) as u32);
         let instances = |m: &Manifest| -> Result<u32, FleetError> {
-            Ok(stream::input_partitions(m, conn)?.map_or(0, |n| n.max(0) as u32))
+            Ok(counts
+                .borrow_mut()
+                .of_existing(m)?
+                .map_or(0, |n| n.max(0) as u32))
         };
-        let wanted = instances(&manifest)?;
         let admit = |records: &[DeploymentRecord]| -> Result<(), FleetError> {
             let mut others = Vec::new();
             for r in records.iter().filter(|r| r.desired != Desired::Deleted) {

@@ -231,10 +231,63 @@ fn partition_count(
 /// The partition count of a manifest's (first) input topic, `None` if it
 /// does not exist: the number of instances the deployment runs.
 pub fn input_partitions(manifest: &Manifest, conn: &Connection) -> Result<Option<i32>, KafkaError> {
-    let probe = kafka::metadata_client(conn)?;
-    match manifest.inputs.first() {
-        Some(topic) => partition_count(&probe, topic),
-        None => Ok(None),
+    InputPartitions::new(conn).of(manifest)
+}
+
+/// [`input_partitions`] of many manifests through one client, each topic
+/// asked once: a deploy counts every deployment of its tenant against the
+/// quotas (before, a client and a metadata request per deployment, twice
+/// per deploy: `onceflow deploy` took 5.3 s with 100 deployments on the
+/// host). A topic that does not exist is not waited for here (only the
+/// deployed manifest's is: [`input_partitions`]).
+pub struct InputPartitions<'a> {
+    conn: &'a Connection,
+    probe: Option<rdkafka::consumer::BaseConsumer<kafka::QuietContext>>,
+    known: std::collections::HashMap<String, Option<i32>>,
+}
+
+impl<'a> InputPartitions<'a> {
+    /// Counts through `conn` (the client is made at the first count).
+    pub fn new(conn: &'a Connection) -> InputPartitions<'a> {
+        InputPartitions {
+            conn,
+            probe: None,
+            known: Default::default(),
+        }
+    }
+
+    /// The partition count of `manifest`'s first input, waiting up to
+    /// [`TOPIC_APPEAR_WAIT`] for it to appear.
+    pub fn of(&mut self, manifest: &Manifest) -> Result<Option<i32>, KafkaError> {
+        self.count(manifest, true)
+    }
+
+    /// [`InputPartitions::of`] of a deployment already running: a topic
+    /// that is not there is not waited for.
+    pub fn of_existing(&mut self, manifest: &Manifest) -> Result<Option<i32>, KafkaError> {
+        self.count(manifest, false)
+    }
+
+    fn count(&mut self, manifest: &Manifest, wait: bool) -> Result<Option<i32>, KafkaError> {
+        let Some(topic) = manifest.inputs.first() else {
+            return Ok(None);
+        };
+        if let Some(n) = self.known.get(topic) {
+            return Ok(*n);
+        }
+        if self.probe.is_none() {
+            self.probe = Some(kafka::metadata_client(self.conn)?);
+        }
+        let Some(probe) = self.probe.as_ref() else {
+            return Ok(None);
+        };
+        let n = if wait {
+            partition_count(probe, topic)?
+        } else {
+            kafka::partitions(probe, topic)?.map(|p| p.len() as i32)
+        };
+        self.known.insert(topic.clone(), n);
+        Ok(n)
     }
 }
 
