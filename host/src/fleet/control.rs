@@ -131,6 +131,11 @@ pub struct ControlPlane {
     pub(super) artifact_cache: PathBuf,
     /// Tenants whose log topic this host has made sure of (`logs.rs`).
     pub(super) log_topics: Mutex<std::collections::HashSet<String>>,
+    /// One read_uncommitted client for metadata and high watermarks: a
+    /// deploy's topic checks and its admission's registry end.
+    metadata: kafka::SharedClient,
+    /// Each tenant's admission producer between admissions (`admission.rs`).
+    pub(super) admitters: super::admission::Admitters,
     stop: Arc<AtomicBool>,
 }
 
@@ -227,8 +232,15 @@ impl ControlPlane {
         let deployments = Arc::new(View::new());
         let statuses = Arc::new(View::new());
         let grants = Arc::new(View::new());
+        let metadata = kafka::SharedClient::new(
+            conn.clone(),
+            &[("isolation.level", "read_uncommitted")],
+            "the control plane's metadata client",
+        );
         let me = Arc::new(Self {
             conn,
+            metadata,
+            admitters: Default::default(),
             producer,
             deployments: deployments.clone(),
             statuses: statuses.clone(),
@@ -259,6 +271,12 @@ impl ControlPlane {
     /// The cluster this host uses.
     pub fn connection(&self) -> &Connection {
         &self.conn
+    }
+
+    /// The host's client for metadata and high watermarks (read_uncommitted;
+    /// made at its first use).
+    pub(crate) fn metadata(&self) -> Result<Arc<kafka::Reader>, KafkaError> {
+        self.metadata.get()
     }
 
     /// A reader of the control topics (read_committed, reports ends). Its

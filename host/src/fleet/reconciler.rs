@@ -81,6 +81,7 @@ impl Fleet {
             if heartbeat.elapsed() >= STATUS_INTERVAL {
                 self.heartbeat();
                 self.watch_for_duplicates();
+                self.control.admitters.close_idle();
                 heartbeat = Instant::now();
             }
             seen = self

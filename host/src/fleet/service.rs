@@ -125,8 +125,8 @@ impl Fleet {
         let _admitting = lock.lock().unwrap_or_else(|e| e.into_inner());
         // One client counts the partitions of every deployment of the
         // tenant, each topic once, for both checks below.
-        let counts =
-            std::cell::RefCell::new(stream::InputPartitions::new(self.control.connection()));
+        let probe = self.control.metadata()?;
+        let counts = std::cell::RefCell::new(stream::InputPartitions::new(&probe));
         let wanted = counts
             .borrow_mut()
             .of(&manifest)?
@@ -187,7 +187,7 @@ impl Fleet {
         self.sandbox
             .load(&bytes, processor_policy(&manifest))
             .map_err(FleetError::Component)?;
-        stream::prepare_topics(&manifest, self.control.connection())?;
+        stream::prepare_topics_with(&manifest, self.control.connection(), &probe)?;
         let key = deployment_key(&tenant.name, name);
         let mut previous = None;
         let record = self.control.admit(&tenant.name, |records| {

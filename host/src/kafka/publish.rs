@@ -53,6 +53,30 @@ impl ProducerContext for PublishCtx {
     }
 }
 
+/// The longest [`Publisher::init_transactions`] waits for a broker
+/// connection before it asks for its producer id anyway.
+const CONNECT_FIRST_WAIT: Duration = Duration::from_secs(5);
+
+/// Connects a new transactional producer to a broker (a metadata request
+/// for `topic`, waited for at most `timeout`) before its
+/// `init_transactions`. A producer connects only when it has something to
+/// send, and `init_transactions` called with no broker connection up finds
+/// no broker to ask for the transaction coordinator: it asks again on
+/// librdkafka's 500 ms coordinator-query timer (seen in the recovery
+/// benchmark: the real `init_transactions` returning 0.5 s after probes
+/// that had found the abort done; and in each deploy's admission, which
+/// took 0.5 s of a 1.2 s `onceflow deploy`). A failure here is left to
+/// `init_transactions` to report.
+pub(crate) fn connect_first<C: ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+    timeout: Duration,
+) {
+    if let Err(e) = client.fetch_metadata(Some(topic), timeout) {
+        tracing::debug!(topic, "no broker connection before init_transactions: {e}");
+    }
+}
+
 /// A producer of small records, with its own thread serving deliveries.
 pub(crate) struct Publisher {
     producer: ThreadedProducer<PublishCtx>,
@@ -264,8 +288,14 @@ impl Publisher {
     }
 
     /// `init_transactions`: fences an earlier producer with the same
-    /// transactional id.
-    pub(crate) fn init_transactions(&self, timeout: Duration) -> Result<(), TxnCall> {
+    /// transactional id. Connects to a broker first ([`connect_first`], a
+    /// metadata request for `topic`, one the transactions write).
+    pub(crate) fn init_transactions(&self, topic: &str, timeout: Duration) -> Result<(), TxnCall> {
+        connect_first(
+            self.producer.client(),
+            topic,
+            timeout.min(CONNECT_FIRST_WAIT),
+        );
         self.txn_call(
             "init_transactions",
             self.producer.init_transactions(timeout),

@@ -231,7 +231,7 @@ fn partition_count(
 /// The partition count of a manifest's (first) input topic, `None` if it
 /// does not exist: the number of instances the deployment runs.
 pub fn input_partitions(manifest: &Manifest, conn: &Connection) -> Result<Option<i32>, KafkaError> {
-    InputPartitions::new(conn).of(manifest)
+    InputPartitions::new(&kafka::metadata_client(conn)?).of(manifest)
 }
 
 /// [`input_partitions`] of many manifests through one client, each topic
@@ -241,17 +241,16 @@ pub fn input_partitions(manifest: &Manifest, conn: &Connection) -> Result<Option
 /// host). A topic that does not exist is not waited for here (only the
 /// deployed manifest's is: [`input_partitions`]).
 pub struct InputPartitions<'a> {
-    conn: &'a Connection,
-    probe: Option<rdkafka::consumer::BaseConsumer<kafka::QuietContext>>,
+    probe: &'a kafka::Reader,
     known: std::collections::HashMap<String, Option<i32>>,
 }
 
 impl<'a> InputPartitions<'a> {
-    /// Counts through `conn` (the client is made at the first count).
-    pub fn new(conn: &'a Connection) -> InputPartitions<'a> {
+    /// Counts through `probe` (a client for metadata calls, such as the
+    /// control plane's).
+    pub(crate) fn new(probe: &'a kafka::Reader) -> InputPartitions<'a> {
         InputPartitions {
-            conn,
-            probe: None,
+            probe,
             known: Default::default(),
         }
     }
@@ -275,12 +274,7 @@ impl<'a> InputPartitions<'a> {
         if let Some(n) = self.known.get(topic) {
             return Ok(*n);
         }
-        if self.probe.is_none() {
-            self.probe = Some(kafka::metadata_client(self.conn)?);
-        }
-        let Some(probe) = self.probe.as_ref() else {
-            return Ok(None);
-        };
+        let probe = self.probe;
         let n = if wait {
             partition_count(probe, topic)?
         } else {
@@ -294,9 +288,18 @@ impl<'a> InputPartitions<'a> {
 /// Checks the manifest's topics and creates missing changelog topics.
 /// Returns the input partition count.
 pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, KafkaError> {
-    let probe = kafka::metadata_client(conn)?;
+    prepare_topics_with(manifest, conn, &kafka::metadata_client(conn)?)
+}
+
+/// [`prepare_topics`] with the metadata client `probe` (a host's deploys
+/// share the control plane's).
+pub(crate) fn prepare_topics_with(
+    manifest: &Manifest,
+    conn: &Connection,
+    probe: &kafka::Reader,
+) -> Result<i32, KafkaError> {
     let partitions_of = |topic: &str| -> Result<Option<i32>, KafkaError> {
-        Ok(kafka::partitions(&probe, topic)?.map(|p| p.len() as i32))
+        Ok(kafka::partitions(probe, topic)?.map(|p| p.len() as i32))
     };
 
     let mut input_partitions = None;
@@ -307,7 +310,7 @@ pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, Kaf
         } else {
             "input"
         };
-        let n = partition_count(&probe, topic)?.ok_or_else(|| {
+        let n = partition_count(probe, topic)?.ok_or_else(|| {
             KafkaError::topic(
                 topic.to_string(),
                 format!("{what} topic does not exist: create it first"),
@@ -337,7 +340,7 @@ pub fn prepare_topics(manifest: &Manifest, conn: &Connection) -> Result<i32, Kaf
         .map(String::as_str)
         .chain(manifest.errors.dead_letter_topic());
     for topic in outputs {
-        if partition_count(&probe, topic)?.is_none() {
+        if partition_count(probe, topic)?.is_none() {
             return Err(KafkaError::topic(
                 topic,
                 "output topic does not exist: create it first",

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use changelog::{changelog_topic, changelog_topics};
+pub(crate) use clients::prepare_topics_with;
 pub use clients::{InputPartitions, input_partitions, prepare_topics};
 pub use hibernate::Hibernation;
 

@@ -178,7 +178,7 @@ pub(super) fn init_producer(
     let topic = d.manifest.sources().first().map(|t| t.to_string());
     abort_previous_quickly(&d.options, &client_id, topic.as_deref());
     if let Some(topic) = &topic {
-        connect_first(producer, topic, ABORT_PROBE_WAIT);
+        kafka::connect_first(producer.client(), topic, ABORT_PROBE_WAIT);
     }
     producer.init_transactions(TXN_CALL_TIMEOUT).map_err(
         |e| match kafka::authorization_failure(&e) {
@@ -245,7 +245,7 @@ pub(super) fn fence(
         .map_err(|e| e.to_string())
         .and_then(|p| {
             if let Some(topic) = topic {
-                connect_first(&p, topic, ABORT_PROBE_WAIT);
+                kafka::connect_first(p.client(), topic, ABORT_PROBE_WAIT);
             }
             p.init_transactions(TXN_CALL_TIMEOUT)
                 .map_err(|e| e.to_string())
@@ -336,7 +336,7 @@ pub(super) fn abort_previous_quickly(
         };
         probes += 1;
         if let Some(topic) = topic {
-            connect_first(&probe, topic, wait);
+            kafka::connect_first(probe.client(), topic, wait);
         }
         let outcome = probe.init_transactions(wait);
         drop(probe);
@@ -355,25 +355,6 @@ pub(super) fn abort_previous_quickly(
         outcome = ?outcome.err(),
         "abort probes"
     );
-}
-
-/// Connects a new producer to a broker (a metadata request for `topic`, one
-/// of the deployment's, waited for at most `timeout`) before its
-/// `init_transactions`. A producer connects only when it has something to
-/// send, and `init_transactions` called with no broker connection up finds
-/// no broker to ask for the transaction coordinator: it asks again on
-/// librdkafka's 500 ms coordinator-query timer (seen in the recovery
-/// benchmark: the real `init_transactions` returning 0.5 s after probes
-/// that had found the abort done). A failure here is left to
-/// `init_transactions` to report.
-pub(super) fn connect_first<C: ProducerContext>(
-    producer: &BaseProducer<C>,
-    topic: &str,
-    timeout: Duration,
-) {
-    if let Err(e) = producer.client().fetch_metadata(Some(topic), timeout) {
-        tracing::debug!(topic, "no broker connection before init_transactions: {e}");
-    }
 }
 
 /// Errors that sending the same record again cannot cure.
