@@ -11,7 +11,8 @@
 //! | `POST /v1/deployments/{name}/pause`, `/resume` | | [`DeploymentSummary`] |
 //! | `DELETE /v1/deployments/{name}?purge_state=` | [`DeleteParams`] | [`Deleted`] |
 //! | `GET /v1/deployments/{name}/logs?from=&tail=&wait_ms=` | [`LogParams`] | [`LogLines`] |
-//! | `GET /v1/deployments/{name}/state/{store}?key=` | [`QueryParams`] | [`QueryAnswer`] |
+//! | `GET /v1/deployments/{name}/state/{store}?key=` (or `prefix=`, `from=&to=`, `key=&window_from_ms=&window_to_ms=`) | [`QueryParams`] | [`QueryAnswer`] |
+//! | `POST /v1/internal/deployments/{name}/state/{store}` (host to host, with the tenant's token) | [`LocalReadRequest`] | [`LocalReadAnswer`] |
 //! | `GET /v1/usage?since_ms=` | [`UsageParams`] | [`UsageReport`] |
 //! | `GET /healthz` | | [`Health`] |
 //! | any error | | [`ErrorBody`] with a 4xx or 5xx status |
@@ -109,6 +110,11 @@ pub struct HostStatus {
     /// it.
     #[serde(default)]
     pub hibernating: bool,
+    /// In a host's heartbeat: where its admin API answers other hosts
+    /// (routed queries). Empty in deployments' statuses and from hosts
+    /// that predate it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api: String,
 }
 
 /// One host's view of a deployment, as answered.
@@ -223,11 +229,37 @@ pub struct LogLines {
     pub next: i64,
 }
 
-/// The query of `GET /v1/deployments/{name}/state/{store}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The query of `GET /v1/deployments/{name}/state/{store}`: one of a key,
+/// a prefix, a key range, or a window store's key and time range.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct QueryParams {
-    /// The key.
+    /// The key (with `window_from_ms`/`window_to_ms`: a window store's key).
+    #[serde(default)]
     pub key: String,
+    /// Keys that start with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Keys from this one (inclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Keys up to this one (exclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Windows of `key` starting at or after this time (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_from_ms: Option<i64>,
+    /// Windows of `key` starting at or before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_to_ms: Option<i64>,
+    /// Most entries answered by a range, prefix or window query (default
+    /// 1,000, at most 10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+    /// `changelog`: a key's values from a scan of the store's changelog
+    /// topic (what queries read before they were answered from the
+    /// owners' stores; slow, and independent of the hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// A committed value of one partition's store.
@@ -243,15 +275,120 @@ pub struct QueryValue {
     pub value_base64: Option<String>,
 }
 
-/// `GET /v1/deployments/{name}/state/{store}?key=`.
+/// One entry of a range, prefix or window query.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueryEntry {
+    /// The partition whose task holds it.
+    pub partition: i32,
+    /// The key, when it is UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The key in base64, when it is not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_base64: Option<String>,
+    /// A window's start (ms since the epoch), for a window query.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_start_ms: Option<i64>,
+    /// The value, when it is UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The value in base64, when it is not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_base64: Option<String>,
+}
+
+/// `GET /v1/deployments/{name}/state/{store}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QueryAnswer {
     /// The store.
     pub store: String,
-    /// The key.
+    /// The key (empty for a range or prefix query).
     pub key: String,
-    /// Its committed values, one per partition that holds it.
+    /// A key query's committed values, one per partition that holds it.
     pub values: Vec<QueryValue>,
+    /// A range, prefix or window query's entries: by key (windows: by
+    /// start), at most the limit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entries: Vec<QueryEntry>,
+    /// Whether more entries matched than the limit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// Where the answer came from: `stores` (the owners' local stores) or
+    /// `changelog`. Empty from hosts that predate it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// The hosts whose stores answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+}
+
+/// What one host asks another to read from its local stores.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalReadRequest {
+    /// The partitions it believes the other host owns.
+    pub partitions: Vec<i32>,
+    /// Keys and values in base64.
+    pub read: WireRead,
+}
+
+/// A read of one store, keys in base64.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WireRead {
+    /// One key.
+    Key {
+        /// The key.
+        key: String,
+    },
+    /// Keys in `[from, to)`.
+    Range {
+        /// First key (inclusive).
+        from: Option<String>,
+        /// Last key (exclusive).
+        to: Option<String>,
+        /// Most entries.
+        limit: usize,
+    },
+    /// Keys with a prefix.
+    Prefix {
+        /// The prefix.
+        prefix: String,
+        /// Most entries.
+        limit: usize,
+    },
+    /// A window store key's windows that start in `[from_ms, to_ms]`.
+    Windows {
+        /// The key.
+        key: String,
+        /// Earliest start.
+        from_ms: i64,
+        /// Latest start.
+        to_ms: i64,
+        /// Most entries.
+        limit: usize,
+    },
+}
+
+/// One host's answer to a [`LocalReadRequest`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalReadAnswer {
+    /// The host that answered.
+    pub host: String,
+    /// Per partition asked.
+    pub partitions: Vec<LocalPartition>,
+}
+
+/// One partition of a [`LocalReadAnswer`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalPartition {
+    /// The partition.
+    pub partition: i32,
+    /// `entries`, `not_here` (the host does not hold its task now),
+    /// `restoring`, or `waking` (it hibernated; a wake was asked for).
+    pub state: String,
+    /// With `entries`: (key, value) pairs in base64, by key.
+    #[serde(default)]
+    pub entries: Vec<(String, String)>,
 }
 
 /// The query of `GET /v1/usage`.

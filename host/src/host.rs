@@ -38,6 +38,11 @@ pub struct HostConfig {
     pub artifact_grace: Duration,
     /// The database connections offered to tenants' sinks.
     pub sink_connections: Connections,
+    /// Where other hosts reach this one's admin API (`None`: from
+    /// `listen`).
+    pub advertise_url: Option<String>,
+    /// The CA that signed the other hosts' certificates, when private.
+    pub peer_ca: Option<std::path::PathBuf>,
 }
 
 /// Why a host could not start or stopped with an error.
@@ -57,6 +62,9 @@ pub enum HostError {
     /// superuser, or a tenant's role that reaches more than its tables).
     #[error("refusing to offer the sink connections (--sink-connections)")]
     SinkConnections(#[source] crate::sink::SinkError),
+    /// The other hosts' CA (`--peer-ca`) cannot be used.
+    #[error("--peer-ca: {0}")]
+    PeerCa(String),
     /// The admin API's certificate cannot be used.
     #[error("cannot serve the admin API over HTTPS")]
     Tls(#[source] TlsError),
@@ -104,6 +112,8 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         kafka_wait,
         artifact_grace,
         sink_connections,
+        advertise_url,
+        peer_ca,
     } = config;
     // The certificate first: a bad file is refused before any Kafka work.
     let tls = tls
@@ -111,6 +121,17 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         .map(ServerTls::load)
         .transpose()
         .map_err(HostError::Tls)?;
+    let peers = {
+        let ca = peer_ca
+            .as_ref()
+            .map(|path| {
+                std::fs::read(path)
+                    .map_err(|e| HostError::PeerCa(format!("cannot read {}: {e}", path.display())))
+            })
+            .transpose()?;
+        Arc::new(crate::admin::Peers::new(ca.as_deref()).map_err(HostError::PeerCa)?)
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // Then the sink connections, before any Kafka work.
     crate::sink::check_connections(&sink_connections).map_err(HostError::SinkConnections)?;
     tracing::info!(
@@ -123,6 +144,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
     // Every committed transaction records what it used (`fleet/usage.rs`).
     let run = RunOptions {
         usage_topic: Some(crate::fleet::registry::USAGE_TOPIC.to_owned()),
+        queries: Some(Default::default()),
         ..run
     };
     let control = ControlPlane::connect(run.kafka.clone(), artifacts, kafka_wait)
@@ -154,11 +176,15 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         .block_on(tokio::net::TcpListener::bind(listen))
         .map_err(|source| HostError::Bind { listen, source })?;
     let listen = listener.local_addr().unwrap_or(listen);
+    let api_url = advertise_url.unwrap_or_else(|| advertised(scheme, listen));
+    tracing::info!(url = %api_url, "other hosts reach this one at this address (--advertise-url)");
+    fleet.set_api_url(api_url);
     let stop = shutdown.clone();
     let server = runtime.spawn(crate::admin::serve(
         fleet.clone(),
         listener,
         tls,
+        peers,
         async move {
             while !stop.load(Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -187,6 +213,20 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         server,
         reconciler,
     })
+}
+
+/// This host's admin API as other hosts reach it, by default: the address
+/// it listens on, or its hostname when it listens on every interface.
+fn advertised(scheme: &str, listen: SocketAddr) -> String {
+    if !listen.ip().is_unspecified() {
+        return format!("{scheme}://{listen}");
+    }
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{scheme}://{host}:{}", listen.port())
 }
 
 /// How often a host looks at `tenants.toml` for changes.

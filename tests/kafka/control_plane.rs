@@ -2548,3 +2548,178 @@ fn o_rolling_restart_of_the_hosts() {
         h.stop();
     }
 }
+
+/// Interactive queries from the owners' stores (issue 43, item 2): two
+/// hosts share a wallet's four partitions; every account's balance asked
+/// of one host comes from both hosts' local stores (the other's over its
+/// internal endpoint) and equals both the payments' total and the
+/// changelog scan's answer; prefix and range scans merge the partitions in
+/// key order; another tenant's token is refused at both doors; and while
+/// the second host stops, a query either waits for the new owner or
+/// answers 503 saying why, and then answers from the survivor's stores.
+#[test]
+fn p_queries_are_answered_by_the_owners_stores() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let q1 = fleet.start_host("q1");
+    let q2 = fleet.start_host("q2");
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "iq", "exactly_once_v2", 4);
+    let produced = w.produce(0, 400, 40, None);
+    q1.json(ACME, &["deploy", path(&w.manifest)]);
+    wait_for(
+        "both hosts own partitions",
+        Duration::from_secs(120),
+        || {
+            let d = q1.json(ACME, &["describe", &w.name]);
+            d["hosts"].as_array().is_some_and(|hosts| {
+                hosts
+                    .iter()
+                    .filter(|h| h["partitions"].as_array().is_some_and(|p| !p.is_empty()))
+                    .count()
+                    == 2
+            })
+        },
+    );
+    w.wait_done(Duration::from_secs(120));
+    assert_eq!(produced.totals.len(), 40);
+
+    // Every account, asked of q1: one value, from the stores of both.
+    let mut answered_by = std::collections::BTreeSet::new();
+    for (account, total) in &produced.totals {
+        let q = q1.json(ACME, &["query", &w.name, "balances", account]);
+        assert_eq!(q["source"], "stores", "{q}");
+        let values = q["values"].as_array().cloned().unwrap_or_default();
+        assert_eq!(values.len(), 1, "{account}: {q}");
+        assert_eq!(
+            values[0]["value"].as_str().unwrap_or_default().trim(),
+            total.to_string(),
+            "{account}: {q}"
+        );
+        for h in q["hosts"].as_array().cloned().unwrap_or_default() {
+            answered_by.insert(h.as_str().unwrap_or_default().to_owned());
+        }
+    }
+    assert_eq!(
+        answered_by.iter().map(String::as_str).collect::<Vec<_>>(),
+        vec!["q1", "q2"],
+        "both hosts' stores answered"
+    );
+    // The changelog scan (the old path) agrees.
+    let (account, total) = produced.totals.iter().next().expect("an account");
+    let scan = q2.json(
+        ACME,
+        &["query", &w.name, "balances", account, "--from-changelog"],
+    );
+    assert_eq!(scan["source"], "changelog", "{scan}");
+    assert_eq!(
+        scan["values"][0]["value"]
+            .as_str()
+            .unwrap_or_default()
+            .trim(),
+        total.to_string(),
+        "{scan}"
+    );
+
+    // Scans merge the partitions in key order.
+    let prefix = q2.json(ACME, &["query", &w.name, "balances", "--prefix", "acct-00"]);
+    let entries = prefix["entries"].as_array().cloned().unwrap_or_default();
+    let keys: Vec<String> = entries
+        .iter()
+        .map(|e| e["key"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let expected: Vec<String> = produced.totals.keys().cloned().collect();
+    assert_eq!(keys, expected, "{prefix}");
+    for e in &entries {
+        let key = e["key"].as_str().unwrap_or_default();
+        assert_eq!(
+            e["value"].as_str().unwrap_or_default().trim(),
+            produced.totals[key].to_string(),
+            "{e}"
+        );
+    }
+    let range = q1.json(
+        ACME,
+        &[
+            "query",
+            &w.name,
+            "balances",
+            "--from",
+            "acct-0010",
+            "--to",
+            "acct-0020",
+        ],
+    );
+    assert_eq!(
+        range["entries"].as_array().map_or(0, Vec::len),
+        10,
+        "{range}"
+    );
+    let limited = q1.json(
+        ACME,
+        &[
+            "query", &w.name, "balances", "--prefix", "acct-", "--limit", "5",
+        ],
+    );
+    assert_eq!(
+        limited["entries"].as_array().map_or(0, Vec::len),
+        5,
+        "{limited}"
+    );
+    assert_eq!(limited["truncated"], true, "{limited}");
+
+    // Another tenant reads neither through the public door nor the hosts'.
+    let err = q1.refused(GLOBEX, &["query", &w.name, "balances", account]);
+    assert!(err.contains("HTTP 404"), "{err}");
+    let internal = |token: Option<&str>| {
+        let mut r = q2
+            .client
+            .post(format!(
+                "{}/v1/internal/deployments/{}/state/balances",
+                q2.server, w.name
+            ))
+            .json(&serde_json::json!({
+                "partitions": [0, 1, 2, 3],
+                "read": {"kind": "prefix", "prefix": "", "limit": 100},
+            }));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send().expect("the internal endpoint answers")
+    };
+    assert_eq!(internal(Some(GLOBEX)).status().as_u16(), 404);
+    assert_eq!(internal(None).status().as_u16(), 401);
+    assert!(internal(Some(ACME)).status().is_success());
+
+    // q2 stops: a query waits for the new owner (or says why it cannot
+    // answer yet), then q1's stores answer everything.
+    q2.stop();
+    let mut retryable = 0;
+    let started = Instant::now();
+    wait_for(
+        "q1 alone answers every partition",
+        Duration::from_secs(120),
+        || {
+            let out = q1.cli(
+                ACME,
+                &["query", &w.name, "balances", account, "--output", "json"],
+            );
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert!(err.contains("HTTP 503") && err.contains("retry"), "{err}");
+                retryable += 1;
+                return false;
+            }
+            let q: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            assert_eq!(
+                q["values"][0]["value"].as_str().unwrap_or_default().trim(),
+                total.to_string(),
+                "{q}"
+            );
+            q["hosts"] == serde_json::json!(["q1"])
+        },
+    );
+    figure("routed_query_takeover_ms", started.elapsed().as_millis());
+    figure("routed_query_retryable_answers", retryable);
+    q1.json(ACME, &["delete", &w.name, "--purge-state"]);
+    q1.stop();
+}

@@ -41,8 +41,8 @@ use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{
-    DeleteParams, DeployRequest, DeploymentList, DeploymentSummary, ErrorBody, Health, LogParams,
-    QueryParams, SinkDeployRequest, UsageParams,
+    DeleteParams, DeployRequest, DeploymentList, DeploymentSummary, ErrorBody, Health,
+    LocalReadRequest, LogParams, QueryParams, SinkDeployRequest, UsageParams,
 };
 use crate::fleet::Deployed;
 use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES};
@@ -51,7 +51,9 @@ use crate::fleet::{Fleet, FleetError, Tenant};
 use crate::kafka::KafkaError;
 use crate::types::error_chain;
 
+mod queries;
 mod tls;
+pub use queries::{Peers, QUERY_WAIT};
 pub use tls::{ServerTls, TlsError, TlsFiles};
 
 /// An error answer: a status and a message the CLI shows verbatim.
@@ -403,8 +405,8 @@ async fn drain(
     .await;
 }
 
-/// The admin API's routes.
-pub fn router(fleet: Arc<Fleet>) -> Router {
+/// The admin API's routes; `peers` asks other hosts (routed queries).
+pub fn router(fleet: Arc<Fleet>, peers: Arc<Peers>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -419,10 +421,15 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .route("/v1/deployments/{name}/resume", post(resume))
         .route("/v1/deployments/{name}/logs", get(logs))
         .route("/v1/deployments/{name}/state/{store}", get(query))
+        .route(
+            "/v1/internal/deployments/{name}/state/{store}",
+            post(read_local),
+        )
         .route("/v1/usage", get(usage))
         .layer(Extension(Arc::new(Uploads::default())))
         .layer(Extension(Arc::new(TenantWork::default())))
         .layer(Extension(Arc::new(LogReads::default())))
+        .layer(Extension(peers))
         .with_state(fleet)
 }
 
@@ -435,10 +442,11 @@ pub async fn serve(
     fleet: Arc<Fleet>,
     listener: tokio::net::TcpListener,
     tls: Option<ServerTls>,
+    peers: Arc<Peers>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listen = listener.local_addr().ok();
-    let app = router(fleet);
+    let app = router(fleet, peers);
     let Some(tls) = tls else {
         if let Some(listen) = listen {
             if listen.ip().is_loopback() {
@@ -673,14 +681,30 @@ async fn usage(
 async fn query(
     State(fleet): State<Arc<Fleet>>,
     Extension(work): Extension<Arc<TenantWork>>,
+    Extension(peers): Extension<Arc<Peers>>,
     Path((name, store)): Path<(String, String)>,
     Query(params): Query<QueryParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
+    let auth = headers.get(header::AUTHORIZATION).cloned();
+    let answer = queries::answer(fleet, work, peers, tenant, auth, name, store, params).await?;
+    Ok(axum::Json(answer).into_response())
+}
+
+/// Another host's read of this host's stores for a routed query
+/// (`admin/queries.rs`), with the querying tenant's token.
+async fn read_local(
+    State(fleet): State<Arc<Fleet>>,
+    Extension(work): Extension<Arc<TenantWork>>,
+    Path((name, store)): Path<(String, String)>,
+    headers: HeaderMap,
+    axum::Json(req): axum::Json<LocalReadRequest>,
+) -> ApiResult<Response> {
+    let tenant = tenant_of(&fleet, &headers)?;
     let answer = work
         .run(&tenant.name.clone(), move || {
-            fleet.query(&tenant, &name, &store, &params.key)
+            fleet.read_local_wire(&tenant, &name, &store, &req)
         })
         .await?;
     Ok(axum::Json(answer).into_response())

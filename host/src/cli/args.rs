@@ -188,14 +188,21 @@ pub enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
-    /// Read the committed value of a key in a deployment's store.
+    /// Read committed state from a deployment's store: a key's value, the
+    /// keys with a prefix or in a range, or a window store key's windows.
+    /// The hosts that own the store's partitions answer from their local
+    /// stores (docs/operations.md, "Queries").
     Query {
         /// Processor name.
         name: String,
         /// Store name.
         store: String,
-        /// Key (text).
-        key: String,
+        /// Key (text); with --window-from-ms/--window-to-ms, a window
+        /// store's key.
+        key: Option<String>,
+        /// The query's options.
+        #[command(flatten)]
+        query: QueryArgs,
         /// Admin API and token.
         #[command(flatten)]
         remote: RemoteArgs,
@@ -348,6 +355,7 @@ impl KafkaArgs {
         Ok(RunOptions {
             // One client describes every deployment's group.
             groups: Some(onceflow::kafka::GroupWatch::new(kafka.clone())),
+            queries: None,
             kafka,
             state_dir,
             instance_id,
@@ -622,6 +630,16 @@ pub struct HostArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, env = "ONCEFLOW_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// Where other hosts reach this host's admin API (routed queries), e.g.
+    /// `https://host-2.internal:8750`. Default: the --listen address (its
+    /// hostname when it listens on every interface), over https with
+    /// --tls-cert.
+    #[arg(long, env = "ONCEFLOW_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+    /// The CA (PEM) that signed the other hosts' --tls-cert, when not a
+    /// public one: this host trusts it when it asks them (routed queries).
+    #[arg(long, env = "ONCEFLOW_PEER_CA")]
+    pub peer_ca: Option<PathBuf>,
     /// How long an uploaded component that no deployment runs is kept (s):
     /// then any host may collect it (and it stops counting against its
     /// tenant's `artifact-mb`). Every host should be given the same value.
@@ -635,6 +653,34 @@ pub struct HostArgs {
     /// Kafka and state settings.
     #[command(flatten)]
     pub kafka: KafkaArgs,
+}
+
+/// `onceflow query`'s options beyond a key.
+#[derive(Debug, Clone, clap::Args)]
+pub struct QueryArgs {
+    /// The keys that start with this (instead of a key).
+    #[arg(long, conflicts_with_all = ["from", "to"])]
+    pub prefix: Option<String>,
+    /// The keys from this one (inclusive; instead of a key).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// The keys before this one (exclusive).
+    #[arg(long)]
+    pub to: Option<String>,
+    /// With a key: its windows that start at or after this time (ms since
+    /// the epoch).
+    #[arg(long)]
+    pub window_from_ms: Option<i64>,
+    /// With a key: its windows that start at or before this time.
+    #[arg(long)]
+    pub window_to_ms: Option<i64>,
+    /// Most entries a prefix, range or window query prints (at most 10,000).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Read a key's values from a scan of the store's changelog topic, not
+    /// from the owners' stores (slow: its cost grows with the store).
+    #[arg(long)]
+    pub from_changelog: bool,
 }
 
 /// `$XDG_DATA_HOME/onceflow/state`, else `~/.local/share/onceflow/state`.

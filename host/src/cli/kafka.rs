@@ -59,9 +59,13 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
         kafka_wait: Duration::from_secs(a.kafka.kafka_wait_secs),
         artifact_grace: Duration::from_secs(a.artifact_grace_secs),
         sink_connections,
+        advertise_url: a.advertise_url,
+        peer_ca: a.peer_ca,
     };
     let running = host::start(config, shutdown).map_err(|e| match e {
-        e @ (HostError::Bind { .. } | HostError::Tls(_)) => usage(error_chain(&e)),
+        e @ (HostError::Bind { .. } | HostError::Tls(_) | HostError::PeerCa(_)) => {
+            usage(error_chain(&e))
+        }
         other => anyhow::Error::new(other),
     })?;
     running.wait()?;

@@ -111,8 +111,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             name,
             store,
             key,
+            query,
             remote,
-        } => remote::query(&name, &store, &key, &remote),
+        } => remote::query(&name, &store, key, query, &remote),
         Command::HashToken => local::cmd_hash_token(),
         Command::Verify(args) => kafka::cmd_verify(args),
         Command::BenchGuest {

@@ -659,23 +659,71 @@ pub fn show_usage(since: Option<&str>, args: &RemoteArgs) -> anyhow::Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn query(name: &str, store: &str, key: &str, args: &RemoteArgs) -> anyhow::Result<ExitCode> {
+pub fn query(
+    name: &str,
+    store: &str,
+    key: Option<String>,
+    q: super::args::QueryArgs,
+    args: &RemoteArgs,
+) -> anyhow::Result<ExitCode> {
     let remote = Remote::new(args)?;
+    let mut params: Vec<(&str, String)> = Vec::new();
+    if let Some(key) = key {
+        params.push(("key", key));
+    }
+    let optional = [
+        ("prefix", q.prefix),
+        ("from", q.from),
+        ("to", q.to),
+        ("window_from_ms", q.window_from_ms.map(|t| t.to_string())),
+        ("window_to_ms", q.window_to_ms.map(|t| t.to_string())),
+        ("limit", q.limit.map(|n| n.to_string())),
+        ("source", q.from_changelog.then(|| "changelog".to_owned())),
+    ];
+    params.extend(
+        optional
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|v| (name, v))),
+    );
+    if params.is_empty() {
+        anyhow::bail!(
+            "give a key, or --prefix, or --from/--to (a key range), or a key with \
+             --window-from-ms/--window-to-ms (a window store)"
+        );
+    }
+    let query: Vec<String> = params
+        .iter()
+        .map(|(k, v)| format!("{k}={}", encode(v)))
+        .collect();
     let v: QueryAnswer = remote.get(&format!(
-        "/v1/deployments/{}/state/{}?key={}",
+        "/v1/deployments/{}/state/{}?{}",
         encode(name),
         encode(store),
-        encode(key)
+        query.join("&")
     ))?;
     match remote.output {
         OutputFormat::Json => print_json(&v)?,
         OutputFormat::Text => {
+            let text = |t: &Option<String>, b: &Option<String>| match (t, b) {
+                (Some(t), _) => t.clone(),
+                (None, Some(b64)) => format!("base64:{b64}"),
+                (None, None) => "-".to_owned(),
+            };
             for item in &v.values {
-                match (&item.value, &item.value_base64) {
-                    (Some(value), _) => println!("{value}"),
-                    (None, Some(b64)) => println!("base64:{b64}"),
-                    (None, None) => println!("-"),
+                println!("{}", text(&item.value, &item.value_base64));
+            }
+            for e in &v.entries {
+                let key = text(&e.key, &e.key_base64);
+                let value = text(&e.value, &e.value_base64);
+                match e.window_start_ms {
+                    Some(start) => println!("{key}\t{start}\t{value}"),
+                    None => println!("{key}\t{value}"),
                 }
+            }
+            if v.truncated {
+                eprintln!(
+                    "(more entries matched: raise --limit, up to 10000, or narrow the query)"
+                );
             }
         }
     }

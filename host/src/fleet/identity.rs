@@ -135,6 +135,7 @@ impl Fleet {
             updated_ms: now_ms(),
             incarnation: self.incarnation.clone(),
             hibernating: false,
+            api: self.api_url(),
         });
     }
 

@@ -32,6 +32,7 @@ pub mod control;
 mod error;
 mod identity;
 mod logs;
+mod queries;
 mod reconciler;
 pub mod registry;
 mod service;
@@ -50,6 +51,7 @@ use crate::stream::cpu::CpuBudget;
 pub use control::ControlPlane;
 pub use error::FleetError;
 pub use logs::{DeploymentLogSink, remember_error};
+pub use queries::{Owners, Peer, QueryPlan, merge_answer, query_value, wire_read};
 pub use reconciler::RunState;
 pub use service::Deployed;
 pub use tenancy::{Tenant, Tenants, TenantsFile};
@@ -117,6 +119,8 @@ pub struct Fleet {
     /// Deployments held back because their tenant is not in tenants.toml
     /// (logged once each, when it happens).
     held: Mutex<std::collections::BTreeSet<String>>,
+    /// Where this host's admin API answers other hosts (`queries.rs`).
+    api_url: RwLock<String>,
 }
 
 impl Fleet {
@@ -147,6 +151,7 @@ impl Fleet {
             artifact_grace,
             sink_connections: RwLock::default(),
             held: Mutex::default(),
+            api_url: RwLock::default(),
         })
     }
 

@@ -438,6 +438,7 @@ impl Fleet {
                     .metrics
                     .hibernating
                     .load(std::sync::atomic::Ordering::Relaxed),
+                api: String::new(),
             };
             let quiet = r.published.as_ref().is_some_and(|p| same_news(p, &status));
             if quiet && r.last.0.elapsed() < QUIET_STATUS_INTERVAL {

@@ -14,8 +14,7 @@ use super::registry::{
 use super::tenancy::{Existing, Tenant};
 use super::{Fleet, FleetError, manifest_of, parse_manifest};
 use crate::api::{
-    Deleted, DeployRequest, DeploymentSummary, HostSummary, LogLines, LogParams, QueryAnswer,
-    QueryValue, Uploaded,
+    Deleted, DeployRequest, DeploymentSummary, HostSummary, LogLines, LogParams, Uploaded,
 };
 use crate::api::{UsageReport, UsageRow};
 use crate::manifest::Manifest;
@@ -467,64 +466,12 @@ impl Fleet {
         })
     }
 
-    /// The committed value of `key` in a deployment's store.
-    pub fn query(
+    /// The tenant's live (not deleted) deployment `name`.
+    pub(super) fn own_record(
         &self,
         tenant: &Tenant,
         name: &str,
-        store: &str,
-        key: &str,
-    ) -> Result<QueryAnswer, FleetError> {
-        let r = self.own_record(tenant, name)?;
-        if r.kind == DeploymentKind::Sink {
-            return Err(FleetError::Invalid(format!(
-                "{name:?} is a sink: it has no stores (its rows are in its database)"
-            )));
-        }
-        let manifest = manifest_of(&r).map_err(FleetError::Manifest)?;
-        if !manifest.stores.iter().any(|s| s == store) {
-            return Err(FleetError::NoStore {
-                name: name.to_owned(),
-                store: store.to_owned(),
-                stores: manifest.stores.join(", "),
-            });
-        }
-        let topic = stream::changelog_topic(&manifest, store);
-        let found: Vec<(i32, Vec<u8>)> =
-            changelog::query(self.control.connection(), &topic, key.as_bytes())?;
-        if found.is_empty() {
-            return Err(FleetError::NoValue {
-                store: store.to_owned(),
-                key: key.to_owned(),
-            });
-        }
-        let values = found
-            .into_iter()
-            .map(|(partition, v)| match String::from_utf8(v) {
-                Ok(text) => QueryValue {
-                    partition,
-                    value: Some(text),
-                    value_base64: None,
-                },
-                Err(e) => QueryValue {
-                    partition,
-                    value: None,
-                    value_base64: Some(base64::Engine::encode(
-                        &base64::engine::general_purpose::STANDARD,
-                        e.as_bytes(),
-                    )),
-                },
-            })
-            .collect();
-        Ok(QueryAnswer {
-            store: store.to_owned(),
-            key: key.to_owned(),
-            values,
-        })
-    }
-
-    /// The tenant's live (not deleted) deployment `name`.
-    fn own_record(&self, tenant: &Tenant, name: &str) -> Result<DeploymentRecord, FleetError> {
+    ) -> Result<DeploymentRecord, FleetError> {
         self.control
             .deployments
             .get(&deployment_key(&tenant.name, name))

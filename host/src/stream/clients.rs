@@ -409,6 +409,7 @@ mod tests {
             lose_commit_answers: None,
             hibernation: None,
             groups: None,
+            queries: None,
         }
     }
 

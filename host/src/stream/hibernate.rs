@@ -161,16 +161,29 @@ pub(super) fn hibernate(d: &Deployment, h: &Hibernation, ends: Ends) -> bool {
         h.after.max(shortest_window(d)).as_secs()
     );
     let since = Instant::now();
-    let woke = h
-        .ends
-        .wait_moved(ends, &|| d.shutdown.load(Ordering::Relaxed));
+    // A query of its stores wakes it too (`queries.rs`).
+    let asked = d.queries().map(|q| q.hibernating(&app, true));
+    let asked_to_wake = || asked.as_ref().is_some_and(|a| a.load(Ordering::Relaxed));
+    let moved = h.ends.wait_moved(ends, &|| {
+        d.shutdown.load(Ordering::Relaxed) || asked_to_wake()
+    });
+    let queried = !moved && asked_to_wake() && !d.shutdown.load(Ordering::Relaxed);
+    if let Some(q) = d.queries() {
+        q.hibernating(&app, false).store(false, Ordering::Relaxed);
+    }
     d.metrics.hibernating.store(false, Ordering::Relaxed);
-    if woke {
+    if moved {
         tracing::info!(
             %app,
             "waking: input arrived after {:.1} s of hibernation",
             since.elapsed().as_secs_f64()
         );
+    } else if queried {
+        tracing::info!(
+            %app,
+            "waking: a query of its stores after {:.1} s of hibernation",
+            since.elapsed().as_secs_f64()
+        );
     }
-    woke
+    moved || queried
 }

@@ -16,6 +16,7 @@ pub mod cpu;
 mod hibernate;
 pub mod names;
 pub mod protocol;
+pub mod queries;
 mod standby;
 pub mod verify;
 mod worker;
@@ -289,6 +290,9 @@ pub struct RunOptions {
     /// one client for all); `None`: each deployment describes its own group
     /// from its standby thread.
     pub groups: Option<Arc<crate::kafka::GroupWatch>>,
+    /// The process's registry of tasks that answer interactive queries
+    /// from their local stores (`queries.rs`); `None`: no queries.
+    pub queries: Option<Arc<queries::LocalStores>>,
 }
 
 /// The consumer group protocol of a deployment's workers.
@@ -346,6 +350,11 @@ impl Deployment {
             .get(store)
             .copied()
             .unwrap_or(DEFAULT_DELETE_RETENTION)
+    }
+
+    /// The process's query registry, if it has one.
+    pub(crate) fn queries(&self) -> Option<&queries::LocalStores> {
+        self.options.queries.as_deref()
     }
 
     /// Where the stores of `partition` live.
@@ -488,6 +497,9 @@ pub fn run_with_metrics(
             Err(e) => break Err(e),
         }
     };
+    if let Some(q) = deployment.queries() {
+        q.stopped(&app);
+    }
     report(&app, &metrics, watch.last, watch.last_report.elapsed());
     log_stopped(&metrics);
     result.map(|()| metrics)

@@ -958,20 +958,31 @@ fn await_outputs(
     Ok(out)
 }
 
-/// Every partition of `topics`.
+/// Every partition of `topics`. A topic created a moment ago may not be in
+/// the broker's metadata yet (the density harness creates a hundred at
+/// once, then reads them): each is waited for up to 30 s.
 fn partitions(consumer: &BaseConsumer, topics: &[String]) -> anyhow::Result<Vec<(String, i32)>> {
     let mut all = Vec::new();
     for topic in topics {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .with_context(|| format!("metadata of {topic}"))?;
-        let Some(t) = metadata.topics().first() else {
-            bail!("topic {topic} not found");
-        };
-        if t.partitions().is_empty() {
-            bail!("topic {topic} has no partitions (does it exist?)");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let metadata = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .with_context(|| format!("metadata of {topic}"))?;
+            let found: Vec<i32> = metadata
+                .topics()
+                .first()
+                .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+                .unwrap_or_default();
+            if !found.is_empty() {
+                all.extend(found.into_iter().map(|p| (topic.clone(), p)));
+                break;
+            }
+            if Instant::now() >= deadline {
+                bail!("topic {topic} has no partitions after 30 s (does it exist?)");
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
-        all.extend(t.partitions().iter().map(|p| (topic.clone(), p.id())));
     }
     Ok(all)
 }

@@ -249,6 +249,12 @@ impl Drop for Core {
         let tasks = std::mem::take(&mut self.tasks);
         let partitions: Vec<i32> = tasks.keys().copied().collect();
         drop(tasks);
+        if let Some(q) = self.d.queries() {
+            let app = self.d.manifest.application_id();
+            for p in &partitions {
+                q.closed(&app, *p);
+            }
+        }
         let mut open = self.d.open_tasks.lock().unwrap_or_else(|e| e.into_inner());
         for p in &partitions {
             open.remove(p);

@@ -317,6 +317,9 @@ impl Core {
         let mut pause = TopicPartitionList::new();
         for p in self.tasks.keys() {
             self.restoring.insert(*p);
+            if let Some(q) = self.d.queries() {
+                q.restoring(&self.d.manifest.application_id(), *p);
+            }
             for topic in self.d.manifest.sources() {
                 pause.add_partition(topic, *p);
             }

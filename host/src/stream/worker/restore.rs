@@ -66,6 +66,9 @@ impl Core {
             .map(|(p, store)| {
                 let task = store.map(|store| {
                     open.insert(p);
+                    if let Some(q) = d.queries() {
+                        q.opened(&d.manifest.application_id(), p, store.reader());
+                    }
                     Task::new(
                         p,
                         d.processor.clone(),
@@ -104,6 +107,9 @@ impl Core {
         self.queued.remove(&partition);
         let closed = self.tasks.remove(&partition).is_some();
         if closed {
+            if let Some(q) = self.d.queries() {
+                q.closed(&self.d.manifest.application_id(), partition);
+            }
             self.d
                 .open_tasks
                 .lock()
@@ -203,6 +209,9 @@ impl Core {
                 }
                 Metrics::add(&self.d.metrics.restores, 1);
                 self.restoring.remove(p);
+                if let Some(q) = self.d.queries() {
+                    q.ready(&self.d.manifest.application_id(), *p);
+                }
                 // Every source resumes at once: records are taken in
                 // timestamp order across them (`take_ready`).
                 for topic in self.d.manifest.sources() {
