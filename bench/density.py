@@ -601,8 +601,10 @@ class Density:
                 deploy = self.deploy_stage(stage, done + 1, target)
                 done = target
                 figures = self.measure(f"stage {stage}", target)
+                control = self.control_latencies()
                 output = self.trickle(stage)
-                row = {"deployments": target, "deploy": deploy, **figures, "produce_to_output": output}
+                row = {"deployments": target, "deploy": deploy, **figures, "control_ms": control,
+                       "produce_to_output": output}
                 raw["stages"].append(row)
                 self.write()
                 h = figures["after_idle"]
@@ -630,6 +632,23 @@ class Density:
             raw["seconds"] = round(time.time() - t_start)
             self.write()
         return raw
+
+    def control_latencies(self, rounds: int = 5) -> dict:
+        """The control plane at this size (issue 43, item 4): `list`,
+        `describe` of the first deployment and `usage` of the last minute,
+        each asked `rounds` times of the admin API; ms, p50 and max."""
+        def timed(path: str) -> float:
+            t0 = time.perf_counter()
+            self.api(path)
+            return (time.perf_counter() - t0) * 1000
+        since = int(time.time() * 1000) - 60_000
+        out = {}
+        for what, path in (("list", "/v1/deployments"), ("describe", f"/v1/deployments/{self.name(1)}"),
+                           ("usage", f"/v1/usage?since_ms={since}")):
+            samples = [timed(path) for _ in range(rounds)]
+            p = percentiles(samples)
+            out[what] = {"p50": round(p["p50"], 1), "max": round(p["max"], 1)}
+        return out
 
     def status_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -702,7 +721,10 @@ def report(raw: dict) -> str:
             + (f"{s['hibernating']} of {s['deployments']} hibernating {s['hibernation_wait_s']:.0f} s after the "
                "stage (the trickle wakes them); " if "hibernating" in s else "")
             + f"the trickle sent in {s['produce_to_output']['sending_seconds']:.0f} s; broker idle CPU "
-            f"{s['broker_idle_cpu_pct']:.1f}%; host RSS before the idle window {s['before_idle']['rss_mb']:,.0f} MB."
+            f"{s['broker_idle_cpu_pct']:.1f}%; host RSS before the idle window {s['before_idle']['rss_mb']:,.0f} MB"
+            + ("; " + ", ".join(f"`{k}` p50 {v['p50']:,.0f} ms (max {v['max']:,.0f})"
+                                for k, v in s["control_ms"].items()) if s.get("control_ms") else "")
+            + "."
         )
     if raw["stages"] and base:
         last, b = raw["stages"][-1], base["after_idle"]

@@ -70,6 +70,32 @@ pub fn manifest_of(record: &DeploymentRecord) -> Result<Manifest, ManifestError>
     parse_manifest(&record.tenant, &record.name, &record.manifest)
 }
 
+impl Fleet {
+    /// The parsed manifest of a deployment record, parsed once per text: a
+    /// deploy checks its tenant's quotas and every deployment's names
+    /// against all records, and parsing each manifest each time made
+    /// `onceflow deploy` grow with the host (0.33 s at 10 deployments,
+    /// 0.59 s at 250, dev build).
+    pub(crate) fn manifest(&self, r: &DeploymentRecord) -> Result<Arc<Manifest>, ManifestError> {
+        let key = r.key();
+        if let Some((text, m)) = self
+            .manifests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            && *text == r.manifest
+        {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(manifest_of(r)?);
+        self.manifests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, (r.manifest.clone(), m.clone()));
+        Ok(m)
+    }
+}
+
 /// Parses manifest text sent for `<tenant>/<name>` (the path is only for
 /// messages).
 pub fn parse_manifest(tenant: &str, name: &str, text: &str) -> Result<Manifest, ManifestError> {
@@ -121,6 +147,9 @@ pub struct Fleet {
     held: Mutex<std::collections::BTreeSet<String>>,
     /// Where this host's admin API answers other hosts (`queries.rs`).
     api_url: RwLock<String>,
+    /// Each deployment record's manifest, parsed once per text
+    /// ([`Fleet::manifest`]).
+    manifests: Mutex<std::collections::HashMap<String, (String, Arc<Manifest>)>>,
 }
 
 impl Fleet {
@@ -152,6 +181,7 @@ impl Fleet {
             sink_connections: RwLock::default(),
             held: Mutex::default(),
             api_url: RwLock::default(),
+            manifests: Mutex::default(),
         })
     }
 

@@ -148,7 +148,7 @@ impl Fleet {
                     });
                     continue;
                 }
-                let Ok(m) = manifest_of(r) else { continue };
+                let Ok(m) = self.manifest(r) else { continue };
                 others.push(Existing {
                     name: r.name.clone(),
                     worker_threads: m.processing.worker_threads,
@@ -314,7 +314,7 @@ impl Fleet {
             if r.key() == key || (r.desired == Desired::Deleted && r.purge_state) {
                 continue;
             }
-            let Ok(other) = manifest_of(&r) else {
+            let Ok(other) = self.manifest(&r) else {
                 continue;
             };
             let found = names::conflicts_between(manifest, &other, &hosts);
