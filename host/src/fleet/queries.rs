@@ -11,7 +11,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use super::registry::{DeploymentKind, heartbeat_key, now_ms};
-use super::{Fleet, FleetError, Tenant, manifest_of};
+use super::{Fleet, FleetError, Tenant};
 use crate::api::{
     LocalPartition, LocalReadAnswer, LocalReadRequest, QueryAnswer, QueryEntry, QueryParams,
     QueryValue, WireRead,
@@ -75,6 +75,31 @@ impl Fleet {
             .clone()
     }
 
+    /// The manifest of `tenant`'s deployment `name` if it is a processor
+    /// with a store `store`: what a tenant may read.
+    fn readable(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        store: &str,
+    ) -> Result<std::sync::Arc<crate::manifest::Manifest>, FleetError> {
+        let r = self.own_record(tenant, name)?;
+        if r.kind == DeploymentKind::Sink {
+            return Err(FleetError::Invalid(format!(
+                "{name:?} is a sink: it has no stores (its rows are in its database)"
+            )));
+        }
+        let manifest = self.manifest(&r).map_err(FleetError::Manifest)?;
+        if !manifest.stores.iter().any(|s| s == store) {
+            return Err(FleetError::NoStore {
+                name: name.to_owned(),
+                store: store.to_owned(),
+                stores: manifest.stores.join(", "),
+            });
+        }
+        Ok(manifest)
+    }
+
     /// Checks that `tenant` may read `store` of its deployment `name`, and
     /// what the query needs.
     pub fn query_plan(
@@ -83,20 +108,7 @@ impl Fleet {
         name: &str,
         store: &str,
     ) -> Result<QueryPlan, FleetError> {
-        let r = self.own_record(tenant, name)?;
-        if r.kind == DeploymentKind::Sink {
-            return Err(FleetError::Invalid(format!(
-                "{name:?} is a sink: it has no stores (its rows are in its database)"
-            )));
-        }
-        let manifest = manifest_of(&r).map_err(FleetError::Manifest)?;
-        if !manifest.stores.iter().any(|s| s == store) {
-            return Err(FleetError::NoStore {
-                name: name.to_owned(),
-                store: store.to_owned(),
-                stores: manifest.stores.join(", "),
-            });
-        }
+        let manifest = self.readable(tenant, name, store)?;
         let probe = self.control.metadata()?;
         let partitions = stream::InputPartitions::new(&probe)
             .of_existing(&manifest)?
@@ -162,15 +174,7 @@ impl Fleet {
         partitions: &[i32],
         read: &Read,
     ) -> Result<Vec<(i32, PartitionRead)>, FleetError> {
-        let r = self.own_record(tenant, name)?;
-        let manifest = manifest_of(&r).map_err(FleetError::Manifest)?;
-        if !manifest.stores.iter().any(|s| s == store) {
-            return Err(FleetError::NoStore {
-                name: name.to_owned(),
-                store: store.to_owned(),
-                stores: manifest.stores.join(", "),
-            });
-        }
+        let manifest = self.readable(tenant, name, store)?;
         let Some(stores) = &self.options.queries else {
             return Ok(partitions
                 .iter()
@@ -194,20 +198,7 @@ impl Fleet {
         store: &str,
         key: &str,
     ) -> Result<QueryAnswer, FleetError> {
-        let r = self.own_record(tenant, name)?;
-        if r.kind == DeploymentKind::Sink {
-            return Err(FleetError::Invalid(format!(
-                "{name:?} is a sink: it has no stores (its rows are in its database)"
-            )));
-        }
-        let manifest = manifest_of(&r).map_err(FleetError::Manifest)?;
-        if !manifest.stores.iter().any(|s| s == store) {
-            return Err(FleetError::NoStore {
-                name: name.to_owned(),
-                store: store.to_owned(),
-                stores: manifest.stores.join(", "),
-            });
-        }
+        let manifest = self.readable(tenant, name, store)?;
         let topic = stream::changelog_topic(&manifest, store);
         let found: Vec<(i32, Vec<u8>)> =
             changelog::query(self.control.connection(), &topic, key.as_bytes())?;

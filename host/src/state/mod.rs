@@ -710,7 +710,7 @@ impl From<StateError> for AccessError {
 
 /// The smallest key greater than every key starting with `prefix`, or `None`
 /// if there is none (the prefix is empty or all 0xff).
-fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {

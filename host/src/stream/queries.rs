@@ -16,10 +16,10 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::state::StateError;
 use crate::state::rocks::StoreReader;
 use crate::state::window;
 pub use crate::state::window::decode as decode_window;
+use crate::state::{StateError, prefix_successor};
 use crate::types::Entry;
 
 /// Most entries one range or window read returns per partition (and, the
@@ -233,7 +233,7 @@ fn read_one(r: &StoreReader, store: &str, read: &Read) -> Option<Result<Vec<Entr
             (*limit).min(MAX_ENTRIES),
         ),
         Read::Prefix { prefix, limit } => {
-            let end = prefix_end(prefix);
+            let end = prefix_successor(prefix);
             r.range(
                 store,
                 Bound::Included(prefix),
@@ -259,19 +259,6 @@ fn read_one(r: &StoreReader, store: &str, read: &Read) -> Option<Result<Vec<Entr
             )
         }
     }
-}
-
-/// The first key after every key that starts with `prefix` (`None`: no
-/// such key, the prefix is all 0xFF).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xFF {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -372,12 +359,5 @@ mod tests {
             .expect("read");
         assert!(matches!(r[0].1, PartitionRead::Waking), "{r:?}");
         assert!(wake.load(Ordering::Relaxed));
-    }
-
-    #[test]
-    fn prefix_end_carries_past_0xff() {
-        assert_eq!(prefix_end(b"a"), Some(b"b".to_vec()));
-        assert_eq!(prefix_end(&[0x61, 0xFF]), Some(vec![0x62]));
-        assert_eq!(prefix_end(&[0xFF, 0xFF]), None);
     }
 }
