@@ -161,11 +161,20 @@ impl Query {
         let mut why: BTreeMap<i32, String> = BTreeMap::new();
         loop {
             let owners = self.fleet.owners(&self.tenant, &self.name);
-            let mut asks: BTreeMap<Peer, Vec<i32>> = BTreeMap::new();
+            // By host: the peer, and the partitions asked of it.
+            let mut asks: BTreeMap<String, (Peer, Vec<i32>)> = BTreeMap::new();
+            let mut ask_of = |peer: &Peer, p: i32| {
+                let (_, asked) = asks
+                    .entry(peer.host.clone())
+                    .or_insert_with(|| (peer.clone(), Vec::new()));
+                if !asked.contains(&p) {
+                    asked.push(p);
+                }
+            };
             let mut unowned = Vec::new();
             for &p in &pending {
                 match owners.owners.get(&p) {
-                    Some(peer) => asks.entry(peer.clone()).or_default().push(p),
+                    Some(peer) => ask_of(peer, p),
                     None => unowned.push(p),
                 }
             }
@@ -180,13 +189,19 @@ impl Query {
                     },
                 );
             }
-            // Asking a host where the deployment hibernates wakes it.
-            if !unowned.is_empty() {
-                for peer in &owners.hibernating {
-                    asks.entry(peer.clone()).or_default().extend(&unowned);
+            // Asking a host where the deployment hibernates wakes it. This
+            // host's own tasks are asked too: it may own a partition its
+            // status does not say yet (it publishes every 2 s).
+            let me = Peer {
+                host: self.plan.me.clone(),
+                api: String::new(),
+            };
+            for peer in owners.hibernating.iter().chain([&me]) {
+                for &p in &unowned {
+                    ask_of(peer, p);
                 }
             }
-            let calls = asks.into_iter().map(|(peer, partitions)| async move {
+            let calls = asks.into_values().map(|(peer, partitions)| async move {
                 let answer = self.ask(&peer, partitions.clone()).await;
                 (peer, partitions, answer)
             });
@@ -217,6 +232,8 @@ impl Query {
                         }
                         "restoring" => format!("host {} is restoring its stores", a.host),
                         "waking" => format!("waking on host {} (it hibernated)", a.host),
+                        // Asked only in case: the reason found above stays.
+                        _ if unowned.contains(&lp.partition) => continue,
                         _ => format!("moving: host {} no longer holds it", a.host),
                     };
                     why.insert(lp.partition, reason);
