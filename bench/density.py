@@ -753,9 +753,10 @@ def report(raw: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def host_arguments(ap: argparse.ArgumentParser) -> None:
+    """The arguments every one-host benchmark takes (density, query): the
+    broker, the binaries, the wallet's component, the broker's run dir."""
     target = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache/onceflow/target")) / "debug"
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bootstrap-servers", required=True)
     ap.add_argument("--onceflow", default=os.environ.get("ONCEFLOW_BIN", str(target / "onceflow")),
                     help="the host binary (default: ONCEFLOW_BIN, else the dev build)")
@@ -765,6 +766,21 @@ def main() -> int:
                     help="the wallet's component (`onceflow build examples/wallet`)")
     ap.add_argument("--kafka-dir", default=os.environ.get("ONCEFLOW_KAFKA_DIR", ""),
                     help="scripts/kafka's run dir (the broker's pid; default: ONCEFLOW_KAFKA_DIR)")
+
+
+def check_host_arguments(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.kafka_dir:
+        ap.error("--kafka-dir (or ONCEFLOW_KAFKA_DIR) is needed: the broker's pid is in its node-1/pid")
+    for what, path in (("the host (--onceflow, ONCEFLOW_BIN)", args.onceflow),
+                       ("bench-tool (--bench-tool, ONCEFLOW_BENCH_TOOL)", args.bench_tool),
+                       ("the wallet's component (--wallet)", args.wallet)):
+        if not Path(path).is_file():
+            ap.error(f"{what}: {path} does not exist")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    host_arguments(ap)
     ap.add_argument("--stages", default=None, help=f"deployments on the host after each stage (default {STAGES})")
     ap.add_argument("--quick", action="store_true", help=f"stages {QUICK_STAGES}")
     ap.add_argument("--trickle", type=int, default=20, help="payments to each deployment after each stage")
@@ -792,13 +808,7 @@ def main() -> int:
         ap.error(f"--stages {spec!r}: expected increasing numbers, e.g. {STAGES}")
     if any(b <= a for a, b in zip([0] + args.stages, args.stages)):
         ap.error(f"--stages {spec!r}: expected increasing numbers above 0, e.g. {STAGES}")
-    if not args.kafka_dir:
-        ap.error("--kafka-dir (or ONCEFLOW_KAFKA_DIR) is needed: the broker's pid is in its node-1/pid")
-    for what, path in (("the host (--onceflow, ONCEFLOW_BIN)", args.onceflow),
-                       ("bench-tool (--bench-tool, ONCEFLOW_BENCH_TOOL)", args.bench_tool),
-                       ("the wallet's component (--wallet)", args.wallet)):
-        if not Path(path).is_file():
-            ap.error(f"{what}: {path} does not exist")
+    check_host_arguments(ap, args)
 
     def terminate(signum, _frame):
         raise SystemExit(128 + signum)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import signal
@@ -41,7 +40,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import REPO, log  # noqa: E402
-from density import TENANT, Density, Failure, percentiles, proc_status  # noqa: E402
+from density import (  # noqa: E402
+    TENANT,
+    Density,
+    Failure,
+    check_host_arguments,
+    host_arguments,
+    percentiles,
+    proc_status,
+)
 
 MASK = (1 << 64) - 1
 
@@ -196,13 +203,8 @@ class QueryBench(Density):
 
 
 def main() -> int:
-    target = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache/onceflow/target")) / "debug"
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bootstrap-servers", required=True)
-    ap.add_argument("--onceflow", default=os.environ.get("ONCEFLOW_BIN", str(target / "onceflow")))
-    ap.add_argument("--bench-tool", default=os.environ.get("ONCEFLOW_BENCH_TOOL", str(target / "bench-tool")))
-    ap.add_argument("--wallet", default=str(REPO / "examples/wallet/target/onceflow/wallet.wasm"))
-    ap.add_argument("--kafka-dir", default=os.environ.get("ONCEFLOW_KAFKA_DIR", ""))
+    host_arguments(ap)
     ap.add_argument("--accounts", type=int, default=1_000_000,
                     help="accounts filled (1000000: about 100 MB of state; 10000000: about 1 GB)")
     ap.add_argument("--partitions", type=int, default=4)
@@ -215,11 +217,8 @@ def main() -> int:
     ap.add_argument("--suffix", default="")
     ap.add_argument("--host-arg", action="append", default=[], metavar="ARG")
     args = ap.parse_args()
-    if not args.kafka_dir:
-        ap.error("--kafka-dir (or ONCEFLOW_KAFKA_DIR) is needed: the broker's pid is in its node-1/pid")
-    for what, path in (("the host", args.onceflow), ("bench-tool", args.bench_tool), ("the wallet", args.wallet)):
-        if not Path(path).is_file():
-            ap.error(f"{what}: {path} does not exist")
+    check_host_arguments(ap, args)
+
     def terminate(signum, _frame):
         raise SystemExit(128 + signum)
 

@@ -688,7 +688,16 @@ async fn query(
 ) -> ApiResult<Response> {
     let tenant = tenant_of(&fleet, &headers)?;
     let auth = headers.get(header::AUTHORIZATION).cloned();
-    let answer = queries::answer(fleet, work, peers, tenant, auth, name, store, params).await?;
+    let who = queries::Asker {
+        fleet,
+        work,
+        peers,
+        tenant,
+        auth,
+        name,
+        store,
+    };
+    let answer = queries::answer(who, params).await?;
     Ok(axum::Json(answer).into_response())
 }
 

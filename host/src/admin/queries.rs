@@ -60,32 +60,36 @@ impl Peers {
     }
 }
 
-/// What one query asks, and of whom.
+/// Who asks a query, of which store, and through what.
+pub(super) struct Asker {
+    pub(super) fleet: Arc<Fleet>,
+    pub(super) work: Arc<TenantWork>,
+    pub(super) peers: Arc<Peers>,
+    pub(super) tenant: Tenant,
+    /// The caller's `Authorization`, passed on to the other hosts.
+    pub(super) auth: Option<HeaderValue>,
+    pub(super) name: String,
+    pub(super) store: String,
+}
+
+/// A query under way: who asks, what the store is, and what is read.
 struct Query {
-    fleet: Arc<Fleet>,
-    work: Arc<TenantWork>,
-    peers: Arc<Peers>,
-    tenant: Tenant,
-    auth: Option<HeaderValue>,
-    name: String,
-    store: String,
+    who: Asker,
     plan: QueryPlan,
     read: WireRead,
 }
 
 /// Answers a query from the owners' stores (or, with
 /// `source=changelog`, from a scan of the changelog).
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn answer(
-    fleet: Arc<Fleet>,
-    work: Arc<TenantWork>,
-    peers: Arc<Peers>,
-    tenant: Tenant,
-    auth: Option<HeaderValue>,
-    name: String,
-    store: String,
-    params: QueryParams,
-) -> ApiResult<QueryAnswer> {
+pub(super) async fn answer(who: Asker, params: QueryParams) -> ApiResult<QueryAnswer> {
+    let Asker {
+        fleet,
+        work,
+        tenant,
+        name,
+        store,
+        ..
+    } = &who;
     match params.source.as_deref() {
         None | Some("stores") => {}
         Some("changelog") => {
@@ -96,10 +100,9 @@ pub(super) async fn answer(
                 )
                 .into());
             }
+            let (f, t, n, s) = (fleet.clone(), tenant.clone(), name.clone(), store.clone());
             return work
-                .run(&tenant.name.clone(), move || {
-                    fleet.query_changelog(&tenant, &name, &store, &key)
-                })
+                .run(&tenant.name, move || f.query_changelog(&t, &n, &s, &key))
                 .await;
         }
         Some(other) => {
@@ -133,20 +136,14 @@ pub(super) async fn answer(
         }
         _ => {}
     }
-    let q = Query {
-        fleet,
-        work,
-        peers,
-        tenant,
-        auth,
-        name,
-        store,
-        plan,
-        read,
-    };
+    let q = Query { who, plan, read };
     let (found, hosts) = q.gather().await?;
     Ok(fleet::merge_answer(
-        &q.store, &params, &q.read, found, hosts,
+        &q.who.store,
+        &params,
+        &q.read,
+        found,
+        hosts,
     )?)
 }
 
@@ -160,7 +157,7 @@ impl Query {
         let mut hosts = BTreeSet::new();
         let mut why: BTreeMap<i32, String> = BTreeMap::new();
         loop {
-            let owners = self.fleet.owners(&self.tenant, &self.name);
+            let owners = self.who.fleet.owners(&self.who.tenant, &self.who.name);
             // By host: the peer, and the partitions asked of it.
             let mut asks: BTreeMap<String, (Peer, Vec<i32>)> = BTreeMap::new();
             let mut ask_of = |peer: &Peer, p: i32| {
@@ -257,8 +254,8 @@ impl Query {
                     format!(
                         "store {:?} of {:?} did not answer in full within {} s ({}): retry \
                          shortly",
-                        self.store,
-                        self.name,
+                        self.who.store,
+                        self.who.name,
                         QUERY_WAIT.as_secs(),
                         waits.join("; ")
                     ),
@@ -277,14 +274,15 @@ impl Query {
         };
         if peer.host == self.plan.me {
             let (f, t, n, s) = (
-                self.fleet.clone(),
-                self.tenant.clone(),
-                self.name.clone(),
-                self.store.clone(),
+                self.who.fleet.clone(),
+                self.who.tenant.clone(),
+                self.who.name.clone(),
+                self.who.store.clone(),
             );
             return self
+                .who
                 .work
-                .run(&self.tenant.name, move || {
+                .run(&self.who.tenant.name, move || {
                     f.read_local_wire(&t, &n, &s, &req)
                 })
                 .await
@@ -300,11 +298,11 @@ impl Query {
         let url = format!(
             "{}/v1/internal/deployments/{}/state/{}",
             peer.api.trim_end_matches('/'),
-            self.name,
-            self.store
+            self.who.name,
+            self.who.store
         );
-        let mut request = self.peers.client.post(&url).json(&req);
-        if let Some(auth) = &self.auth {
+        let mut request = self.who.peers.client.post(&url).json(&req);
+        if let Some(auth) = &self.who.auth {
             request = request.header(reqwest::header::AUTHORIZATION, auth.as_bytes());
         }
         let response = request.send().await.map_err(|e| format!("{url}: {e}"))?;
