@@ -31,7 +31,8 @@ pub struct ErrorBody {
 pub struct Health {
     /// The answering host's id.
     pub host: String,
-    /// `ok`.
+    /// `ok`, or `draining` (answered with 503: the host was asked to stop
+    /// and takes no new work; a load balancer sends writes elsewhere).
     pub status: String,
 }
 

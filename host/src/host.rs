@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::admin::{ServerTls, TlsError, TlsFiles};
 use crate::fleet::{ControlPlane, Fleet, FleetError, Tenants, TenantsFile};
@@ -43,6 +43,12 @@ pub struct HostConfig {
     pub advertise_url: Option<String>,
     /// The CA that signed the other hosts' certificates, when private.
     pub peer_ca: Option<std::path::PathBuf>,
+    /// How long a drain may take ([`Host::wait`]): past it the host exits
+    /// with the deployments that have not stopped yet.
+    pub drain_timeout: Duration,
+    /// Tests only: how long a draining host refuses new work before it
+    /// stops its deployments (a window wide enough to see the refusal).
+    pub drain_hold: Duration,
 }
 
 /// Why a host could not start or stopped with an error.
@@ -68,6 +74,21 @@ pub enum HostError {
     /// The admin API's certificate cannot be used.
     #[error("cannot serve the admin API over HTTPS")]
     Tls(#[source] TlsError),
+    /// The drain did not finish within `--drain-timeout`.
+    #[error(
+        "the drain did not finish within --drain-timeout {timeout_s} s: {} deployment(s) had not \
+         stopped ({}). Nothing is lost: their open transactions are aborted (fenced) when the \
+         other hosts take their partitions. If a drain needs longer (large stores, slow \
+         commits), raise --drain-timeout and the orchestrator's grace period with it",
+        still.len(),
+        still.join(", ")
+    )]
+    DrainTimeout {
+        /// The timeout, in seconds.
+        timeout_s: u64,
+        /// The deployments still stopping.
+        still: Vec<String>,
+    },
     /// The admin API's address could not be bound.
     #[error("cannot serve the admin API on {listen}")]
     Bind {
@@ -94,7 +115,16 @@ pub struct Host {
     pub fleet: Arc<Fleet>,
     listen: SocketAddr,
     control: Arc<ControlPlane>,
+    /// Set by SIGTERM/SIGINT: the host drains.
     shutdown: Arc<AtomicBool>,
+    /// Set when the drain stops the deployments: the reconciler stops them,
+    /// and their workers hand their partitions over.
+    stop: Arc<AtomicBool>,
+    /// Set when the deployments stopped (or the drain timed out): the
+    /// admin API stops.
+    api_stop: Arc<AtomicBool>,
+    drain_timeout: Duration,
+    drain_hold: Duration,
     runtime: tokio::runtime::Runtime,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     reconciler: JoinHandle<()>,
@@ -114,6 +144,8 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         sink_connections,
         advertise_url,
         peer_ca,
+        drain_timeout,
+        drain_hold,
     } = config;
     // The certificate first: a bad file is refused before any Kafka work.
     let tls = tls
@@ -141,6 +173,9 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         "onceflow host starting"
     );
     let artifacts = run.state_dir.join("artifacts");
+    // The drain's second step: the reconciler stops every deployment, and
+    // their workers leave their groups (`fleet/reconciler.rs`).
+    let stop = Arc::new(AtomicBool::new(false));
     // Every committed transaction records what it used (`fleet/usage.rs`).
     let run = RunOptions {
         usage_topic: Some(crate::fleet::registry::USAGE_TOPIC.to_owned()),
@@ -155,7 +190,7 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         tenants,
         sandbox,
         run,
-        shutdown.clone(),
+        stop.clone(),
         artifact_grace,
     );
     fleet.set_sink_connections(sink_connections);
@@ -179,20 +214,23 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
     let api_url = advertise_url.unwrap_or_else(|| advertised(scheme, listen));
     tracing::info!(url = %api_url, "other hosts reach this one at this address (--advertise-url)");
     fleet.set_api_url(api_url);
-    let stop = shutdown.clone();
-    let server = runtime.spawn(crate::admin::serve(
-        fleet.clone(),
-        listener,
-        tls,
-        peers,
-        async move {
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        },
-    ));
+    let api_stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let api_stop = api_stop.clone();
+        runtime.spawn(crate::admin::serve(
+            fleet.clone(),
+            listener,
+            tls,
+            peers,
+            async move {
+                while !api_stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        ))
+    };
     if let Some(file) = tenants_file {
-        runtime.spawn(watch_tenants(fleet.clone(), file, shutdown.clone()));
+        runtime.spawn(watch_tenants(fleet.clone(), file, stop.clone()));
     }
     let reconciler = {
         let fleet = fleet.clone();
@@ -209,6 +247,10 @@ pub fn start(config: HostConfig, shutdown: Arc<AtomicBool>) -> Result<Host, Host
         listen,
         control,
         shutdown,
+        stop,
+        api_stop,
+        drain_timeout,
+        drain_hold,
         runtime,
         server,
         reconciler,
@@ -269,8 +311,19 @@ impl Host {
         self.listen
     }
 
-    /// Runs until `shutdown` is set (or the admin API fails), then stops
-    /// every deployment at a commit boundary and returns.
+    /// Runs until `shutdown` is set (or the admin API fails), then drains
+    /// and returns.
+    ///
+    /// The drain (docs/operations.md, "Rolling upgrades"): the host takes
+    /// no new work (the API refuses writes with 503 and `/healthz` says
+    /// `draining`; the reconciler starts nothing), while it still answers
+    /// reads and queries. Every deployment then stops at once, in parallel:
+    /// its workers commit what they processed and leave their groups, so
+    /// that the other hosts take the partitions without waiting a session
+    /// (a worker keeps its static membership on any other stop). The API
+    /// stops last. A drain longer than `drain_timeout` ends with
+    /// [`HostError::DrainTimeout`]: the process exits, and what had not
+    /// stopped is fenced by the partitions' next owners, as after a crash.
     pub fn wait(self) -> Result<(), HostError> {
         while !self.shutdown.load(Ordering::Relaxed) {
             if self.server.is_finished() {
@@ -279,19 +332,60 @@ impl Host {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let served = self.runtime.block_on(self.server);
-        let _ = self.reconciler.join();
+        let began = Instant::now();
+        let deployments = self.fleet.start_draining();
+        tracing::info!(
+            deployments,
+            drain_timeout_s = self.drain_timeout.as_secs(),
+            "host draining: it takes no new work; committing and handing every deployment's \
+             partitions over to the other hosts"
+        );
+        if !self.drain_hold.is_zero() {
+            std::thread::sleep(self.drain_hold);
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        let deadline = began + self.drain_timeout;
+        while !self.reconciler.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let drained = self.reconciler.is_finished();
+        let still = if drained {
+            let _ = self.reconciler.join();
+            tracing::info!(
+                deployments,
+                ms = began.elapsed().as_millis() as u64,
+                "host drained: every deployment committed and handed its partitions over"
+            );
+            Vec::new()
+        } else {
+            self.fleet.still_running()
+        };
+        self.api_stop.store(true, Ordering::Relaxed);
+        let served = self
+            .runtime
+            .block_on(async { tokio::time::timeout(API_STOP_WAIT, self.server).await });
+        if !drained {
+            return Err(HostError::DrainTimeout {
+                timeout_s: self.drain_timeout.as_secs(),
+                still,
+            });
+        }
         self.control.close();
         match served {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(HostError::Io {
+            Err(_elapsed) => Ok(()),
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(source))) => Err(HostError::Io {
                 what: "the admin API stopped",
                 source,
             }),
-            Err(e) => Err(HostError::Io {
+            Ok(Err(e)) => Err(HostError::Io {
                 what: "the admin API task failed",
                 source: std::io::Error::other(e.to_string()),
             }),
         }
     }
 }
+
+/// How long the admin API's open requests may take once the deployments
+/// stopped.
+const API_STOP_WAIT: Duration = Duration::from_secs(10);

@@ -38,6 +38,9 @@ pub(crate) const ACME: &str = "acme-token-1";
 const GLOBEX: &str = "globex-token-2";
 pub(crate) const OPERATOR: &str = "operator-token-3";
 const INITECH: &str = "initech-token-4";
+const DENSE: &str = "dense-token-5";
+/// Deployments in CI's density round ([`q_a_short_density_round`]).
+const DENSITY_ROUND: usize = 10;
 
 /// The control-plane tests' own single-node cluster.
 #[path = "isolation.rs"]
@@ -88,6 +91,14 @@ fuel-per-record = 50000000
 cpu-share = {globex_cpu_share}
 
 [[tenant]]
+name = "dense"
+token-sha256 = "{}"
+[tenant.quotas]
+deployments = {DENSITY_ROUND}
+worker-threads = {DENSITY_ROUND}
+guest-memory-mb = 4096
+
+[[tenant]]
 name = "initech"
 token-sha256 = "{}"
 [tenant.quotas]
@@ -96,6 +107,7 @@ artifact-mb = 4
 "#,
         hash(OPERATOR),
         hash(GLOBEX),
+        hash(DENSE),
         hash(INITECH)
     )
 }
@@ -154,7 +166,11 @@ impl Fleet {
             .arg(&self.tenants)
             .arg("--state-dir")
             .arg(self.dir.path().join(format!("state-{label}")))
-            .args(["--session-timeout-ms", "6000"])
+            .args(if extra.contains(&"--session-timeout-ms") {
+                &[][..]
+            } else {
+                &["--session-timeout-ms", "6000"][..]
+            })
             .args(["--report-interval-ms", "1000"])
             .args(tls.map_or(Vec::new(), |t| {
                 vec![
@@ -299,6 +315,26 @@ impl HostProc {
         let _ = self.child.wait();
     }
 
+    /// Sends SIGTERM (the host drains) without waiting.
+    fn terminate(&self) {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+    }
+
+    /// `/healthz`'s status code and `status` field, if it answers.
+    fn health(&self) -> Option<(u16, String)> {
+        let r = self
+            .client
+            .get(format!("{}/healthz", self.server))
+            .send()
+            .ok()?;
+        let code = r.status().as_u16();
+        let body: Value = r.json().ok()?;
+        Some((code, body["status"].as_str().unwrap_or_default().to_owned()))
+    }
+
     pub(crate) fn stop(mut self) {
         // SAFETY: signalling our own child.
         unsafe {
@@ -390,6 +426,23 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Durat
         std::thread::sleep(Duration::from_millis(100));
     }
     started.elapsed()
+}
+
+/// The client ids of `group`'s members, as its coordinator lists them.
+fn group_client_ids(group: &str) -> Vec<String> {
+    use rdkafka::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster().bootstrap)
+        .create()
+        .expect("a client");
+    let list = reader
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .expect("describe the group");
+    list.groups()
+        .iter()
+        .flat_map(|g| g.members().iter().map(|m| m.client_id().to_owned()))
+        .collect()
 }
 
 /// Committed (read_committed-visible) records in a topic.
@@ -2244,6 +2297,11 @@ fn l_artifact_quota_and_collection() {
 }
 
 /// A memory figure of process `pid` (`VmHWM:`, `VmRSS:`), in MiB.
+/// The OS threads of process `pid`.
+fn thread_count(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count() as u64)
+}
+
 fn status_mb(pid: u32, field: &str) -> u64 {
     common::status_bytes(&format!("/proc/{pid}/status"), field) >> 20
 }
@@ -2418,12 +2476,21 @@ fn n_usage_exact_through_lost_commit_answers() {
 }
 
 /// The issue-42 drill "rolling restart of the hosts", as an upgrade of the
-/// host binary does it: every host of a 3-host fleet stopped (SIGTERM),
-/// down past its session (8 s: its partitions move, and the standbys
-/// `standby-replicas = 1` keeps take them over), then started again, one
-/// after another, under a steady load; `ONCEFLOW_ROLLING_PASSES` times
-/// (default 1; scripts/drill --rolling-hosts runs 2). Exact at the end;
-/// figures: restarts, standby takeovers, and the longest time the
+/// host binary does it, with issue 43's drain: every host of a 3-host fleet
+/// stopped (SIGTERM), down for 3 s, then started again, one after another,
+/// under a steady load; `ONCEFLOW_ROLLING_PASSES` times (default 1;
+/// scripts/drill --rolling-hosts runs 2).
+///
+/// Each stop is a drain: the host exits 0 having handed its partitions
+/// over, so the group no longer lists its workers the moment it exits.
+/// The sessions are 30 s long on purpose: a host that only closed its
+/// static members (as before the drain) would still be listed, its
+/// partitions waiting, for 30 s. The first drain is held 8 s
+/// (`--fault-drain-hold-ms`) to see its first step: `/healthz` answers 503
+/// `draining`, a deploy sent to it is refused with 503 naming the drain,
+/// and reads are still answered. Exact at the end; the standbys
+/// (`standby-replicas = 1`) take some partitions over; figures: restarts,
+/// standby takeovers, the longest drain, and the longest time the
 /// deployment's committed input did not move while payments waited (the
 /// bound asserted is loose, 60 s: the figure is the measure).
 #[test]
@@ -2438,8 +2505,20 @@ fn o_rolling_restart_of_the_hosts() {
         .unwrap_or(1);
     let fleet = Fleet::new();
     let names = ["r1", "r2", "r3"];
-    let mut hosts: Vec<Option<HostProc>> =
-        names.iter().map(|n| Some(fleet.start_host(n))).collect();
+    let start = |name: &str, hold: bool| -> HostProc {
+        let mut args = vec!["--host-id", name, "--session-timeout-ms", "30000"];
+        if hold {
+            args.extend(["--fault-drain-hold-ms", "8000"]);
+        }
+        let mut host = fleet.spawn_host(name, &cluster().bootstrap, &args);
+        host.wait_healthy(name, Duration::from_secs(90));
+        host
+    };
+    let mut hosts: Vec<Option<HostProc>> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Some(start(n, i == 0)))
+        .collect();
     let w = Wallet::in_tenant(cluster(), "acme", "acme.", "roll", "exactly_once_v2", 6);
     let text = std::fs::read_to_string(&w.manifest).expect("manifest");
     assert!(text.contains("commit-interval-ms = 100\n"), "{text}");
@@ -2477,10 +2556,11 @@ fn o_rolling_restart_of_the_hosts() {
     // The load, and a watch on the committed input: the longest stretch
     // with payments waiting and nothing committed.
     let restarts = 3 * passes as u64;
-    let per_restart = Duration::from_secs(15);
+    let per_restart = Duration::from_secs(10);
     let load_for = per_restart * restarts as u32 + Duration::from_secs(10);
     let stop_watch = std::sync::atomic::AtomicBool::new(false);
     let mut longest_stall = Duration::ZERO;
+    let mut longest_drain = 0u64;
     std::thread::scope(|scope| {
         let load = scope.spawn(|| produce_paced(&w, 1, 500 * load_for.as_secs(), load_for));
         let watch = scope.spawn(|| {
@@ -2501,11 +2581,48 @@ fn o_rolling_restart_of_the_hosts() {
         for pass in 0..passes {
             for (i, name) in names.iter().enumerate() {
                 let started = Instant::now();
-                hosts[i].take().expect("the host runs").stop();
-                std::thread::sleep(Duration::from_secs(8));
-                hosts[i] = Some(fleet.start_host(name));
+                let mut host = hosts[i].take().expect("the host runs");
+                host.terminate();
+                if pass == 0 && i == 0 {
+                    // The drain's first step (held 8 s): no new work.
+                    wait_for("r1 says it drains", Duration::from_secs(30), || {
+                        host.health()
+                            .is_some_and(|(code, status)| code == 503 && status == "draining")
+                    });
+                    let refused = host.refused(ACME, &["deploy", path(&w.manifest)]);
+                    assert!(
+                        refused.contains("is draining") && refused.contains("503"),
+                        "a deploy to a draining host: {refused}"
+                    );
+                    let d = host.json(ACME, &["describe", &w.name]);
+                    assert_eq!(d["name"], w.name.as_str(), "{d}");
+                }
+                let status = host.wait_exit(Duration::from_secs(90));
+                let log = host.log_text();
+                assert!(
+                    status.is_some_and(|s| s.success()),
+                    "{name} did not drain and exit 0 within 90 s ({status:?}):\n{log}"
+                );
+                let drain = log
+                    .lines()
+                    .rev()
+                    .find(|l| l.contains("host drained"))
+                    .and_then(|l| l.split("ms=").nth(1))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("{name} did not log its drain:\n{log}"));
+                longest_drain = longest_drain.max(drain);
+                // Handed over: its workers left the group (a closed static
+                // member stays listed for its 30 s session).
+                let members = group_client_ids(&w.app);
+                let instance = format!("-{name}-");
+                assert!(
+                    !members.iter().any(|c| c.contains(&instance)),
+                    "{name} exited but the group still lists its workers: {members:?}"
+                );
+                std::thread::sleep(Duration::from_secs(3));
+                hosts[i] = Some(start(name, false));
                 println!(
-                    "rolling pass {pass}: {name} restarted ({} ms)",
+                    "rolling pass {pass}: {name} drained in {drain} ms and restarted ({} ms)",
                     started.elapsed().as_millis()
                 );
                 if let Some(rest) = per_restart.checked_sub(started.elapsed()) {
@@ -2531,6 +2648,7 @@ fn o_rolling_restart_of_the_hosts() {
     figure("rolling_host_restarts", restarts);
     figure("rolling_standby_takeovers", takeovers);
     figure("rolling_records_verified", report.valid);
+    figure("rolling_longest_drain_ms", longest_drain);
     figure("rolling_longest_stall_ms", longest_stall.as_millis());
     assert_exact(&report, &produced, "rolling restarts of the hosts");
     assert!(
@@ -2541,12 +2659,14 @@ fn o_rolling_restart_of_the_hosts() {
         longest_stall < Duration::from_secs(60),
         "the deployment's input stood still for {longest_stall:?}"
     );
+    // The others drain first (their workers leave), so that the purge
+    // does not wait for their 30 s sessions.
     let last = hosts[0].take().expect("r1");
-    last.json(ACME, &["delete", &w.name, "--purge-state"]);
-    last.stop();
     for h in hosts.into_iter().flatten() {
         h.stop();
     }
+    last.json(ACME, &["delete", &w.name, "--purge-state"]);
+    last.stop();
 }
 
 /// Interactive queries from the owners' stores (issue 43, item 2): two
@@ -2722,4 +2842,95 @@ fn p_queries_are_answered_by_the_owners_stores() {
     figure("routed_query_retryable_answers", retryable);
     q1.json(ACME, &["delete", &w.name, "--purge-state"]);
     q1.stop();
+}
+
+/// CI's short density round (issue 43; `scripts/bench density` runs the
+/// stages up to 500 and keeps the figures): `DENSITY_ROUND` wallets of one
+/// tenant deployed on one host, each on its own 1-partition topics, with 5
+/// payments each; once all are processed they hibernate (after 6 s without
+/// input, the session's length); 5 more payments each wake them; every one
+/// is exact on its input. Figures, not judged: the host's RSS and threads
+/// per deployment once they hibernate, and the deploys' time.
+#[test]
+fn q_a_short_density_round() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let mut host = fleet.spawn_host(
+        "dense1",
+        &cluster().bootstrap,
+        &["--host-id", "dense1", "--hibernate-after-secs", "6"],
+    );
+    host.wait_healthy("dense1", Duration::from_secs(90));
+    let pid = host.child.id();
+    let (rss0, threads0) = (status_mb(pid, "VmRSS:"), thread_count(pid));
+    let wallets: Vec<Wallet> = (0..DENSITY_ROUND)
+        .map(|i| {
+            Wallet::in_tenant(
+                cluster(),
+                "dense",
+                "dense.",
+                &format!("d{i}"),
+                "exactly_once_v2",
+                1,
+            )
+        })
+        .collect();
+    let mut produced: Vec<Produced> = wallets.iter().map(|w| w.produce(0, 5, 10, None)).collect();
+    let started = Instant::now();
+    for w in &wallets {
+        host.json(DENSE, &["deploy", path(&w.manifest)]);
+    }
+    for w in &wallets {
+        w.wait_done(Duration::from_secs(180));
+    }
+    figure(
+        "density_round_deployed_and_processed_ms",
+        started.elapsed().as_millis(),
+    );
+    let asleep = || {
+        let list = host.json(DENSE, &["list"]);
+        list["deployments"].as_array().map_or(0, |d| {
+            d.iter()
+                .filter(|x| {
+                    x["hosts"]
+                        .as_array()
+                        .is_some_and(|h| h.iter().any(|s| s["hibernating"].as_bool() == Some(true)))
+                })
+                .count()
+        })
+    };
+    let waited = wait_for(
+        "every deployment of the round hibernates",
+        Duration::from_secs(180),
+        || asleep() == DENSITY_ROUND,
+    );
+    figure("density_round_hibernated_after_ms", waited.as_millis());
+    let per = |now: u64, before: u64| (now.saturating_sub(before)) as f64 / DENSITY_ROUND as f64;
+    figure(
+        "density_round_rss_mb_per_deployment",
+        format!("{:.1}", per(status_mb(pid, "VmRSS:"), rss0)),
+    );
+    figure(
+        "density_round_threads_per_deployment",
+        format!("{:.1}", per(thread_count(pid), threads0)),
+    );
+    // The trickle wakes them.
+    let woke = Instant::now();
+    for (w, p) in wallets.iter().zip(produced.iter_mut()) {
+        p.absorb(w.produce(5, 5, 10, None));
+    }
+    for w in &wallets {
+        w.wait_done(Duration::from_secs(180));
+    }
+    figure(
+        "density_round_woken_and_processed_ms",
+        woke.elapsed().as_millis(),
+    );
+    for (w, p) in wallets.iter().zip(&produced) {
+        assert_exact(&w.verify(false), p, &format!("density round, {}", w.name));
+    }
+    for w in &wallets {
+        host.json(DENSE, &["delete", &w.name, "--purge-state"]);
+    }
+    host.stop();
 }

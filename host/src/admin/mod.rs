@@ -92,7 +92,8 @@ pub fn status_of(e: &FleetError) -> StatusCode {
         FleetError::Kafka(_)
         | FleetError::Stream(_)
         | FleetError::Sink(_)
-        | FleetError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        | FleetError::Unavailable(_)
+        | FleetError::Draining { .. } => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -470,11 +471,17 @@ pub async fn serve(
     tls.serve(listener, app, shutdown, DRAIN).await
 }
 
-async fn healthz(State(fleet): State<Arc<Fleet>>) -> axum::Json<Health> {
-    axum::Json(Health {
+async fn healthz(State(fleet): State<Arc<Fleet>>) -> (StatusCode, axum::Json<Health>) {
+    let (code, status) = if fleet.draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else {
+        (StatusCode::OK, "ok")
+    };
+    let health = Health {
         host: fleet.host_id.clone(),
-        status: "ok".to_owned(),
-    })
+        status: status.to_owned(),
+    };
+    (code, axum::Json(health))
 }
 
 async fn metrics(State(fleet): State<Arc<Fleet>>, headers: HeaderMap) -> ApiResult<Response> {

@@ -378,6 +378,7 @@ impl KafkaArgs {
                 ))
             }),
             hibernation: None,
+            hand_over: None,
         })
     }
 
@@ -645,6 +646,18 @@ pub struct HostArgs {
     /// tenant's `artifact-mb`). Every host should be given the same value.
     #[arg(long, default_value_t = 3600)]
     pub artifact_grace_secs: u64,
+    /// How long the drain on SIGTERM/SIGINT may take (s): the host takes
+    /// no new work, commits and hands every deployment's partitions over,
+    /// then exits; past this it exits with an error naming what had not
+    /// stopped (fenced by the next owners, nothing lost). Give the
+    /// orchestrator a grace period above it. A second signal exits at once.
+    /// See docs/operations.md, "Rolling upgrades".
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub drain_timeout_secs: u64,
+    /// Tests only: how long a draining host refuses new work before it
+    /// stops its deployments (ms).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub fault_drain_hold_ms: u64,
     /// The database connections this host offers tenants' sinks (TOML:
     /// `[[postgres]]` name, connection, password-file, tenants; see
     /// docs/sink.md). Every host should be given the same file.

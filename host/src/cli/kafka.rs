@@ -28,7 +28,8 @@ fn on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(shutdown)
 }
 
-/// `onceflow host`: runs a fleet host until SIGTERM/SIGINT.
+/// `onceflow host`: runs a fleet host until SIGTERM/SIGINT, then drains
+/// ([`host::Host::wait`]).
 pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
     let (tenants_file, tenants) =
         TenantsFile::open(&a.tenants).map_err(|e| usage(error_chain(&e)))?;
@@ -61,6 +62,8 @@ pub fn cmd_host(a: HostArgs) -> anyhow::Result<ExitCode> {
         sink_connections,
         advertise_url: a.advertise_url,
         peer_ca: a.peer_ca,
+        drain_timeout: Duration::from_secs(a.drain_timeout_secs),
+        drain_hold: Duration::from_millis(a.fault_drain_hold_ms),
     };
     let running = host::start(config, shutdown).map_err(|e| match e {
         e @ (HostError::Bind { .. } | HostError::Tls(_) | HostError::PeerCa(_)) => {

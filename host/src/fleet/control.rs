@@ -249,6 +249,7 @@ impl ControlPlane {
             log_topics: Mutex::default(),
             stop: stop.clone(),
         });
+        let reading = Instant::now();
         let end_d = me.tail(DEPLOYMENTS_TOPIC, deployments.clone(), deadline)?;
         let end_s = me.tail(STATUS_TOPIC, statuses.clone(), deadline)?;
         let end_g = me.tail(GRANTS_TOPIC, grants.clone(), deadline)?;
@@ -260,6 +261,13 @@ impl ControlPlane {
                 "could not read the registry topics to their end within 30 s".to_owned(),
             ));
         }
+        tracing::info!(
+            deployments = end_d,
+            statuses = end_s,
+            grants = end_g,
+            ms = reading.elapsed().as_millis() as u64,
+            "read the control topics (records up to their ends)"
+        );
         Ok(me)
     }
 
@@ -303,6 +311,27 @@ impl ControlPlane {
         let (low, high) = kafka::watermarks(&consumer, topic, 0)?;
         kafka::assign(&consumer, &[(topic, 0, from(low, high))])?;
         Ok((consumer, (low, high)))
+    }
+
+    /// A reader of single-partition `topic` from its first record stamped
+    /// at or after `ts_ms` (its end when none is; its start for `ts_ms` 0
+    /// or less), and the offsets it starts and ends at.
+    pub(super) fn read_since(
+        &self,
+        topic: &str,
+        ts_ms: i64,
+    ) -> Result<(kafka::Reader, (i64, i64)), KafkaError> {
+        let consumer = self.reader()?;
+        let (low, high) = kafka::watermarks(&consumer, topic, 0)?;
+        let start = if ts_ms <= 0 {
+            low
+        } else {
+            kafka::offset_at_time(&consumer, topic, 0, ts_ms)?
+                .unwrap_or(high)
+                .clamp(low, high)
+        };
+        kafka::assign(&consumer, &[(topic, 0, Some(start))])?;
+        Ok((consumer, (start, high)))
     }
 
     /// Starts a thread that reads `topic` from the beginning into `view`

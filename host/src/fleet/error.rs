@@ -113,6 +113,15 @@ pub enum FleetError {
     /// The control topics did not answer as expected in time.
     #[error("{0}")]
     Unavailable(String),
+    /// The host drains (it was asked to stop) and takes no new work.
+    #[error(
+        "host {host} is draining (it was asked to stop: a restart or an upgrade) and takes no \
+         new work: send the request to another host of the fleet, or again once this one is back"
+    )]
+    Draining {
+        /// The host.
+        host: String,
+    },
     /// A local file could not be written or read.
     #[error("{what}")]
     Io {

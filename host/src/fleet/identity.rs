@@ -121,7 +121,7 @@ impl Fleet {
             tenant: String::new(),
             name: String::new(),
             version: 0,
-            state: "alive".to_owned(),
+            state: if self.draining() { "draining" } else { "alive" }.to_owned(),
             partitions: Vec::new(),
             lag: 0,
             records_per_s: 0.0,

@@ -41,7 +41,7 @@ mod usage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -126,7 +126,11 @@ pub struct Fleet {
     pub sandbox: Sandbox,
     options: RunOptions,
     running: Mutex<BTreeMap<String, Running>>,
+    /// Set when the host drains: the reconciler stops every deployment.
     shutdown: Arc<AtomicBool>,
+    /// Set when the host begins to drain ([`Fleet::start_draining`]): it
+    /// takes no new work.
+    draining: AtomicBool,
     duplicates: Mutex<identity::DuplicateWatch>,
     /// One lock per tenant, held from a deploy's quota check to its write:
     /// two deploys of one tenant on this host are admitted one after the
@@ -173,6 +177,7 @@ impl Fleet {
             options,
             running: Mutex::default(),
             shutdown,
+            draining: AtomicBool::new(false),
             duplicates: Mutex::default(),
             admissions: Mutex::default(),
             cpu_budgets: Mutex::default(),
@@ -183,6 +188,43 @@ impl Fleet {
             api_url: RwLock::default(),
             manifests: Mutex::default(),
         })
+    }
+
+    /// The host begins to drain (`host::Host::wait`): the API refuses
+    /// writes ([`Fleet::refuse_if_draining`]), `/healthz` says so, the
+    /// reconciler starts nothing more, and the host's heartbeat says
+    /// `draining`. Returns how many deployments run here.
+    pub fn start_draining(&self) -> usize {
+        self.draining.store(true, Ordering::Relaxed);
+        self.heartbeat();
+        self.control.flush();
+        self.running().len()
+    }
+
+    /// Whether the host drains.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Refuses a write (deploy, upload, pause, resume, delete) on a
+    /// draining host: the caller sends it to another host.
+    pub(crate) fn refuse_if_draining(&self) -> Result<(), FleetError> {
+        if self.draining() {
+            return Err(FleetError::Draining {
+                host: self.host_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The deployments whose threads have not stopped yet (a drain that
+    /// timed out names them).
+    pub fn still_running(&self) -> Vec<String> {
+        self.running()
+            .iter()
+            .filter(|(_, r)| r.thread.as_ref().is_some_and(|t| !t.is_finished()))
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     /// Offers these database connections to tenants' sinks

@@ -52,6 +52,11 @@ pub(super) struct Running {
     pub(super) record: DeploymentRecord,
     pub(super) metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
+    /// Set before `shutdown` when its workers should leave their groups as
+    /// they stop (`RunOptions::hand_over`): the host drains, or the
+    /// deployment is deleted. Unset, they keep their static memberships
+    /// (a pause, an upgrade: the same instance comes back).
+    hand_over: Arc<AtomicBool>,
     pub(super) thread: Option<JoinHandle<Result<(), FleetError>>>,
     state: RunState,
     recent_errors: Arc<Mutex<VecDeque<String>>>,
@@ -120,6 +125,8 @@ impl Fleet {
         let keys: Vec<String> = self.running().keys().cloned().collect();
         for key in &keys {
             if let Some(r) = self.running().get_mut(key) {
+                // The host drains: the other hosts take the partitions now.
+                r.hand_over.store(true, Ordering::Relaxed);
                 r.shutdown.store(true, Ordering::Relaxed);
             }
         }
@@ -203,6 +210,12 @@ impl Fleet {
                     }
                     tracing::info!(deployment = %key, version = r.record.version, "stopping at the next commit boundary");
                     r.state = RunState::Stopping;
+                    // Deleted: nothing comes back for its partitions, so its
+                    // workers leave (a purge then waits for no session).
+                    let deleted = desired
+                        .get(key)
+                        .is_none_or(|d| d.desired == Desired::Deleted);
+                    r.hand_over.store(deleted, Ordering::Relaxed);
                     r.shutdown.store(true, Ordering::Relaxed);
                 }
             } else if r.thread.is_none() && (r.state == RunState::Stopping || retry_failed) {
@@ -222,7 +235,10 @@ impl Fleet {
             }
         }
 
-        // Start what should run and does not.
+        // Start what should run and does not: not on a draining host.
+        if self.draining() {
+            return;
+        }
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.retain(|key| desired.get(key).is_some_and(|d| !known(&d.tenant)));
         for (key, d) in &desired {
@@ -259,6 +275,7 @@ impl Fleet {
     fn start(self: &Arc<Self>, record: DeploymentRecord) -> Running {
         let metrics = Arc::new(Metrics::default());
         let shutdown = Arc::new(AtomicBool::new(false));
+        let hand_over = Arc::new(AtomicBool::new(false));
         let recent_errors = Arc::new(Mutex::new(VecDeque::new()));
         tracing::info!(deployment = %record.key(), version = record.version, "starting");
         let thread = {
@@ -266,9 +283,13 @@ impl Fleet {
             let record = record.clone();
             let (metrics, shutdown, recent) =
                 (metrics.clone(), shutdown.clone(), recent_errors.clone());
+            let hand_over = hand_over.clone();
             std::thread::Builder::new()
                 .name(format!("deployment-{}", record.name))
                 .spawn(move || {
+                    // Every line its threads log names the deployment.
+                    let span = tracing::info_span!("deployment", name = %record.key());
+                    let _span = span.enter();
                     if record.kind == DeploymentKind::Sink {
                         return me.run_sink(&record, shutdown, metrics);
                     }
@@ -284,6 +305,7 @@ impl Fleet {
                         cpu_budget: me.cpu_budget(&record.tenant),
                         held_mb: memory.deployment.limit() >> 20,
                         tenant_memory: memory.tenant,
+                        hand_over: Some(hand_over),
                         ..me.options.clone()
                     };
                     stream::run_with_metrics(manifest, processor, options, shutdown, metrics)
@@ -302,6 +324,7 @@ impl Fleet {
             record,
             metrics,
             shutdown,
+            hand_over,
             thread,
             state,
             recent_errors,

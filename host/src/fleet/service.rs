@@ -45,6 +45,7 @@ impl Fleet {
     /// Checks a component (parses, allowed imports, expected exports,
     /// compiles) and stores it, chunked, in Kafka.
     pub fn upload(&self, tenant: &Tenant, bytes: &[u8]) -> Result<Uploaded, FleetError> {
+        self.refuse_if_draining()?;
         self.sandbox
             .load(bytes, ProcessorPolicy::default())
             .map_err(FleetError::Component)?;
@@ -98,6 +99,7 @@ impl Fleet {
         name: &str,
         req: DeployRequest,
     ) -> Result<(Deployed, DeploymentSummary), FleetError> {
+        self.refuse_if_draining()?;
         if req.manifest.len() > MAX_MANIFEST_BYTES {
             return Err(FleetError::TooLarge {
                 what: "the manifest".to_owned(),
@@ -237,6 +239,7 @@ impl Fleet {
         name: &str,
         config: &str,
     ) -> Result<(Deployed, DeploymentSummary), FleetError> {
+        self.refuse_if_draining()?;
         if config.len() > MAX_MANIFEST_BYTES {
             return Err(FleetError::TooLarge {
                 what: "the sink configuration".to_owned(),
@@ -380,20 +383,22 @@ impl Fleet {
         name: &str,
         desired: Desired,
     ) -> Result<DeploymentSummary, FleetError> {
+        self.refuse_if_draining()?;
         let r = self.write_desired(tenant, name, desired, false)?;
         Ok(summary(&r, &[]))
     }
 
     /// Deletes a deployment; with `purge_state`, once its workers have left
-    /// (this host's at once, the others' static memberships when their
-    /// sessions expire), drops its consumer group and changelogs too. Each
-    /// host drops its local stores itself.
+    /// (each host's leave the group as they stop; a hibernating one's
+    /// static members when their sessions expire), drops its consumer group
+    /// and changelogs too. Each host drops its local stores itself.
     pub fn delete(
         &self,
         tenant: &Tenant,
         name: &str,
         purge_state: bool,
     ) -> Result<Deleted, FleetError> {
+        self.refuse_if_draining()?;
         let r = self.write_desired(tenant, name, Desired::Deleted, purge_state)?;
         if purge_state {
             let key = r.key();

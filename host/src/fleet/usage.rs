@@ -24,6 +24,8 @@ use super::registry::USAGE_TOPIC;
 use crate::kafka::{self, KafkaError};
 use crate::types::{Usage, UsageRecord};
 
+/// How far before `since` a usage read starts, by the records' timestamps.
+const SEEK_SLACK_MS: i64 = 10 * 60 * 1000;
 /// How long reading the usage topic to its end may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -35,7 +37,13 @@ impl ControlPlane {
         tenant: Option<&str>,
         since_ms: i64,
     ) -> Result<BTreeMap<(String, String), Usage>, KafkaError> {
-        let (consumer, (low, end)) = self.read_from(USAGE_TOPIC, |low, _| Some(low))?;
+        // From where the records of `since_ms` begin, not the topic's
+        // start (400 days of it: a fleet's commits write hundreds of
+        // records a second). A record's timestamp is stamped when it is
+        // sent, after its `ts_ms`; `SEEK_SLACK_MS` covers hosts' clocks that
+        // disagree.
+        let (consumer, (low, end)) =
+            self.read_since(USAGE_TOPIC, since_ms.saturating_sub(SEEK_SLACK_MS))?;
         let mut totals: BTreeMap<(String, String), Usage> = BTreeMap::new();
         if end <= low {
             return Ok(totals);

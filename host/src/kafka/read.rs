@@ -172,6 +172,28 @@ pub(crate) fn watermarks<C: ConsumerContext>(
         .map_err(|e| KafkaError::client(format!("reading the bounds of {topic}/{partition}"), e))
 }
 
+/// The offset of `topic`'s `partition`'s first record stamped at or after
+/// `ts_ms` (Kafka's ListOffsets by time); `None` when none is.
+pub(crate) fn offset_at_time<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    ts_ms: i64,
+) -> Result<Option<i64>, KafkaError> {
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition_offset(topic, partition, rdkafka::Offset::Offset(ts_ms))
+        .map_err(|e| KafkaError::client(format!("asking {topic}/{partition} for a time"), e))?;
+    let found = consumer
+        .offsets_for_times(list, ADMIN_TIMEOUT)
+        .map_err(|e| KafkaError::client(format!("finding a time in {topic}/{partition}"), e))?;
+    Ok(found
+        .find_partition(topic, partition)
+        .and_then(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => Some(o),
+            _ => None,
+        }))
+}
+
 /// `topic`'s `partition`'s (low, high) watermarks as the consumer's last
 /// fetch from it saw them (librdkafka keeps them per partition), without
 /// asking the broker; `None` before the first fetch. For a read_committed

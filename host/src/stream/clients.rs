@@ -410,6 +410,7 @@ mod tests {
             hibernation: None,
             groups: None,
             queries: None,
+            hand_over: None,
         }
     }
 

@@ -293,6 +293,13 @@ pub struct RunOptions {
     /// The process's registry of tasks that answer interactive queries
     /// from their local stores (`queries.rs`); `None`: no queries.
     pub queries: Option<Arc<queries::LocalStores>>,
+    /// When this flag is set (a host draining: `onceflow host` on
+    /// SIGTERM), a worker that stops hands its partitions over: it leaves
+    /// the group, so that the other instances take them at once. Unset, or
+    /// `None`, a stopping worker keeps its static membership (KIP-345) and
+    /// its partitions wait one session for it: what a restart, an upgrade
+    /// of the deployment or hibernation want.
+    pub hand_over: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// The consumer group protocol of a deployment's workers.
@@ -375,6 +382,14 @@ impl Deployment {
     /// leave): the deployment stops, or hibernates.
     pub(crate) fn stopping(&self) -> bool {
         self.shutdown.load(Ordering::Relaxed) || self.hibernate.load(Ordering::Relaxed)
+    }
+
+    /// Whether stopping workers leave the group ([`RunOptions::hand_over`]).
+    pub(crate) fn handing_over(&self) -> bool {
+        self.options
+            .hand_over
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed))
     }
 }
 
@@ -517,9 +532,11 @@ fn run_session(
     let mut handles = Vec::new();
     for n in 0..d.manifest.processing.worker_threads {
         let (d, ended) = (d.clone(), Ended(ended.clone()));
+        let span = tracing::Span::current();
         let handle = std::thread::Builder::new()
             .name(format!("onceflow-worker-{n}"))
             .spawn(move || {
+                let _span = span.enter();
                 let _ended = ended;
                 worker::run_worker(&d, n)
             })
@@ -620,9 +637,13 @@ fn start_standby(
         return None;
     }
     let d = deployment.clone();
+    let span = tracing::Span::current();
     std::thread::Builder::new()
         .name("onceflow-standby".to_owned())
-        .spawn(move || standby::run(&d, owners))
+        .spawn(move || {
+            let _span = span.enter();
+            standby::run(&d, owners)
+        })
         .inspect_err(|e| {
             tracing::warn!(
                 "cannot start the standby thread ({e}): no standby replicas, and a dead host's \

@@ -136,6 +136,32 @@ enum Command {
         #[arg(long)]
         seconds: u64,
     },
+    /// A steady load over many topics from one producer (the rolling
+    /// drill's): `--rate` fill records a second to each topic, numbered
+    /// from 1 in each, until stdin closes; then flushes and prints what was
+    /// sent per topic.
+    ProduceMany {
+        #[arg(long, value_delimiter = ',', required = true)]
+        topics: Vec<String>,
+        #[arg(long)]
+        rate: u64,
+    },
+    /// The rolling-upgrade drill's measure. For each `group=topic` pair (a
+    /// deployment's consumer group and its input), polls the group's
+    /// committed offsets and the input's ends every `interval-ms`, from
+    /// when it prints `{"armed":true}` until stdin closes. Per partition:
+    /// the longest time its input waited (its end past the committed
+    /// offset) with the committed offset standing still, which covers the
+    /// time the partition had no owner and its new owner's restore; and
+    /// every such stall longer than `report-ms`, with when it began.
+    Stalls {
+        #[arg(long, value_delimiter = ',', required = true)]
+        pairs: Vec<String>,
+        #[arg(long, default_value_t = 250)]
+        interval_ms: u64,
+        #[arg(long, default_value_t = 2000)]
+        report_ms: i64,
+    },
     /// Count the records of `topic` (read_committed, up to the end of
     /// every partition) and their distinct keys; run once the contender
     /// stopped.
@@ -285,6 +311,19 @@ fn main() -> anyhow::Result<()> {
             &cli.bootstrap_servers,
             &topics,
             Duration::from_secs(seconds),
+        )?,
+        Command::ProduceMany { topics, rate } => {
+            produce_many(&cli.bootstrap_servers, &topics, rate)?
+        }
+        Command::Stalls {
+            pairs,
+            interval_ms,
+            report_ms,
+        } => stalls(
+            &cli.bootstrap_servers,
+            &pairs,
+            Duration::from_millis(interval_ms),
+            report_ms,
         )?,
         Command::Count {
             topic,
@@ -1167,6 +1206,193 @@ fn pauses(
         "max_pause_ms": max(&pause),
         "per_partition": per_partition,
         "window_ms": window.as_millis() as u64,
+    }))
+}
+
+/// See `Command::ProduceMany`.
+fn produce_many(
+    bootstrap: &str,
+    topics: &[String],
+    rate: u64,
+) -> anyhow::Result<serde_json::Value> {
+    use std::io::{Read as _, Write as _};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "500000")
+        .create()
+        .context("creating the producer")?;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = std::io::stdin().lock().read_to_end(&mut rest);
+        let _ = tx.send(());
+    });
+    println!("{}", json!({"armed": true}));
+    std::io::stdout().flush().context("stdout")?;
+    let started = Instant::now();
+    // Records sent to each topic so far (the same for all: one round each).
+    let mut sent = 0u64;
+    while rx.try_recv().is_err() {
+        let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+        while sent < due {
+            sent += 1;
+            let g = Kind::Fill.generate(sent);
+            for topic in topics {
+                let mut record = BaseRecord::<String, String>::to(topic)
+                    .key(&g.key)
+                    .payload(&g.value);
+                loop {
+                    match producer.send(record) {
+                        Ok(()) => break,
+                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                            record = r;
+                            producer.poll(Duration::from_millis(5));
+                        }
+                        Err((e, _)) => return Err(e).context("producing"),
+                    }
+                }
+            }
+        }
+        producer.poll(Duration::from_millis(20));
+    }
+    // What is not acknowledged by then is not in the inputs either: the
+    // drill counts the inputs themselves.
+    if let Err(e) = producer.flush(Duration::from_secs(120)) {
+        eprintln!("bench-tool: flushing the load: {e}");
+    }
+    Ok(json!({
+        "unacknowledged": producer.in_flight_count(),
+        "per_topic": sent,
+        "topics": topics.len(),
+        "seconds": started.elapsed().as_secs_f64(),
+    }))
+}
+
+/// See `Command::Stalls`.
+fn stalls(
+    bootstrap: &str,
+    pairs: &[String],
+    interval: Duration,
+    report_ms: i64,
+) -> anyhow::Result<serde_json::Value> {
+    use std::io::{Read as _, Write as _};
+    struct Watched {
+        group: String,
+        topic: String,
+        partitions: i32,
+        /// The group's own client: committed offsets are per group.
+        client: BaseConsumer,
+    }
+    let mut watched = Vec::new();
+    for pair in pairs {
+        let Some((group, topic)) = pair.split_once('=') else {
+            bail!("--pairs: expected group=topic, got {pair:?}");
+        };
+        let client: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            // Offsets as last committed, without waiting for a
+            // transaction in flight to end (KIP-447's stable offsets).
+            .set("isolation.level", "read_uncommitted")
+            .create()
+            .context("creating a group's reader")?;
+        watched.push(Watched {
+            group: group.to_owned(),
+            topic: topic.to_owned(),
+            partitions: partitions_of(bootstrap, topic)?,
+            client,
+        });
+    }
+    let ends_reader = reader(bootstrap)?;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = std::io::stdin().lock().read_to_end(&mut rest);
+        let _ = tx.send(());
+    });
+    println!("{}", json!({"armed": true}));
+    std::io::stdout().flush().context("stdout")?;
+    // Per (group, partition): the committed offset and since when.
+    let mut since: BTreeMap<(String, i32), (i64, i64)> = BTreeMap::new();
+    let mut longest: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut long_ones: Vec<serde_json::Value> = Vec::new();
+    let mut polls = 0u64;
+    while rx.try_recv().is_err() {
+        let started = Instant::now();
+        let mut ends = TopicPartitionList::new();
+        for w in &watched {
+            for p in 0..w.partitions {
+                ends.add_partition_offset(&w.topic, p, Offset::End)?;
+            }
+        }
+        let ends = match ends_reader.offsets_for_times(ends, Duration::from_secs(10)) {
+            Ok(ends) => ends,
+            Err(e) => {
+                eprintln!("bench-tool: ends: {e}");
+                continue;
+            }
+        };
+        for w in &watched {
+            let mut tpl = TopicPartitionList::new();
+            for p in 0..w.partitions {
+                tpl.add_partition(&w.topic, p);
+            }
+            let committed = match w.client.committed_offsets(tpl, Duration::from_secs(10)) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("bench-tool: committed offsets of {}: {e}", w.group);
+                    continue;
+                }
+            };
+            let now = now_ms();
+            for p in 0..w.partitions {
+                let at = |l: &TopicPartitionList| match l
+                    .find_partition(&w.topic, p)
+                    .map(|e| e.offset())
+                {
+                    Some(Offset::Offset(o)) => o,
+                    _ => 0,
+                };
+                let (c, end) = (at(&committed), at(&ends));
+                let key = (w.group.clone(), p);
+                let entry = since.entry(key.clone()).or_insert((c, now));
+                // Input waited past what was committed when last seen, for
+                // this long with no commit.
+                let stalled = if end > entry.0 { now - entry.1 } else { 0 };
+                let l = longest.entry(key).or_insert(0);
+                *l = (*l).max(stalled);
+                if c != entry.0 || c >= end {
+                    // Moved, or nothing waits: a stall (if any) ended.
+                    if stalled >= report_ms {
+                        long_ones.push(json!({
+                            "group": w.group, "partition": p,
+                            "from_ms": entry.1, "ms": stalled,
+                        }));
+                    }
+                    *entry = (c, now);
+                }
+            }
+        }
+        polls += 1;
+        if let Some(rest) = interval.checked_sub(started.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
+    let mut per_partition: Vec<serde_json::Value> = longest
+        .iter()
+        .map(|((g, p), ms)| json!({"group": g, "partition": p, "longest_stall_ms": ms}))
+        .collect();
+    per_partition.sort_by_key(|v| -v["longest_stall_ms"].as_i64().unwrap_or(0));
+    Ok(json!({
+        "max_stall_ms": longest.values().copied().max().unwrap_or(0),
+        "polls": polls,
+        "partitions": since.len(),
+        "worst": per_partition.into_iter().take(20).collect::<Vec<_>>(),
+        "stalls_over_report_ms": long_ones,
     }))
 }
 

@@ -194,9 +194,11 @@ impl Committer {
         let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
         let call = Arc::new(Mutex::new(None));
         let watched = Arc::clone(&call);
+        let span = tracing::Span::current();
         std::thread::Builder::new()
             .name(format!("onceflow-commit-{worker}"))
             .spawn(move || {
+                let _span = span.enter();
                 for job in inbox {
                     let mut outcome =
                         run_commit(&job.producer, job.offsets, Some(job.group), &watched);

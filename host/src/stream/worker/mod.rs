@@ -184,6 +184,9 @@ const MAX_POLL_BYTES: u64 = 32 << 20;
 /// While a commit is in flight the loop polls for at most this long, so
 /// that it sees the commit return soon.
 const COMMIT_POLL: Duration = Duration::from_millis(2);
+/// How long a worker that hands its partitions over waits for the revoke
+/// (see [`Session::hand_over`]); then it closes all the same.
+const HAND_OVER_WAIT: Duration = Duration::from_secs(10);
 
 /// Outputs of records processed while a commit is in flight wait in memory
 /// up to this many bytes; past it the worker waits for the commit.
@@ -297,9 +300,11 @@ impl Session {
         let producer_init = if d.exactly_once() {
             let (tx, rx) = std::sync::mpsc::channel();
             let (d, producer) = (d.clone(), producer.clone());
+            let span = tracing::Span::current();
             std::thread::Builder::new()
                 .name(format!("onceflow-init-{n}"))
                 .spawn(move || {
+                    let _span = span.enter();
                     // The receiver is gone only when the session ended.
                     let _ = tx.send(init_producer(&d, n, &producer));
                 })
@@ -618,11 +623,41 @@ impl Session {
             // owners.
             let _ = core.commit(&self.consumer)?;
         }
+        if self.d.handing_over() {
+            self.hand_over();
+        }
         // Dropping the consumer closes it: the revoke callback runs with no
         // open transaction and closes the tasks (their stores are up to
         // date with their changelog positions).
         tracing::info!("worker leaving the group");
         Ok(())
+    }
+
+    /// Gives the partitions to the group's other members before closing
+    /// (the host drains). A static member (KIP-345) that closes sends no
+    /// LeaveGroup, and its partitions would wait a session for it; one that
+    /// unsubscribes first has them revoked here (the revoke callback closes
+    /// the tasks, nothing being open) and then leaves, so the group
+    /// rebalances them at once. Records polled meanwhile are dropped: they
+    /// are past the committed offsets, where the next owner starts.
+    ///
+    /// Under KIP-848 (`--group-protocol consumer`) a static member's leave
+    /// is temporary (epoch -2): the brokers keep its partitions until its
+    /// session expires all the same (docs/operations.md, "Rolling upgrades").
+    fn hand_over(&mut self) {
+        let owned = |c: &BaseConsumer<WorkerContext>| c.assignment().map_or(0, |a| a.count());
+        tracing::info!(
+            partitions = owned(&self.consumer),
+            "handing the partitions over: leaving the group"
+        );
+        self.consumer.unsubscribe();
+        let deadline = Instant::now() + HAND_OVER_WAIT;
+        while owned(&self.consumer) > 0 && Instant::now() < deadline {
+            let _ = self.consumer.poll(Duration::from_millis(50));
+        }
+        if let Some(e) = lock(&self.core).failure.take() {
+            tracing::warn!("while handing the partitions over: {}", error_chain(&e));
+        }
     }
 }
 

@@ -461,9 +461,11 @@ impl Core {
         let options = self.d.options.clone();
         let worker = self.worker;
         let topic = self.d.manifest.sources().first().map(|t| t.to_string());
+        let span = tracing::Span::current();
         let spawned = std::thread::Builder::new()
             .name(format!("onceflow-fence-{worker}"))
             .spawn(move || {
+                let _span = span.enter();
                 for id in departed {
                     fence(&options, worker, &id, topic.as_deref());
                 }
