@@ -76,10 +76,11 @@ pub enum HostError {
     Tls(#[source] TlsError),
     /// The drain did not finish within `--drain-timeout`.
     #[error(
-        "the drain did not finish within --drain-timeout {timeout_s} s: {} deployment(s) had not \
-         stopped ({}). Nothing is lost: their open transactions are aborted (fenced) when the \
-         other hosts take their partitions. If a drain needs longer (large stores, slow \
-         commits), raise --drain-timeout and the orchestrator's grace period with it",
+        "the drain did not finish within --drain-timeout-secs {timeout_s}: {} deployment(s) had \
+         not stopped ({}). Nothing is lost: their open transactions are aborted when the other \
+         hosts fence them or at the transaction timeout (--transaction-timeout-ms). If a drain \
+         needs longer (large stores, slow commits), raise --drain-timeout-secs and the \
+         orchestrator's grace period with it",
         still.len(),
         still.join(", ")
     )]
@@ -365,6 +366,9 @@ impl Host {
             .runtime
             .block_on(async { tokio::time::timeout(API_STOP_WAIT, self.server).await });
         if !drained {
+            // Not draining any more: what takes its partitions from now on
+            // fences what is left of it.
+            self.fleet.drain_abandoned();
             return Err(HostError::DrainTimeout {
                 timeout_s: self.drain_timeout.as_secs(),
                 still,

@@ -2644,13 +2644,19 @@ fn o_rolling_restart_of_the_hosts() {
     let takeovers = logs
         .matches("taking over the partition's standby stores")
         .count();
+    // A drained host's workers committed before they left: nobody fences
+    // them (a late fence would hit the host back under the same id).
+    let fenced = logs.matches("fenced a departed instance's worker").count();
+    let spared = logs.matches("not fencing a departed worker").count();
     let report = w.verify(false);
     figure("rolling_host_restarts", restarts);
     figure("rolling_standby_takeovers", takeovers);
     figure("rolling_records_verified", report.valid);
     figure("rolling_longest_drain_ms", longest_drain);
     figure("rolling_longest_stall_ms", longest_stall.as_millis());
+    figure("rolling_departed_workers_not_fenced", spared);
     assert_exact(&report, &produced, "rolling restarts of the hosts");
+    assert_eq!(fenced, 0, "a drained host's workers were fenced:\n{logs}");
     assert!(
         takeovers > 0,
         "no standby took over a partition of a stopped host"

@@ -379,6 +379,7 @@ impl KafkaArgs {
             }),
             hibernation: None,
             hand_over: None,
+            draining: None,
         })
     }
 

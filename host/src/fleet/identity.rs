@@ -59,6 +59,8 @@ impl Fleet {
             .all()
             .into_iter()
             .filter(|s| s.host == self.host_id && s.incarnation != self.incarnation)
+            // A process that drained has stopped: no rival.
+            .filter(|s| s.state != super::DRAINED)
             .map(|s| ((s.tenant.clone(), s.name.clone()), s))
             .collect()
     }
@@ -114,14 +116,31 @@ impl Fleet {
         Ok(())
     }
 
-    /// Publishes this host's heartbeat.
+    /// Publishes this host's heartbeat: `alive`, or `draining`.
     pub(super) fn heartbeat(&self) {
+        self.heartbeat_saying(if self.draining() {
+            super::DRAINING
+        } else {
+            "alive"
+        });
+    }
+
+    /// The heartbeat a drained host leaves behind: `drained`. The hosts that
+    /// take its partitions after it exited read it to know that its workers
+    /// committed before they left (a cleared heartbeat read as a crash and
+    /// they fenced the workers of the host back under the same id); its
+    /// next incarnation does not watch it as a rival's ([`Self::check_unique_host_id`]).
+    pub(super) fn heartbeat_drained(&self) {
+        self.heartbeat_saying(super::DRAINED);
+    }
+
+    fn heartbeat_saying(&self, state: &str) {
         self.control.put_heartbeat(&HostStatus {
             host: self.host_id.clone(),
             tenant: String::new(),
             name: String::new(),
             version: 0,
-            state: if self.draining() { "draining" } else { "alive" }.to_owned(),
+            state: state.to_owned(),
             partitions: Vec::new(),
             lag: 0,
             records_per_s: 0.0,
@@ -174,7 +193,7 @@ impl Fleet {
             .statuses
             .all()
             .into_iter()
-            .filter(|s| now - s.updated_ms <= RECENT_MS)
+            .filter(|s| now - s.updated_ms <= RECENT_MS && s.state != super::DRAINED)
             .map(|s| s.host)
             .chain(std::iter::once(self.host_id.clone()))
             .collect();

@@ -64,6 +64,11 @@ use crate::stream::RunOptions;
 use reconciler::Running;
 use registry::DeploymentRecord;
 
+/// The state a draining host's heartbeat says.
+pub(crate) const DRAINING: &str = "draining";
+/// The state a host's heartbeat says once it drained and exited.
+pub(crate) const DRAINED: &str = "drained";
+
 /// The manifest a record carries. Its `[build]` paths mean nothing on a
 /// host; the name is for messages.
 pub fn manifest_of(record: &DeploymentRecord) -> Result<Manifest, ManifestError> {
@@ -168,6 +173,17 @@ impl Fleet {
         shutdown: Arc<AtomicBool>,
         artifact_grace: Duration,
     ) -> Arc<Self> {
+        // A host whose heartbeat says it drains commits before its workers
+        // leave: their partitions' next owners need not fence them.
+        let statuses = control.statuses.clone();
+        let options = RunOptions {
+            draining: Some(crate::stream::Draining(Arc::new(move |host: &str| {
+                statuses
+                    .get(&registry::heartbeat_key(host))
+                    .is_some_and(|s| s.state == DRAINING || s.state == DRAINED)
+            }))),
+            ..options
+        };
         Arc::new(Self {
             host_id: options.instance_id.clone(),
             incarnation: identity::new_incarnation(),
@@ -199,6 +215,14 @@ impl Fleet {
         self.heartbeat();
         self.control.flush();
         self.running().len()
+    }
+
+    /// The drain timed out and the process exits with deployments still
+    /// stopping: its heartbeat goes, so that the hosts that take their
+    /// partitions from now on fence them.
+    pub fn drain_abandoned(&self) {
+        self.control.clear_heartbeat(&self.host_id);
+        self.control.flush();
     }
 
     /// Whether the host drains.

@@ -137,7 +137,7 @@ impl Fleet {
             }
             self.control.clear_status_of(&key, &self.host_id);
         }
-        self.control.clear_heartbeat(&self.host_id);
+        self.heartbeat_drained();
         self.control.flush();
     }
 

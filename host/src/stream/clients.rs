@@ -411,6 +411,7 @@ mod tests {
             groups: None,
             queries: None,
             hand_over: None,
+            draining: None,
         }
     }
 

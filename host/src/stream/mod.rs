@@ -300,6 +300,23 @@ pub struct RunOptions {
     /// its partitions wait one session for it: what a restart, an upgrade
     /// of the deployment or hibernation want.
     pub hand_over: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Which instances (host ids) are draining: their workers commit before
+    /// they leave, so a partition's next owner does not fence them
+    /// (`worker::producer`, `Core::start_fencing`). Such a fence lands
+    /// seconds later, when the drained host may be back under the same id:
+    /// it fenced the new workers instead. `None`: every departed instance
+    /// is fenced.
+    pub draining: Option<Draining>,
+}
+
+/// Answers whether an instance (a host id) is draining ([`RunOptions::draining`]).
+#[derive(Clone)]
+pub struct Draining(pub Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Draining {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Draining(..)")
+    }
 }
 
 /// The consumer group protocol of a deployment's workers.

@@ -239,7 +239,7 @@ fn plan(
 }
 
 /// The instance in a worker's client id (`<application>-<instance>-<n>`).
-pub(super) fn instance_of<'a>(app: &str, client_id: &'a str) -> Option<&'a str> {
+pub(crate) fn instance_of<'a>(app: &str, client_id: &'a str) -> Option<&'a str> {
     let rest = client_id.strip_prefix(app)?.strip_prefix('-')?;
     let (instance, n) = rest.rsplit_once('-')?;
     n.parse::<u32>().ok()?;

@@ -1209,21 +1209,10 @@ fn pauses(
     }))
 }
 
-/// See `Command::ProduceMany`.
-fn produce_many(
-    bootstrap: &str,
-    topics: &[String],
-    rate: u64,
-) -> anyhow::Result<serde_json::Value> {
+/// Prints `{"armed":true}`; the receiver hears when stdin closes (the
+/// harness's signal to finish).
+fn armed_until_stdin_closes() -> anyhow::Result<std::sync::mpsc::Receiver<()>> {
     use std::io::{Read as _, Write as _};
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("partitioner", "murmur2_random")
-        .set("linger.ms", "5")
-        .set("queue.buffering.max.messages", "500000")
-        .create()
-        .context("creating the producer")?;
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         let mut rest = Vec::new();
@@ -1232,6 +1221,24 @@ fn produce_many(
     });
     println!("{}", json!({"armed": true}));
     std::io::stdout().flush().context("stdout")?;
+    Ok(rx)
+}
+
+/// See `Command::ProduceMany`.
+fn produce_many(
+    bootstrap: &str,
+    topics: &[String],
+    rate: u64,
+) -> anyhow::Result<serde_json::Value> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "500000")
+        .create()
+        .context("creating the producer")?;
+    let rx = armed_until_stdin_closes()?;
     let started = Instant::now();
     // Records sent to each topic so far (the same for all: one round each).
     let mut sent = 0u64;
@@ -1278,7 +1285,6 @@ fn stalls(
     interval: Duration,
     report_ms: i64,
 ) -> anyhow::Result<serde_json::Value> {
-    use std::io::{Read as _, Write as _};
     struct Watched {
         group: String,
         topic: String,
@@ -1308,14 +1314,7 @@ fn stalls(
         });
     }
     let ends_reader = reader(bootstrap)?;
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        let mut rest = Vec::new();
-        let _ = std::io::stdin().lock().read_to_end(&mut rest);
-        let _ = tx.send(());
-    });
-    println!("{}", json!({"armed": true}));
-    std::io::stdout().flush().context("stdout")?;
+    let rx = armed_until_stdin_closes()?;
     // Per (group, partition): the committed offset and since when.
     let mut since: BTreeMap<(String, i32), (i64, i64)> = BTreeMap::new();
     let mut longest: BTreeMap<(String, i32), i64> = BTreeMap::new();

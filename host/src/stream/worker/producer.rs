@@ -451,9 +451,25 @@ impl Core {
                 return;
             }
         };
+        let draining = |id: &str| {
+            let host = crate::stream::standby::instance_of(&app, id);
+            host.zip(self.d.options.draining.as_ref())
+                .is_some_and(|(host, draining)| (draining.0)(host))
+        };
         let departed: Vec<String> = previous
             .into_iter()
             .filter(|id| !members.iter().any(|m| m.client_id == *id))
+            .filter(|id| {
+                let clean = draining(id);
+                if clean {
+                    tracing::info!(
+                        worker = self.worker,
+                        transactional_id = %id,
+                        "not fencing a departed worker: its host drains (it committed before it left)"
+                    );
+                }
+                !clean
+            })
             .collect();
         if departed.is_empty() {
             return;
