@@ -74,7 +74,7 @@ pub enum HostError {
     /// The admin API's certificate cannot be used.
     #[error("cannot serve the admin API over HTTPS")]
     Tls(#[source] TlsError),
-    /// The drain did not finish within `--drain-timeout`.
+    /// The drain did not finish within `--drain-timeout-secs`.
     #[error(
         "the drain did not finish within --drain-timeout-secs {timeout_s}: {} deployment(s) had \
          not stopped ({}). Nothing is lost: their open transactions are aborted when the other \
