@@ -2477,7 +2477,7 @@ fn n_usage_exact_through_lost_commit_answers() {
 
 /// The issue-42 drill "rolling restart of the hosts", as an upgrade of the
 /// host binary does it, with issue 43's drain: every host of a 3-host fleet
-/// stopped (SIGTERM), down for 3 s, then started again, one after another,
+/// stopped (SIGTERM), down for 8 s, then started again, one after another,
 /// under a steady load; `ONCEFLOW_ROLLING_PASSES` times (default 1;
 /// scripts/drill --rolling-hosts runs 2).
 ///
@@ -2622,7 +2622,10 @@ fn o_rolling_restart_of_the_hosts() {
                     !members.iter().any(|c| c.contains(&instance)),
                     "{name} exited but the group still lists its workers: {members:?}"
                 );
-                std::thread::sleep(Duration::from_secs(3));
+                // Down long enough for the group to settle on the others: two
+                // rebalances a moment apart can abort librdkafka 2.12's consumer
+                // (confluentinc/librdkafka#5573, docs/operations.md "Known limits").
+                std::thread::sleep(Duration::from_secs(8));
                 hosts[i] = Some(start(name, false));
                 println!(
                     "rolling pass {pass}: {name} drained in {drain} ms and restarted ({} ms)",
