@@ -428,6 +428,15 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Durat
     started.elapsed()
 }
 
+/// Sets its flag when dropped, also while a panic unwinds.
+struct SetOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The client ids of `group`'s members, as its coordinator lists them.
 fn group_client_ids(group: &str) -> Vec<String> {
     use rdkafka::ClientConfig;
@@ -2565,6 +2574,9 @@ fn o_rolling_restart_of_the_hosts() {
     let mut longest_stall = Duration::ZERO;
     let mut longest_drain = 0u64;
     std::thread::scope(|scope| {
+        // A failed assertion below unwinds out of the scope, which waits
+        // for the watch: it must stop then too, or the suite hangs.
+        let _stop_watch = SetOnDrop(&stop_watch);
         let load = scope.spawn(|| produce_paced(&w, 1, 500 * load_for.as_secs(), load_for));
         let watch = scope.spawn(|| {
             let mut longest = Duration::ZERO;
