@@ -714,16 +714,7 @@ fn produce(
         if let Some(at) = r.timestamp {
             record = record.timestamp(at);
         }
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    producer.poll(Duration::from_millis(5));
-                }
-                Err((e, _)) => return Err(e).context("producing the input"),
-            }
-        }
+        send_waiting(&producer, record).context("producing the input")?;
         producer.poll(Duration::ZERO);
         count += 1;
     }
@@ -1224,6 +1215,23 @@ fn armed_until_stdin_closes() -> anyhow::Result<std::sync::mpsc::Receiver<()>> {
     Ok(rx)
 }
 
+/// Sends `record`, waiting while the producer's queue is full.
+fn send_waiting(
+    producer: &BaseProducer,
+    mut record: BaseRecord<'_, String, String>,
+) -> Result<(), KafkaError> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
 /// See `Command::ProduceMany`.
 fn produce_many(
     bootstrap: &str,
@@ -1248,19 +1256,10 @@ fn produce_many(
             sent += 1;
             let g = Kind::Fill.generate(sent);
             for topic in topics {
-                let mut record = BaseRecord::<String, String>::to(topic)
+                let record = BaseRecord::<String, String>::to(topic)
                     .key(&g.key)
                     .payload(&g.value);
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                            record = r;
-                            producer.poll(Duration::from_millis(5));
-                        }
-                        Err((e, _)) => return Err(e).context("producing"),
-                    }
-                }
+                send_waiting(&producer, record).context("producing")?;
             }
         }
         producer.poll(Duration::from_millis(20));
