@@ -41,6 +41,14 @@ stamp records with LogAppendTime, which the host carries to the outputs.
 A bench-tool producer takes ~0.5 s (connection, producer id) before its
 first record leaves, and records stamped at send would count that.
 
+After the last stage, the **restart** (issue 43, item 4; `--no-restart`
+skips it): the host is stopped with SIGTERM (it drains) and started again on
+the same registry and state directory; reported: the drain, how long the new
+start read the control topics (its log line; the status topic's end says
+how many status records the fleet wrote), the time until the admin API
+answers and until every deployment is `running` again, then one more
+trickle through all of them.
+
 At the end every deployment's audit topic is counted (`bench-tool count`):
 exactly one record per payment it was sent (the primer and a trickle per
 stage since it was deployed), every payment id once. The "per deployment"
@@ -275,7 +283,9 @@ class Density:
 
     # ---- phases ---------------------------------------------------------
 
-    def start_host(self) -> None:
+    def start_host(self, fresh: bool = True) -> None:
+        """Starts the host (`fresh`: on a broker with no registry yet) and
+        waits for its admin API."""
         # A host runs every deployment in the registry: a broker that has one
         # already would measure those too.
         try:
@@ -284,7 +294,7 @@ class Density:
             if "has no partitions" not in str(e):
                 raise
             held = {"records": 0}  # no registry topic yet: a fresh broker
-        if held["records"]:
+        if held["records"] and fresh:
             raise Failure(f"the broker at {self.args.bootstrap_servers} already holds a deployment registry "
                           f"({held['records']} records): the benchmark needs a fresh one (scripts/kafka down --purge)")
         most = max(self.args.stages)
@@ -347,6 +357,60 @@ class Density:
             log(f"the host did not stop within 120 s of SIGTERM: SIGKILL (pid {self.host.pid})")
             self.host.kill()
             self.host.wait()
+
+    def control_read(self) -> dict:
+        """The host's log line of its start that read the control topics:
+        how long it took and where their ends were (`ms`, `deployments`,
+        `statuses`, `grants`)."""
+        for line in self.host_log.read_text(errors="replace").splitlines():
+            if "read the control topics" in line:
+                return {k: int(v) for k, v in re.findall(r"\b(ms|deployments|statuses|grants)=(\d+)", line)}
+        return {}
+
+    def restart(self, deployed: int) -> dict:
+        """Issue 43, item 4: the host stopped (SIGTERM: it drains) and
+        started again on the same registry and state directory: the drain,
+        the new start's read of the control topics (its log line), the time
+        until the admin API answers and until every deployment is running
+        again; then a trickle through all of them."""
+        assert self.host is not None
+        first = self.control_read()
+        log(f"restart: stopping the host with {deployed} deployments (SIGTERM: it drains)")
+        t0 = time.time()
+        self.stop_host()
+        drain_s, code = time.time() - t0, self.host.returncode
+        self.host_log = self.work / "host-restarted.log"
+        t1 = time.time()
+        self.start_host(fresh=False)
+        api_s = time.time() - t1
+        deadline = t1 + self.args.start_timeout
+        running = 0
+        while time.time() < deadline:
+            self.check_host()
+            running = sum(1 for d in self.statuses().values() if d["status"] == "running")
+            if running >= deployed:
+                break
+            time.sleep(1)
+        back_s = time.time() - t1
+        if running < deployed:
+            raise Failure(f"restart: {running} of {deployed} deployments running {back_s:.0f} s after the "
+                          f"start; the host's last log lines:\n{self.host_tail()}")
+        read = self.control_read()
+        log(f"restart: drained in {drain_s:.1f} s (exit {code}); the control topics read in {read.get('ms')} ms; "
+            f"API after {api_s:.1f} s; {deployed} running after {back_s:.1f} s")
+        figures = self.raw["restart"] = {
+            "deployments": deployed,
+            "drain_s": round(drain_s, 1),
+            "exit_code": code,
+            "first_start_read": first,
+            "control_read": read,
+            "api_s": round(api_s, 1),
+            "all_running_s": round(back_s, 1),
+        }
+        self.write()  # kept if the trickle fails
+        time.sleep(SETTLE_SECONDS)
+        figures["produce_to_output"] = self.trickle("restart")
+        return figures
 
     def hibernating(self) -> int:
         """Deployments whose host says they hibernate."""
@@ -556,9 +620,10 @@ class Density:
         }
 
     def host_log_findings(self) -> dict:
-        try:
-            lines = self.host_log.read_text(errors="replace").splitlines()
-        except OSError:
+        lines = []
+        for path in sorted(self.work.glob("host*.log")):  # the first start's and the restart's
+            lines += path.read_text(errors="replace").splitlines()
+        if not lines:
             return {}
         found: dict[str, dict[str, int]] = {"WARN": {}, "ERROR": {}}
         for line in lines:
@@ -612,6 +677,9 @@ class Density:
                     f"{h['fds']} descriptors, {h['broker_connections']} broker connections, idle CPU "
                     f"{figures['idle_cpu_pct']:.1f}%, deploy p50 {deploy['latency_s']['p50']:.2f} s, "
                     f"produce-to-output p50 {output['latency_ms']['p50']} ms")
+            if self.args.restart and self.args.stages:
+                raw["restart"] = self.restart(self.args.stages[-1])
+                self.write()
             raw["exactness"] = self.exactness()
             log(f"exactly once: {'yes' if raw['exactness']['exact'] else 'NO'} "
                 f"({raw['exactness']['audit_records']:,} audit records of {raw['exactness']['payments']:,} payments)")
@@ -733,6 +801,21 @@ def report(raw: dict) -> str:
         named = ", ".join(f"`{k}` {v:.1f}" for v, k in per if v > 0.05)
         if named:
             lines.append(f"- The host's threads per deployment at {n}, by name: {named}.")
+    r = raw.get("restart")
+    if r:
+        read, first = r["control_read"], r.get("first_start_read", {})
+        out = r.get("produce_to_output")
+        lines.append(
+            f"- Restart at {r['deployments']} (issue 43, item 4): SIGTERM drained the host in {r['drain_s']:.1f} s "
+            f"(exit {r['exit_code']}); the new start read the control topics in {fmt(read.get('ms'), ',')} ms "
+            f"(their ends: deployments {fmt(read.get('deployments'), ',')}, statuses {fmt(read.get('statuses'), ',')}, "
+            f"grants {fmt(read.get('grants'), ',')}; the first start read them in {fmt(first.get('ms'), ',')} ms); "
+            f"the admin API answered {r['api_s']:.1f} s after the start, every deployment was running after "
+            f"{r['all_running_s']:.1f} s"
+            + (f"; then {out['records']:,} payments, produce-to-output p50 / p99 / max "
+               f"{fmt(out['latency_ms']['p50'], ',')} / {fmt(out['latency_ms']['p99'], ',')} / "
+               f"{fmt(out['latency_ms']['max'], ',')} ms." if out else "; the trickle after it did not finish.")
+        )
     ex = raw.get("exactness")
     if ex:
         lines.append(
@@ -785,6 +868,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help=f"stages {QUICK_STAGES}")
     ap.add_argument("--trickle", type=int, default=20, help="payments to each deployment after each stage")
     ap.add_argument("--idle-seconds", type=int, default=20)
+    ap.add_argument("--no-restart", dest="restart", action="store_false",
+                    help="skip the restart after the last stage (drain, re-read of the control topics, back up)")
     ap.add_argument("--hibernate-after", type=int, default=10, metavar="S",
                     help="the host's --hibernate-after-secs; the idle window is measured once every deployment "
                          "hibernates (0: never, the host as before hibernation; default 10)")

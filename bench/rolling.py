@@ -301,6 +301,8 @@ class Rolling(Density):
         wrong = [
             f"{self.name(i)}: {c['records']} audit records, {c['distinct_keys']} payment ids, "
             f"{inputs[i]['records']} payments ({inputs[i]['distinct_keys']} ids)"
+            + (f"; its audit topic is stable only up to {c['open_transactions']} (an open or hanging "
+               "transaction: see `kafka-transactions.sh describe-producers`)" if c.get("open_transactions") else "")
             for i, c in counted.items()
             if not (c["records"] == c["distinct_keys"] == inputs[i]["records"] == inputs[i]["distinct_keys"])
         ]

@@ -142,7 +142,20 @@ pub struct WorkerLoad {
     /// Its partitions whose records did not all reach it yet (see
     /// `stream::hibernate`): 0 when it has seen everything there is.
     pub unfetched: i64,
+    /// 1 while it holds work not committed yet: records polled and not
+    /// processed, an open or committing transaction, partitions restoring
+    /// or to be rewound after an abort. Summed by [`Metrics::load`], which
+    /// also counts a worker whose last report is older than
+    /// [`LOAD_REPORT_STALE`] (one blocked in a long call, such as
+    /// re-creating its producer after an abort).
+    pub unsettled: i64,
+    /// When the worker reported this (`None` in a sum).
+    pub reported: Option<std::time::Instant>,
 }
+
+/// A worker reports its load about every second from its loop: a report
+/// older than this means the loop is blocked.
+pub const LOAD_REPORT_STALE: Duration = Duration::from_secs(3);
 
 /// A deployment whose workers restarted this many times within
 /// [`FAILING_WINDOW`] is failing (a restart loop), whatever else it says.
@@ -238,6 +251,12 @@ impl Metrics {
             all.partitions.extend(&w.partitions);
             all.lag += w.lag;
             all.unfetched += w.unfetched;
+            all.unsettled += w.unsettled;
+            if w.reported
+                .is_some_and(|at| at.elapsed() > LOAD_REPORT_STALE)
+            {
+                all.unsettled += 1;
+            }
         }
         all
     }
@@ -530,6 +549,7 @@ pub fn latency_of(samples: &mut [u64]) -> Latency {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn percentiles() {
@@ -540,6 +560,36 @@ mod tests {
         assert_eq!(l.p99, Duration::from_micros(99));
         assert_eq!(l.max, Duration::from_micros(100));
         assert_eq!(latency_of(&mut []), Latency::default());
+    }
+
+    /// A worker with work in hand, or one that has not reported lately,
+    /// keeps its deployment from hibernating (`stream::hibernate`).
+    #[test]
+    fn a_worker_holding_work_or_silent_is_unsettled() {
+        let m = Metrics::default();
+        let now = Instant::now();
+        let settled = WorkerLoad {
+            reported: Some(now),
+            ..Default::default()
+        };
+        m.worker_load(0, settled.clone());
+        assert_eq!(m.load().unsettled, 0);
+        m.worker_load(
+            1,
+            WorkerLoad {
+                unsettled: 1,
+                ..settled.clone()
+            },
+        );
+        assert_eq!(m.load().unsettled, 1);
+        m.worker_load(
+            1,
+            WorkerLoad {
+                reported: Some(now - LOAD_REPORT_STALE - Duration::from_secs(1)),
+                ..settled
+            },
+        );
+        assert_eq!(m.load().unsettled, 1, "a silent worker counts as busy");
     }
 
     #[test]
@@ -553,6 +603,7 @@ mod tests {
                 partitions: [1, 2].into(),
                 lag: 7,
                 unfetched: 0,
+                ..Default::default()
             },
         );
         let mut registry = prometheus_client::registry::Registry::default();

@@ -292,12 +292,7 @@ impl ControlPlane {
     /// principal that may describe it look up its coordinator: it is under
     /// the internal prefix, as the control topics are (docs/kafka-security.md).
     pub(super) fn reader(&self) -> Result<kafka::Reader, KafkaError> {
-        self.conn.reader(
-            "_onceflow.control",
-            "read_committed",
-            50,
-            kafka::QuietContext::default(),
-        )
+        control_reader(&self.conn)
     }
 
     /// A reader of single-partition `topic` from offset `from` (`None`: its
@@ -354,10 +349,39 @@ impl ControlPlane {
             |_| self.read_from(topic, |_, _| None),
         )?;
         let stop = self.stop.clone();
+        let conn = self.conn.clone();
         std::thread::Builder::new()
             .name(format!("tail-{topic}"))
             .spawn(move || {
+                let mut consumer = consumer;
+                let mut stalled = Stalled::new();
                 while !stop.load(Ordering::Relaxed) {
+                    let progress = *view.progress.lock().unwrap_or_else(|e| e.into_inner());
+                    if stalled.due(progress) {
+                        // No record for a while: fine at the topic's end,
+                        // not below it. librdkafka 2.12 was seen to stop
+                        // fetching for good after its broker went away
+                        // ("new leader-1 not found in cache"), which froze
+                        // this host's view of the fleet (the rolling drill).
+                        let end = kafka::watermarks(&consumer, topic, 0).map(|(_, end)| end);
+                        if end.as_ref().map_or(true, |&end| end > progress) {
+                            match renew_reader(&conn, topic, progress) {
+                                Ok(fresh) => {
+                                    tracing::warn!(
+                                        topic,
+                                        position = progress,
+                                        end = ?end.as_ref().ok(),
+                                        "the control topic's reader made no progress for {} s \
+                                         below the topic's end: re-created it",
+                                        STALL_AFTER.as_secs()
+                                    );
+                                    consumer = fresh;
+                                }
+                                Err(e) => tracing::debug!(topic, "re-creating the reader: {e}"),
+                            }
+                        }
+                        stalled.checked(progress);
+                    }
                     match kafka::poll(&consumer, Duration::from_millis(100)) {
                         kafka::Polled::Record(m) => {
                             let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok())
@@ -490,4 +514,55 @@ pub(super) fn apply_record<T: DeserializeOwned>(
             ),
         },
     }
+}
+
+/// How long a control topic's reader may go without progress before its
+/// position is checked against the topic's end.
+const STALL_AFTER: Duration = Duration::from_secs(30);
+
+/// When a tail's reader last moved, and when that was last checked.
+struct Stalled {
+    progress: i64,
+    since: Instant,
+}
+
+impl Stalled {
+    fn new() -> Self {
+        Self {
+            progress: -1,
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether the reader has stood at `progress` for [`STALL_AFTER`].
+    fn due(&mut self, progress: i64) -> bool {
+        if progress != self.progress {
+            self.checked(progress);
+            return false;
+        }
+        self.since.elapsed() >= STALL_AFTER
+    }
+
+    /// Looked at: the next check is [`STALL_AFTER`] from now.
+    fn checked(&mut self, progress: i64) {
+        self.progress = progress;
+        self.since = Instant::now();
+    }
+}
+
+/// A new reader of single-partition `topic` from offset `from`.
+fn renew_reader(conn: &Connection, topic: &str, from: i64) -> Result<kafka::Reader, KafkaError> {
+    let consumer = control_reader(conn)?;
+    kafka::assign(&consumer, &[(topic, 0, Some(from))])?;
+    Ok(consumer)
+}
+
+/// A reader of the control topics (see [`ControlPlane::reader`]).
+fn control_reader(conn: &Connection) -> Result<kafka::Reader, KafkaError> {
+    conn.reader(
+        "_onceflow.control",
+        "read_committed",
+        50,
+        kafka::QuietContext::default(),
+    )
 }

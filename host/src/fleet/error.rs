@@ -132,3 +132,17 @@ pub enum FleetError {
         source: std::io::Error,
     },
 }
+
+impl FleetError {
+    /// Whether a deployment that stopped with this error may run if started
+    /// again later: the brokers did not answer, or not in time (an
+    /// overloaded or restarting broker). Anything else (a refusal, a bad
+    /// manifest, the `fail` policy) waits for a new version or `resume`.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            FleetError::Kafka(e) | FleetError::Stream(StreamError::Kafka(e)) => e.is_transient(),
+            FleetError::Unavailable(_) => true,
+            _ => false,
+        }
+    }
+}

@@ -66,7 +66,15 @@ pub(super) struct Running {
     published: Option<HostStatus>,
     /// When the status was last looked at.
     checked: Instant,
+    /// Failed on an error that may pass (the brokers did not answer): when
+    /// it is started again.
+    retry_at: Option<Instant>,
 }
+
+/// How long a deployment stopped by a transient broker error waits before
+/// it starts again ([`FleetError::is_transient`]): before, a timeout of one
+/// admin call on an overloaded broker failed it on that host for good.
+const TRANSIENT_RETRY: Duration = Duration::from_secs(10);
 
 /// How often a deployment's status is published when nothing in it
 /// changed (an idle or hibernating deployment): within the 10 s after which
@@ -178,6 +186,18 @@ impl Fleet {
                         tracing::warn!(deployment = %key, "deployment stopped with an error: {e}");
                     }
                     Ok(()) => r.state = RunState::Failed("stopped on its own".into()),
+                    Err(e) if e.is_transient() => {
+                        let e = crate::types::error_chain(&e);
+                        tracing::warn!(
+                            deployment = %key,
+                            version = r.record.version,
+                            "deployment stopped by the brokers' error; starting it again in {} s: {e}",
+                            TRANSIENT_RETRY.as_secs()
+                        );
+                        remember_error(&r.recent_errors, e.clone());
+                        r.state = RunState::Failed(e);
+                        r.retry_at = Some(Instant::now() + TRANSIENT_RETRY);
+                    }
                     Err(e) => {
                         let e = crate::types::error_chain(&e);
                         tracing::error!(deployment = %key, version = r.record.version, "deployment failed: {e}");
@@ -197,7 +217,8 @@ impl Fleet {
                     && d.updated_ms == r.record.updated_ms
                     && known(&d.tenant)
             });
-            let retry_failed = matches!(r.state, RunState::Failed(_)) && !keep;
+            let retry_failed = matches!(r.state, RunState::Failed(_))
+                && (!keep || r.retry_at.is_some_and(|at| Instant::now() >= at));
             if !keep && r.thread.is_some() {
                 if r.state != RunState::Stopping {
                     if !known(&r.record.tenant) {
@@ -332,6 +353,7 @@ impl Fleet {
             last: (Instant::now() - STATUS_INTERVAL, Snapshot::default()),
             published: None,
             checked: Instant::now() - STATUS_INTERVAL,
+            retry_at: None,
         }
     }
 

@@ -178,6 +178,55 @@ pub(crate) fn is_fencing(e: &ClientError) -> bool {
     )
 }
 
+impl KafkaError {
+    /// Whether the brokers may answer if asked again later: no answer in
+    /// time, a broker away, a leader or coordinator moving. Not a refusal
+    /// (authorization, a bad topic, a bad setting), which asking again
+    /// cannot cure.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            KafkaError::Timeout { .. } => true,
+            KafkaError::Client { source, .. } => source
+                .downcast_ref::<ClientError>()
+                .and_then(|e| match e {
+                    // (rdkafka reports no code for an admin call's error.)
+                    ClientError::AdminOp(code) => Some(*code),
+                    e => e.rdkafka_error_code(),
+                })
+                .is_some_and(|code| TRANSIENT.contains(&code)),
+            KafkaError::Topic { .. } | KafkaError::NotAuthorized { .. } => false,
+        }
+    }
+}
+
+/// The client's codes of a broker that may answer later.
+const TRANSIENT: [RDKafkaErrorCode; 11] = [
+    RDKafkaErrorCode::OperationTimedOut,
+    RDKafkaErrorCode::RequestTimedOut,
+    RDKafkaErrorCode::BrokerTransportFailure,
+    RDKafkaErrorCode::AllBrokersDown,
+    RDKafkaErrorCode::NetworkException,
+    RDKafkaErrorCode::LeaderNotAvailable,
+    RDKafkaErrorCode::NotLeaderForPartition,
+    RDKafkaErrorCode::NotCoordinator,
+    RDKafkaErrorCode::CoordinatorNotAvailable,
+    RDKafkaErrorCode::CoordinatorLoadInProgress,
+    RDKafkaErrorCode::NotEnoughReplicas,
+];
+
+/// Whether `e` says the group's coordinator moved or is not ready yet (a
+/// busy, restarting or re-electing broker): asked again, it answers.
+pub(crate) fn coordinator_moving(e: &ClientError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+        )
+    )
+}
+
 /// Whether an offset commit was refused because the group moved on: a
 /// rebalance began (a new generation), or the member's session expired
 /// (unknown member). Not fencing: the consumer rejoins by itself on its
@@ -215,6 +264,46 @@ mod tests {
         assert!(!is_stale_generation_txnerr("GETPID", line));
         let fenced = "Current transaction failed in state InTransaction: ... (PRODUCER_FENCED)";
         assert!(!is_stale_generation_txnerr("TXNERR", fenced));
+    }
+
+    /// `committed` of a group whose coordinator moved (what the drill's
+    /// overloaded broker answered) is asked again; a timeout and anything
+    /// else are not.
+    #[test]
+    fn a_moving_coordinator_is_asked_again() {
+        for code in [
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::CoordinatorNotAvailable,
+            RDKafkaErrorCode::CoordinatorLoadInProgress,
+        ] {
+            assert!(
+                coordinator_moving(&ClientError::MetadataFetch(code)),
+                "{code:?}"
+            );
+        }
+        for code in [
+            RDKafkaErrorCode::OperationTimedOut,
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+        ] {
+            assert!(
+                !coordinator_moving(&ClientError::MetadataFetch(code)),
+                "{code:?}"
+            );
+        }
+    }
+
+    /// A deployment that stopped on a broker's timeout is started again
+    /// (the rolling drill: an admin call timed out on an overloaded broker
+    /// and failed five deployments on a host for good); a refusal is not.
+    #[test]
+    fn timeouts_are_transient_and_refusals_are_not() {
+        let client = |code| KafkaError::client("describing topic t", ClientError::AdminOp(code));
+        assert!(client(RDKafkaErrorCode::OperationTimedOut).is_transient());
+        assert!(client(RDKafkaErrorCode::AllBrokersDown).is_transient());
+        assert!(KafkaError::timeout("x", "y").is_transient());
+        assert!(!client(RDKafkaErrorCode::TopicAuthorizationFailed).is_transient());
+        assert!(!client(RDKafkaErrorCode::InvalidConfig).is_transient());
+        assert!(!KafkaError::topic("t", "missing").is_transient());
     }
 
     /// A commit refused for a stale generation (a rebalance began) used to

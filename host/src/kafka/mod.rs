@@ -257,3 +257,57 @@ pub(crate) fn set_session(c: &mut ClientConfig, session: Duration) {
             (session.as_millis() / 10).max(100).to_string(),
         );
 }
+
+/// How asking for a group's committed offsets failed
+/// ([`committed_offsets`]).
+#[derive(Debug)]
+pub(crate) enum CommittedError {
+    /// No answer within the time given: librdkafka asks with
+    /// `require_stable` (KIP-447) and retries while a transaction holding
+    /// the offsets is open, and retries while it looks for the group's
+    /// coordinator; either kept it waiting. The last error it reported.
+    Unanswered(ClientError),
+    /// Anything else (not authorized, an unknown group or topic).
+    Failed(ClientError),
+}
+
+impl CommittedError {
+    /// The client's error, whichever way it failed.
+    pub(crate) fn into_cause(self) -> ClientError {
+        match self {
+            CommittedError::Unanswered(e) | CommittedError::Failed(e) => e,
+        }
+    }
+}
+
+/// The committed offsets of `partitions` in the consumer's group (stable:
+/// librdkafka asks with `require_stable` when the consumer reads
+/// read_committed), within `timeout`. A coordinator that moved or is loading
+/// (`NOT_COORDINATOR`, `COORDINATOR_NOT_AVAILABLE`,
+/// `COORDINATOR_LOAD_IN_PROGRESS`: a busy, restarting or re-electing broker)
+/// is asked again, 200 ms later, until then: librdkafka reports those at
+/// once from `committed`, and each used to restart a worker's session with
+/// a message that blamed an open transaction.
+pub(crate) fn committed_offsets<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: &rdkafka::TopicPartitionList,
+    timeout: Duration,
+) -> Result<rdkafka::TopicPartitionList, CommittedError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.committed_offsets(partitions.clone(), left) {
+            Ok(committed) => return Ok(committed),
+            Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut) => {
+                return Err(CommittedError::Unanswered(e));
+            }
+            Err(e) if coordinator_moving(&e) => {
+                if left <= Duration::from_millis(200) {
+                    return Err(CommittedError::Unanswered(e));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(CommittedError::Failed(e)),
+        }
+    }
+}

@@ -330,12 +330,12 @@ fn stable_end(
         }
         if since.elapsed() >= limit {
             waits().remove(&key);
-            return Err(super::Restart::Unstable {
-                what: format!(
-                    "changelog {topic}/{partition} (stable offset {end}, high watermark {high})"
-                ),
+            return Err(super::Restart::Hanging {
+                topic: topic.to_owned(),
+                partition,
+                start: end,
+                high,
                 waited: limit,
-                source: None,
             }
             .into());
         }

@@ -102,14 +102,22 @@ impl Idle {
         // (Not the lag figure: librdkafka counts it from the offsets it
         // knows committed, and the workers commit theirs in transactions,
         // so it may be stale.)
+        let load = d.metrics.load();
+        // (`unsettled`: a worker with work not committed yet, or one whose
+        // loop has not reported lately. Without it, a worker re-creating
+        // its producer after an abort, its batch rewound and not processed
+        // again yet, looked idle: 500 deployments woken at once after a
+        // restart left three with 20 payments each, unprocessed, asleep.)
         let busy = records != self.records
-            || d.metrics.load().unfetched != 0
+            || load.unfetched != 0
+            || load.unsettled != 0
             || d.metrics.restoring.load(Ordering::Relaxed) != 0
             || d.metrics.failing().is_some();
         if busy {
             tracing::trace!(
                 records,
-                unfetched = d.metrics.load().unfetched,
+                unfetched = load.unfetched,
+                unsettled = load.unsettled,
                 restoring = d.metrics.restoring.load(Ordering::Relaxed),
                 "not idle"
             );

@@ -172,9 +172,37 @@ pub enum Restart {
     /// transaction may hold its records while the consumer reads them again.
     #[error("partition {0} assigned twice without a revoke; rejoining cleanly")]
     AssignedTwice(i32),
+    /// A changelog partition stayed unstable longer than a transaction may
+    /// stay open: the transaction at its last stable offset is hanging
+    /// (its producer is gone, and the brokers will not end it).
+    #[error(
+        "changelog {topic}/{partition} has not been stable for {} s (last stable offset \
+         {start}, high watermark {high}), longer than a transaction may stay open: the \
+         transaction that starts at offset {start} is probably hanging (the brokers lost its \
+         end; `kafka-transactions.sh --bootstrap-server <brokers> find-hanging --broker-id <id>` \
+         lists it and its other partitions if so), and this partition's state cannot be \
+         restored past it. Abort it with `kafka-transactions.sh --bootstrap-server <brokers> \
+         abort --topic {topic} --partition {partition} --start-offset {start}`, and the same \
+         for each other partition listed; nothing committed is lost (docs/operations.md, \
+         \"A hanging transaction\")",
+        .waited.as_secs()
+    )]
+    Hanging {
+        /// The changelog topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The last stable offset: where the hanging transaction starts.
+        start: i64,
+        /// The high watermark.
+        high: i64,
+        /// How long the worker waited.
+        waited: Duration,
+    },
     /// Something stayed unstable: a transaction holding it is still open.
     #[error(
-        "{what} did not become stable within {} s: a transaction holding it is still open; if \
+        "{what} did not become stable within {} s: a transaction holding it is still open, or \
+         the broker did not answer (a busy broker; the cause says which it reported last); if \
          this repeats for longer than the transaction timeout, look for a hanging transaction \
          with `kafka-transactions.sh find-hanging`",
         .waited.as_secs()

@@ -1445,7 +1445,33 @@ fn count(bootstrap: &str, topic: &str, timeout: Duration) -> anyhow::Result<serd
             None => {}
         }
     }
-    Ok(json!({"records": records, "distinct_keys": keys.len(), "keyless": keyless}))
+    // A read_committed reader stops at a partition's last stable offset:
+    // short of its high watermark, a transaction there is still open (or
+    // hanging), and what follows it is not visible yet.
+    // (A read_committed client's watermark query answers the last stable
+    // offset: the high watermark needs a read_uncommitted one.)
+    let mut unstable = Vec::new();
+    let uncommitted: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .context("creating the watermark reader")?;
+    let positions = consumer.position().context("reading the positions")?;
+    for e in positions.elements() {
+        let (_, high) = uncommitted
+            .fetch_watermarks(topic, e.partition(), Duration::from_secs(10))
+            .with_context(|| format!("watermarks of {topic}/{}", e.partition()))?;
+        if let Offset::Offset(at) = e.offset()
+            && at < high
+        {
+            unstable
+                .push(json!({"partition": e.partition(), "stable_to": at, "high_watermark": high}));
+        }
+    }
+    Ok(
+        json!({"records": records, "distinct_keys": keys.len(), "keyless": keyless,
+              "open_transactions": unstable}),
+    )
 }
 
 fn verify_enrich(

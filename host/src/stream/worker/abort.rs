@@ -327,13 +327,14 @@ impl Core {
             return true;
         }
         let offsets = kafka::offsets_list(failed);
-        match consumer.committed_offsets(offsets, TXN_CALL_TIMEOUT) {
+        match kafka::committed_offsets(consumer, &offsets, TXN_CALL_TIMEOUT) {
             Ok(committed) => failed.iter().all(|((topic, p), next)| {
                 committed
                     .find_partition(topic, *p)
                     .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= *next))
             }),
             Err(e) => {
+                let e = e.into_cause();
                 tracing::info!(
                     worker = self.worker,
                     "reading the committed offsets to tell whether a transaction committed: {e}; \
@@ -358,9 +359,8 @@ impl Core {
         if assignment.count() == 0 {
             return Ok(());
         }
-        let committed = consumer
-            .committed_offsets(assignment, TXN_CALL_TIMEOUT)
-            .map_err(|e| Restart::kafka("reading committed offsets", e))?;
+        let committed = kafka::committed_offsets(consumer, &assignment, TXN_CALL_TIMEOUT)
+            .map_err(|e| Restart::kafka("reading committed offsets", e.into_cause()))?;
         let mut rewind = TopicPartitionList::new();
         for e in committed.elements() {
             let at = (e.topic().to_owned(), e.partition());

@@ -491,9 +491,13 @@ impl Session {
     /// Publishes this worker's partitions and lag to the metrics.
     fn report_load(&mut self) {
         self.last_load_report = Instant::now();
-        let (worker, partitions) = {
+        let (worker, partitions, unsettled) = {
             let core = lock(&self.core);
-            (core.worker, core.tasks.keys().copied().collect())
+            let unsettled = !matches!(core.txn, Txn::Idle)
+                || !core.queued.is_empty()
+                || !core.restoring.is_empty()
+                || core.rewind_pending;
+            (core.worker, core.tasks.keys().copied().collect(), unsettled)
         };
         let context = self.consumer.context();
         let lag = context.lag.load(Ordering::Relaxed);
@@ -504,6 +508,8 @@ impl Session {
                 partitions,
                 lag,
                 unfetched,
+                unsettled: i64::from(unsettled),
+                reported: Some(Instant::now()),
             },
         );
     }

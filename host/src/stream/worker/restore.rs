@@ -297,19 +297,19 @@ impl Core {
         // Wait for the committed offsets to be stable (KIP-447: the previous
         // owner's pending transaction has committed or aborted). Only then
         // is the changelog's end final for what those offsets cover.
-        let committed = consumer
-            .committed_offsets(tpl.clone(), TXN_CALL_TIMEOUT)
-            .map_err(|e| {
+        let committed =
+            kafka::committed_offsets(consumer, &tpl, TXN_CALL_TIMEOUT).map_err(|e| match e {
                 // librdkafka retries UNSTABLE_OFFSET_COMMIT until the timeout
                 // and then reports a timeout: say what it usually means.
-                StreamError::from(Restart::Unstable {
+                kafka::CommittedError::Unanswered(e) => StreamError::from(Restart::Unstable {
                     what: format!(
                         "the committed offsets of group {}",
                         self.d.manifest.application_id()
                     ),
                     waited: TXN_CALL_TIMEOUT,
-                    source: Some(crate::kafka::KafkaError::client("committed offsets", e)),
-                })
+                    source: Some(kafka::KafkaError::client("committed offsets", e)),
+                }),
+                kafka::CommittedError::Failed(e) => Restart::kafka("reading committed offsets", e),
             })?;
         let mut table_ends = BTreeMap::new();
         for elem in committed.elements() {
