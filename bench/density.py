@@ -218,9 +218,16 @@ class Density:
         return f"{TENANT}.{self.name(i)}.{what}"
 
     def tool(self, *argv: str, timeout: float = 300) -> dict:
-        out = subprocess.run(
-            [self.args.bench_tool, *argv], env=self.env, capture_output=True, text=True, timeout=timeout
-        )
+        try:
+            out = subprocess.run(
+                [self.args.bench_tool, *argv], env=self.env, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as e:
+            said = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            raise Failure(
+                f"bench-tool {argv[0]} gave no answer within {timeout:.0f} s (is the broker overloaded?)"
+                + (f": {said.strip()[-2000:]}" if said.strip() else "")
+            ) from None
         if out.returncode != 0:
             raise Failure(f"bench-tool {argv[0]} failed: {out.stderr.strip()[-2000:]}")
         return json.loads(out.stdout)

@@ -225,7 +225,9 @@ class Rolling(Density):
 
     def run_drill(self) -> dict:
         a = self.args
-        raw: dict = {"args": {k: v for k, v in vars(a).items() if k != "context"}, "context": a.context}
+        # Kept as the drill goes: a failed run reports the restarts it made.
+        self.raw = raw = {"args": {k: v for k, v in vars(a).items() if k != "context"}, "context": a.context,
+                          "restarts": []}
         started = time.time()
         self.setup()
         pairs = ",".join(f"{TENANT}.{self.name(i)}={self.topic(i, 'payments')}" for i in self.sent)
@@ -243,7 +245,7 @@ class Rolling(Density):
         if load.stdout is None or "armed" not in load.stdout.readline():
             raise Failure(f"bench-tool produce-many did not start: {load.stderr.read() if load.stderr else ''}")
         time.sleep(a.settle_seconds)
-        restarts = []
+        restarts = raw["restarts"]
         for p in range(a.passes):
             for h in self.hosts:
                 t0 = time.time()
@@ -449,9 +451,17 @@ def main() -> int:
         raw["failed"] = None
     except Failure as e:
         log(f"FAILED: {e}")
+        raw = getattr(drill, "raw", raw)
         raw["failed"] = str(e)
     finally:
         drill.stop_all()
+    if raw.get("failed") and "logs" not in raw:
+        # What the hosts logged up to the failure, from their complete logs.
+        try:
+            raw["logs"] = drill.log_findings()
+            raw["ownerless"] = drill.ownerless()
+        except Exception as e:  # noqa: BLE001 - the report must still be written
+            log(f"cannot read the host logs: {e}")
     stem = f"{time.strftime('%Y-%m-%d')}-rolling{('-' + args.suffix) if args.suffix else ''}"
     out = Path(args.results)
     (out / f"{stem}.json").write_text(json.dumps(raw, indent=2) + "\n")

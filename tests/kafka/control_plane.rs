@@ -2958,3 +2958,73 @@ fn q_a_short_density_round() {
     }
     host.stop();
 }
+
+/// The deployment's status from `host` as `describe` shows it: its state
+/// and age in ms (`None`: no host has published one yet).
+fn status_of(host: &HostProc, name: &str) -> Option<(String, i64)> {
+    let d = host.json(ACME, &["describe", name]);
+    let first = d["hosts"].as_array()?.first()?.clone();
+    Some((
+        first["state"].as_str()?.to_owned(),
+        first["age_ms"].as_i64()?,
+    ))
+}
+
+/// A broker fenced by its controller while its process lives: the broker
+/// (a single node, so no leader for any partition then) is paused past its
+/// session with the controller (9 s), twice, with payments before, between
+/// and after; the deployment's status must be fresh and `running` again
+/// and its output exact. The first run of an earlier form of this test on
+/// the old code (b6148a6) met a deployment whose worker, restarted by the
+/// pause, asked to create its tenant's log topic while the broker was
+/// fenced, got InvalidReplicationFactor (the factor is the number of
+/// brokers the host had just seen) and was `failed` for good; that depends
+/// on timing (the next run passed), and the unit test
+/// `kafka::errors::tests::timeouts_are_transient_and_refusals_are_not` pins
+/// the cure (such a failure is transient: started again 10 s later). The
+/// figures say whether librdkafka called the status partition leaderless
+/// ("new leader-1 not found in cache", seen in the fleet drill where a
+/// host's statuses stopped) and whether the control producer was replaced.
+#[test]
+fn r_a_fenced_broker_neither_fails_deployments_nor_stops_statuses() {
+    let _g = serial();
+    let fleet = Fleet::new();
+    let mut host = fleet.spawn_host("fenced1", &cluster().bootstrap, &["--host-id", "fenced1"]);
+    host.wait_healthy("fenced1", Duration::from_secs(90));
+    let w = Wallet::in_tenant(cluster(), "acme", "acme.", "fenced", "exactly_once_v2", 2);
+    let mut produced = w.produce(0, 200, 50, Some(40));
+    host.json(ACME, &["deploy", path(&w.manifest)]);
+    w.wait_done(Duration::from_secs(120));
+    for round in 0..2u64 {
+        cluster().pause_broker(1);
+        std::thread::sleep(Duration::from_secs(14));
+        cluster().resume_broker(1);
+        produced.absorb(w.produce(1_000 * (round + 1), 200, 50, Some(40)));
+    }
+    let resumed = Instant::now();
+    let mut last = None;
+    let took = wait_for(
+        "the deployment's status to be fresh and running after the broker's fences",
+        Duration::from_secs(120),
+        || {
+            last = status_of(&host, &w.name);
+            last.as_ref().is_some_and(|(state, age)| {
+                state == "running" && *age < 8_000 && (*age as u128) < resumed.elapsed().as_millis()
+            })
+        },
+    );
+    figure("fenced_broker_status_fresh_again_s", took.as_secs());
+    w.wait_done(Duration::from_secs(180));
+    assert_exact(&w.verify(false), &produced, "a broker fenced twice");
+    let log = host.log_text();
+    figure(
+        "fenced_broker_status_partition_leaderless",
+        u8::from(log.contains("_onceflow.status") && log.contains("not found in cache")),
+    );
+    figure(
+        "fenced_broker_control_producer_replaced",
+        u8::from(log.contains("replaced it with a new one")),
+    );
+    host.json(ACME, &["delete", &w.name, "--purge-state"]);
+    host.stop();
+}

@@ -136,6 +136,8 @@ pub struct ControlPlane {
     metadata: kafka::SharedClient,
     /// Each tenant's admission producer between admissions (`admission.rs`).
     pub(super) admitters: super::admission::Admitters,
+    /// When a failed status delivery was last logged.
+    lost_statuses: Mutex<kafka::OncePerMinute>,
     stop: Arc<AtomicBool>,
 }
 
@@ -218,7 +220,10 @@ impl ControlPlane {
             ),
             source,
         })?;
-        let producer = kafka::Publisher::new(
+        // Renewing: a producer that librdkafka left stuck (a status
+        // partition once leaderless, librdkafka#5430) is replaced, so this
+        // host's statuses and heartbeat keep reaching the fleet.
+        let producer = kafka::Publisher::renewing(
             &conn,
             "onceflow-control",
             &[
@@ -241,6 +246,7 @@ impl ControlPlane {
             conn,
             metadata,
             admitters: Default::default(),
+            lost_statuses: Mutex::default(),
             producer,
             deployments: deployments.clone(),
             statuses: statuses.clone(),
@@ -363,16 +369,24 @@ impl ControlPlane {
                         // fetching for good after its broker went away
                         // ("new leader-1 not found in cache"), which froze
                         // this host's view of the fleet (the rolling drill).
+                        // A reader left stuck cannot ask its partition's
+                        // end either (librdkafka#5430): no answer renews it
+                        // too.
                         let end = kafka::watermarks(&consumer, topic, 0).map(|(_, end)| end);
                         if end.as_ref().map_or(true, |&end| end > progress) {
                             match renew_reader(&conn, topic, progress) {
                                 Ok(fresh) => {
+                                    let why = match &end {
+                                        Ok(end) => format!("below the topic's end ({end})"),
+                                        Err(e) => {
+                                            format!("and could not ask the topic's end ({e})")
+                                        }
+                                    };
                                     tracing::warn!(
                                         topic,
                                         position = progress,
-                                        end = ?end.as_ref().ok(),
                                         "the control topic's reader made no progress for {} s \
-                                         below the topic's end: re-created it",
+                                         {why}: re-created it",
                                         STALL_AFTER.as_secs()
                                     );
                                     consumer = fresh;
@@ -456,8 +470,25 @@ impl ControlPlane {
         );
     }
 
-    /// Publishes a host's heartbeat (fire and forget).
+    /// Publishes a host's heartbeat (fire and forget). First looks after
+    /// the producer every status goes through: says (once a minute) that
+    /// statuses were lost, and replaces the producer if it is stuck
+    /// ([`kafka::Publisher::mend`]; may wait 5 s for the brokers).
     pub fn put_heartbeat(&self, status: &HostStatus) {
+        if let Some(e) = self.producer.take_failure()
+            && self
+                .lost_statuses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .due()
+        {
+            tracing::warn!(
+                "a status, heartbeat or log line of this host did not reach the brokers ({}): \
+                 other hosts and `onceflow list` see this host's news late until they do",
+                crate::types::error_chain(&e)
+            );
+        }
+        self.producer.mend(STATUS_TOPIC);
         self.put_status_at(&heartbeat_key(&status.host), status);
     }
 

@@ -83,6 +83,9 @@ const TRANSIENT_RETRY: Duration = Duration::from_secs(10);
 /// regardless, 500 idle deployments wrote 250 statuses a second, which
 /// every host read.)
 const QUIET_STATUS_INTERVAL: Duration = Duration::from_secs(6);
+/// A reconciler pass this long is logged (statuses and the heartbeat wait
+/// for it; other hosts count a heartbeat stale after a minute).
+const SLOW_PASS: Duration = Duration::from_secs(10);
 
 /// Whether `now` tells nothing that `before` did not (its rates and time
 /// aside): a deployment with no records, commits, errors or moves since.
@@ -105,9 +108,13 @@ impl Fleet {
         let mut seen = -1;
         let mut heartbeat = Instant::now() - STATUS_INTERVAL;
         let mut collected = Instant::now();
+        let mut slow = crate::kafka::OncePerMinute::default();
         while !self.shutdown.load(Ordering::Relaxed) {
+            let pass = Instant::now();
             self.reconcile();
+            let reconciled = pass.elapsed();
             self.publish_statuses();
+            let published = pass.elapsed();
             if collected.elapsed() >= COLLECT_INTERVAL {
                 match self.control.collect_artifacts(None, self.artifact_grace) {
                     Ok(_) => self.control.prune_cache(),
@@ -123,6 +130,17 @@ impl Fleet {
                 self.watch_for_duplicates();
                 self.control.admitters.close_idle();
                 heartbeat = Instant::now();
+            }
+            // Statuses and heartbeats wait for this loop: say when it is slow.
+            if pass.elapsed() >= SLOW_PASS && slow.due() {
+                tracing::warn!(
+                    "the reconciler's pass took {:.1} s (reconcile {:.1} s, statuses {:.1} s, the rest \
+                     {:.1} s): this host's statuses and heartbeat wait for it",
+                    pass.elapsed().as_secs_f64(),
+                    reconciled.as_secs_f64(),
+                    (published - reconciled).as_secs_f64(),
+                    (pass.elapsed() - published).as_secs_f64(),
+                );
             }
             seen = self
                 .control

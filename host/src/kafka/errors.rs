@@ -200,7 +200,10 @@ impl KafkaError {
 }
 
 /// The client's codes of a broker that may answer later.
-const TRANSIENT: [RDKafkaErrorCode; 11] = [
+/// `InvalidReplicationFactor` comes only from creating a topic, whose factor
+/// is the number of brokers just seen ([`super::create_topics`]): fewer
+/// take it now (one fenced by its controller, or restarting).
+pub(super) const TRANSIENT: [RDKafkaErrorCode; 12] = [
     RDKafkaErrorCode::OperationTimedOut,
     RDKafkaErrorCode::RequestTimedOut,
     RDKafkaErrorCode::BrokerTransportFailure,
@@ -212,6 +215,7 @@ const TRANSIENT: [RDKafkaErrorCode; 11] = [
     RDKafkaErrorCode::CoordinatorNotAvailable,
     RDKafkaErrorCode::CoordinatorLoadInProgress,
     RDKafkaErrorCode::NotEnoughReplicas,
+    RDKafkaErrorCode::InvalidReplicationFactor,
 ];
 
 /// Whether `e` says the group's coordinator moved or is not ready yet (a
@@ -304,6 +308,9 @@ mod tests {
         assert!(!client(RDKafkaErrorCode::TopicAuthorizationFailed).is_transient());
         assert!(!client(RDKafkaErrorCode::InvalidConfig).is_transient());
         assert!(!KafkaError::topic("t", "missing").is_transient());
+        // A topic created while its broker was fenced (the control-plane
+        // test r_a_fenced_broker...: a deployment was `failed` for good).
+        assert!(client(RDKafkaErrorCode::InvalidReplicationFactor).is_transient());
     }
 
     /// A commit refused for a stale generation (a rebalance began) used to

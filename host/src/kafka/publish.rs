@@ -3,8 +3,23 @@
 //! admission. One producer context for all of them ([`Publisher`]): the
 //! host's librdkafka log, and each record either acknowledged to a caller
 //! that waits for its offset or forgotten.
+//!
+//! A *renewing* publisher ([`Publisher::renewing`], the control plane's)
+//! replaces its producer when it has had nothing acknowledged for
+//! [`STUCK_AFTER`] while the brokers name a leader for the topic it writes,
+//! or after a fatal error. In the fleet drill of 2026-12-07 a host's
+//! statuses and heartbeat stopped reaching `_onceflow.status` for good
+//! after its librdkafka logged "new leader-1 not found in cache"; librdkafka
+//! 2.12.1 can leave a partition a produce answer once called leaderless
+//! unknown to that producer for good (confluentinc/librdkafka#5430). Not
+//! reproduced in isolation: a broker fenced by its controller while it
+//! served (its controller link cut through toxiproxy) made a host log the
+//! warning, and its producer recovered. Whatever the cause, a producer
+//! that delivers nothing while its cluster answers is replaced. The records the old producer still held are
+//! dropped: a caller waiting for one gets an error, and statuses are
+//! published again within seconds.
 
-use std::sync::mpsc;
+use std::sync::{Mutex, RwLock, mpsc};
 
 use rdkafka::client::ClientContext;
 use rdkafka::producer::{DeliveryResult, ThreadedProducer};
@@ -18,10 +33,37 @@ type Delivery = mpsc::SyncSender<Result<i64, ClientError>>;
 /// or reported to whoever waits for them), and each delivery report to the
 /// caller waiting for it, if any (else a failure is kept for
 /// [`Publisher::delivered`]).
-#[derive(Default)]
 struct PublishCtx {
-    failed: std::sync::Mutex<Option<ClientError>>,
+    /// The first forgotten record's failed delivery since it was last
+    /// taken: its topic and the error.
+    failed: Mutex<Option<(String, ClientError)>>,
     errors: ErrorLog,
+    /// When a record was last acknowledged, or the producer was created
+    /// (a renewing publisher's health: [`Publisher::mend`]).
+    progress: Mutex<Instant>,
+}
+
+impl Default for PublishCtx {
+    fn default() -> Self {
+        PublishCtx {
+            failed: Mutex::default(),
+            errors: ErrorLog::default(),
+            progress: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl PublishCtx {
+    fn progressed(&self) {
+        *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn since_progress(&self) -> Duration {
+        self.progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+    }
 }
 
 impl ClientContext for PublishCtx {
@@ -38,6 +80,9 @@ impl ProducerContext for PublishCtx {
     type DeliveryOpaque = Box<Option<Delivery>>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        if result.is_ok() {
+            self.progressed();
+        }
         match (*opaque, result) {
             (Some(tx), _) => {
                 let _ = tx.send(match result {
@@ -45,8 +90,11 @@ impl ProducerContext for PublishCtx {
                     Err((e, _)) => Err(e.clone()),
                 });
             }
-            (None, Err((e, _))) => {
-                *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+            (None, Err((e, m))) => {
+                let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+                if failed.is_none() {
+                    *failed = Some((m.topic().to_owned(), e.clone()));
+                }
             }
             (None, Ok(_)) => {}
         }
@@ -77,12 +125,38 @@ pub(crate) fn connect_first<C: ClientContext>(
     }
 }
 
+/// How long a renewing publisher may hold records without any being
+/// acknowledged before it asks the brokers whether its topic has a leader
+/// (and, if it does, replaces its producer). An acknowledgement with
+/// `acks=all` takes milliseconds; a registry write waits 30 s for its own.
+pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(30);
+/// How often a stuck publisher asks the brokers again while they name no
+/// leader (or do not answer): the producer is not at fault then.
+const STUCK_CHECK_EVERY: Duration = Duration::from_secs(10);
+/// How long the leader check waits for the brokers' answer.
+const STUCK_CHECK_WAIT: Duration = Duration::from_secs(5);
+
+type Inner = Arc<ThreadedProducer<PublishCtx>>;
+
 /// A producer of small records, with its own thread serving deliveries.
 pub(crate) struct Publisher {
-    producer: ThreadedProducer<PublishCtx>,
+    producer: RwLock<Inner>,
     /// What a transactional publisher's errors say it was doing.
     context: String,
     transactional_id: Option<String>,
+    /// A renewing publisher's settings, to create its next producer with.
+    renewal: Option<Renewal>,
+}
+
+/// What a renewing publisher needs to replace its producer.
+struct Renewal {
+    config: rdkafka::ClientConfig,
+    /// When the brokers were last asked for a leader (rate limit).
+    checked: Mutex<Option<Instant>>,
+    /// Producers replaced in a row with nothing acknowledged between: each
+    /// doubles the wait before the next (up to 8 times [`STUCK_AFTER`]), for
+    /// a leader this host cannot reach, which a new producer does not cure.
+    streak: std::sync::atomic::AtomicU32,
 }
 
 /// A record sent whose acknowledgement the caller waits for.
@@ -110,15 +184,129 @@ impl Publisher {
     ) -> Result<Publisher, KafkaError> {
         let mut all = vec![("client.id", client_id)];
         all.extend_from_slice(settings);
-        let producer = conn
-            .config_with(&all)
-            .create_with_context(PublishCtx::default())
-            .map_err(|e| KafkaError::client(format!("creating the producer {client_id}"), e))?;
+        let config = conn.config_with(&all);
+        let producer = Self::create(&config, client_id)?;
         Ok(Publisher {
-            producer,
+            producer: RwLock::new(producer),
             context: client_id.to_owned(),
             transactional_id: None,
+            renewal: None,
         })
+    }
+
+    /// A publisher like [`Publisher::new`] that replaces its producer when
+    /// it is stuck (see the module's docs). Only for records that may be
+    /// lost with an error to their waiter, or published again (statuses):
+    /// never for records a later [`Publisher::delivered`] must account for.
+    pub(crate) fn renewing(
+        conn: &Connection,
+        client_id: &str,
+        settings: &[(&str, &str)],
+    ) -> Result<Publisher, KafkaError> {
+        let mut publisher = Publisher::new(conn, client_id, settings)?;
+        let mut all = vec![("client.id", client_id)];
+        all.extend_from_slice(settings);
+        publisher.renewal = Some(Renewal {
+            config: conn.config_with(&all),
+            checked: Mutex::new(None),
+            streak: Default::default(),
+        });
+        Ok(publisher)
+    }
+
+    fn create(config: &rdkafka::ClientConfig, client_id: &str) -> Result<Inner, KafkaError> {
+        config
+            .create_with_context(PublishCtx::default())
+            .map(Arc::new)
+            .map_err(|e| KafkaError::client(format!("creating the producer {client_id}"), e))
+    }
+
+    /// The producer in use now.
+    fn producer(&self) -> Inner {
+        self.producer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A renewing publisher's health check, for its owner to call every few
+    /// seconds (the fleet: before each heartbeat) from a thread that may
+    /// wait [`STUCK_CHECK_WAIT`]: if its producer holds records and has had
+    /// none acknowledged for [`STUCK_AFTER`], asks the brokers (at most
+    /// every [`STUCK_CHECK_EVERY`]) whether `topic` has a leader on every
+    /// partition; if so, the producer is stuck, not the cluster, and is
+    /// replaced. A fatal error replaces it at once. Does nothing on a
+    /// publisher that is not renewing.
+    pub(crate) fn mend(&self, topic: &str) {
+        let Some(renewal) = &self.renewal else {
+            return;
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        let producer = self.producer();
+        let fatal = producer.client().fatal_error();
+        if fatal.is_none() {
+            if producer.in_flight_count() == 0 {
+                // Nothing owed: the clock starts with the next record.
+                producer.context().progressed();
+                renewal.streak.store(0, Relaxed);
+                return;
+            }
+            let streak = renewal.streak.load(Relaxed);
+            if producer.context().since_progress() < STUCK_AFTER * (1 << streak.min(3)) {
+                return;
+            }
+            {
+                let mut checked = renewal.checked.lock().unwrap_or_else(|p| p.into_inner());
+                if checked.is_some_and(|at| at.elapsed() < STUCK_CHECK_EVERY) {
+                    return;
+                }
+                *checked = Some(Instant::now());
+            }
+            if !has_leaders(producer.client(), topic) {
+                tracing::debug!(
+                    client = %self.context,
+                    topic,
+                    "nothing acknowledged for {} s, and the brokers name no leader (or do not answer): waiting",
+                    STUCK_AFTER.as_secs()
+                );
+                return;
+            }
+        }
+        let held = producer.in_flight_count();
+        let next = match Self::create(&renewal.config, &self.context) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(client = %self.context, "cannot replace a stuck producer: {e}");
+                return;
+            }
+        };
+        {
+            let mut current = self.producer.write().unwrap_or_else(|p| p.into_inner());
+            if !Arc::ptr_eq(&current, &producer) {
+                // Another thread replaced it meanwhile.
+                return;
+            }
+            *current = next;
+        }
+        let streak = renewal.streak.fetch_add(1, Relaxed) + 1;
+        match fatal {
+            Some((code, reason)) => tracing::warn!(
+                client = %self.context,
+                "the producer hit a fatal error ({code:?}: {reason}); replaced it with a new one ({held} records it held are dropped and reported to whoever waits for them)"
+            ),
+            None => tracing::warn!(
+                client = %self.context,
+                topic,
+                "the producer had nothing acknowledged for {} s while the brokers name a leader for {topic}: \
+                 replaced it with a new one ({held} records it held are dropped and reported to whoever waits \
+                 for them; {streak} in a row). Either librdkafka left it stuck (a partition once reported \
+                 leaderless, librdkafka#5430) or this host cannot reach that leader (check the network)",
+                producer.context().since_progress().as_secs()
+            ),
+        }
+        // Dropping the old producer (its last handle) purges what it held
+        // and waits at most about 0.6 s.
+        drop(producer);
     }
 
     /// A transactional publisher (`transactional.id` = `transactional_id`);
@@ -159,7 +347,7 @@ impl Publisher {
         payload: Option<&[u8]>,
     ) -> Result<Acked, ClientError> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.producer
+        self.producer()
             .send(Self::record(topic, key, payload, Some(tx)))
             .map_err(|(e, _)| e)?;
         Ok(Acked {
@@ -200,7 +388,7 @@ impl Publisher {
         key: &str,
         payload: Option<&[u8]>,
     ) -> Result<(), KafkaError> {
-        self.producer
+        self.producer()
             .send(Self::record(topic, key, payload, None))
             .map_err(|(e, _)| KafkaError::client(format!("writing to {topic}"), e))
     }
@@ -209,11 +397,9 @@ impl Publisher {
     /// it until [`Publisher::delivered`], waiting for room in the queue.
     pub(crate) fn send_record(&self, out: Outgoing<'_>) -> Result<(), KafkaError> {
         let headers = owned_headers(out.headers);
+        let producer = self.producer();
         loop {
-            match self
-                .producer
-                .send(record(&out, headers.as_ref(), Box::new(None)))
-            {
+            match producer.send(record(&out, headers.as_ref(), Box::new(None))) {
                 Ok(()) => return Ok(()),
                 Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     std::thread::sleep(Duration::from_millis(50));
@@ -229,28 +415,40 @@ impl Publisher {
     /// first delivery that failed since the last call is the error (`what`
     /// says what was sent: "dead letters to <topic>").
     pub(crate) fn delivered(&self, bound: Duration, what: &str) -> Result<(), KafkaError> {
-        if self.producer.flush(bound).is_err() {
+        let producer = self.producer();
+        if producer.flush(bound).is_err() {
             return Err(KafkaError::timeout(
                 format!("sending {what}"),
                 format!("not acknowledged within {bound:?}: are the brokers reachable?"),
             ));
         }
-        let failed = self
-            .producer
+        let failed = producer
             .context()
             .failed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
         match failed {
-            Some(e) => Err(KafkaError::client(format!("sending {what}"), e)),
+            Some((_, e)) => Err(KafkaError::client(format!("sending {what}"), e)),
             None => Ok(()),
         }
     }
 
+    /// The first record sent and forgotten ([`Publisher::send`]) whose
+    /// delivery failed since the last call, if any.
+    pub(crate) fn take_failure(&self) -> Option<KafkaError> {
+        self.producer()
+            .context()
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .map(|(topic, e)| KafkaError::client(format!("writing to {topic}"), e))
+    }
+
     /// Waits up to `timeout` for what was sent to be acknowledged.
     pub(crate) fn flush(&self, timeout: Duration) {
-        let _ = self.producer.flush(timeout);
+        let _ = self.producer().flush(timeout);
     }
 
     fn txn_call(&self, what: &str, r: Result<(), ClientError>) -> Result<(), TxnCall> {
@@ -292,19 +490,19 @@ impl Publisher {
     /// metadata request for `topic`, one the transactions write).
     pub(crate) fn init_transactions(&self, topic: &str, timeout: Duration) -> Result<(), TxnCall> {
         connect_first(
-            self.producer.client(),
+            self.producer().client(),
             topic,
             timeout.min(CONNECT_FIRST_WAIT),
         );
         self.txn_call(
             "init_transactions",
-            self.producer.init_transactions(timeout),
+            self.producer().init_transactions(timeout),
         )
     }
 
     /// `begin_transaction`.
     pub(crate) fn begin_transaction(&self) -> Result<(), TxnCall> {
-        self.txn_call("begin_transaction", self.producer.begin_transaction())
+        self.txn_call("begin_transaction", self.producer().begin_transaction())
     }
 
     /// `commit_transaction`: every record sent in it is acknowledged when
@@ -312,14 +510,31 @@ impl Publisher {
     pub(crate) fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnCall> {
         self.txn_call(
             "commit_transaction",
-            self.producer.commit_transaction(timeout),
+            self.producer().commit_transaction(timeout),
         )
     }
 
     /// `abort_transaction` (its outcome ignored: a publisher whose abort
     /// failed is dropped, and the next one's `init_transactions` aborts).
     pub(crate) fn abort_transaction(&self, timeout: Duration) {
-        let _ = self.producer.abort_transaction(timeout);
+        let _ = self.producer().abort_transaction(timeout);
+    }
+}
+
+/// Whether the brokers answer a metadata request for `topic` and name a
+/// leader for each of its partitions (asked through `client`, whose
+/// cached view may be the stuck one: the answer is the brokers').
+fn has_leaders<C: ClientContext>(client: &rdkafka::client::Client<C>, topic: &str) -> bool {
+    match client.fetch_metadata(Some(topic), STUCK_CHECK_WAIT) {
+        Ok(md) => md.topics().iter().any(|t| {
+            t.name() == topic
+                && t.error().is_none()
+                && !t.partitions().is_empty()
+                && t.partitions()
+                    .iter()
+                    .all(|p| p.error().is_none() && p.leader() >= 0)
+        }),
+        Err(_) => false,
     }
 }
 

@@ -274,6 +274,17 @@ pub(crate) fn create_topics(conn: &Connection, specs: &[TopicSpec<'_>]) -> Resul
                     code,
                 ));
             }
+            // No answer in time, or fewer brokers than just seen (one
+            // fenced or restarting): the caller may try again.
+            Err((topic, code)) if super::errors::TRANSIENT.contains(&code) => {
+                return Err(KafkaError::client(
+                    format!(
+                        "creating the topic {topic:?} ({brokers} broker(s) seen a moment ago: \
+                         is one fenced by its controller, restarting or not answering?)"
+                    ),
+                    ClientError::AdminOp(code),
+                ));
+            }
             Err((topic, code)) => {
                 return Err(KafkaError::topic(
                     topic,
