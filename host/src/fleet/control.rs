@@ -473,7 +473,7 @@ impl ControlPlane {
     /// Publishes a host's heartbeat (fire and forget). First looks after
     /// the producer every status goes through: says (once a minute) that
     /// statuses were lost, and replaces the producer if it is stuck
-    /// ([`kafka::Publisher::mend`]; may wait 5 s for the brokers).
+    /// ([`kafka::Publisher::mend`]).
     pub fn put_heartbeat(&self, status: &HostStatus) {
         if let Some(e) = self.producer.take_failure()
             && self

@@ -6,16 +6,18 @@
 //!
 //! A *renewing* publisher ([`Publisher::renewing`], the control plane's)
 //! replaces its producer when it has had nothing acknowledged for
-//! [`STUCK_AFTER`] while the brokers name a leader for the topic it writes,
-//! or after a fatal error. In the fleet drill of 2026-12-07 a host's
+//! [`STUCK_AFTER`] (doubling while replacements do no better), or after a
+//! fatal error. In the fleet drill of 2026-12-07 a host's
 //! statuses and heartbeat stopped reaching `_onceflow.status` for good
 //! after its librdkafka logged "new leader-1 not found in cache"; librdkafka
 //! 2.12.1 can leave a partition a produce answer once called leaderless
-//! unknown to that producer for good (confluentinc/librdkafka#5430). Not
-//! reproduced in isolation: a broker fenced by its controller while it
-//! served (its controller link cut through toxiproxy) made a host log the
-//! warning, and its producer recovered. Whatever the cause, a producer
-//! that delivers nothing while its cluster answers is replaced. The records the old producer still held are
+//! unknown to that producer for good (confluentinc/librdkafka#5430). A
+//! later drill saw it whole: the broker's controller fenced its broker for
+//! 0.3 s under load, and the producers that had records for it then (a
+//! host's control producer, the drill's load producer) delivered nothing
+//! again. (Not reproduced in isolation: a broker fenced while it served,
+//! its controller link cut through toxiproxy, made a host log the warning,
+//! and its producer recovered.) The records the old producer still held are
 //! dropped: a caller waiting for one gets an error, and statuses are
 //! published again within seconds.
 
@@ -126,15 +128,9 @@ pub(crate) fn connect_first<C: ClientContext>(
 }
 
 /// How long a renewing publisher may hold records without any being
-/// acknowledged before it asks the brokers whether its topic has a leader
-/// (and, if it does, replaces its producer). An acknowledgement with
+/// acknowledged before it replaces its producer. An acknowledgement with
 /// `acks=all` takes milliseconds; a registry write waits 30 s for its own.
 pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(30);
-/// How often a stuck publisher asks the brokers again while they name no
-/// leader (or do not answer): the producer is not at fault then.
-const STUCK_CHECK_EVERY: Duration = Duration::from_secs(10);
-/// How long the leader check waits for the brokers' answer.
-const STUCK_CHECK_WAIT: Duration = Duration::from_secs(5);
 
 type Inner = Arc<ThreadedProducer<PublishCtx>>;
 
@@ -151,8 +147,6 @@ pub(crate) struct Publisher {
 /// What a renewing publisher needs to replace its producer.
 struct Renewal {
     config: rdkafka::ClientConfig,
-    /// When the brokers were last asked for a leader (rate limit).
-    checked: Mutex<Option<Instant>>,
     /// Producers replaced in a row with nothing acknowledged between: each
     /// doubles the wait before the next (up to 8 times [`STUCK_AFTER`]), for
     /// a leader this host cannot reach, which a new producer does not cure.
@@ -208,7 +202,6 @@ impl Publisher {
         all.extend_from_slice(settings);
         publisher.renewal = Some(Renewal {
             config: conn.config_with(&all),
-            checked: Mutex::new(None),
             streak: Default::default(),
         });
         Ok(publisher)
@@ -230,13 +223,16 @@ impl Publisher {
     }
 
     /// A renewing publisher's health check, for its owner to call every few
-    /// seconds (the fleet: before each heartbeat) from a thread that may
-    /// wait [`STUCK_CHECK_WAIT`]: if its producer holds records and has had
-    /// none acknowledged for [`STUCK_AFTER`], asks the brokers (at most
-    /// every [`STUCK_CHECK_EVERY`]) whether `topic` has a leader on every
-    /// partition; if so, the producer is stuck, not the cluster, and is
-    /// replaced. A fatal error replaces it at once. Does nothing on a
-    /// publisher that is not renewing.
+    /// seconds (the fleet: before each heartbeat): if its producer holds
+    /// records and has had none acknowledged for [`STUCK_AFTER`] (doubling
+    /// with each replacement in a row), it is replaced; a fatal error
+    /// replaces it at once. The brokers are not asked first: in the fleet
+    /// drill of 2026-12-07 a stuck producer (its heartbeats stopped at the
+    /// broker's fence, librdkafka#5430) was never replaced by the first form
+    /// of this check, which did. Replacing a producer during a real outage
+    /// costs a client and a warning, at 30, 60, 120 and then every 240 s.
+    /// Does nothing on a publisher that is not renewing. `topic` names the
+    /// records it writes, for the warning.
     pub(crate) fn mend(&self, topic: &str) {
         let Some(renewal) = &self.renewal else {
             return;
@@ -253,22 +249,6 @@ impl Publisher {
             }
             let streak = renewal.streak.load(Relaxed);
             if producer.context().since_progress() < STUCK_AFTER * (1 << streak.min(3)) {
-                return;
-            }
-            {
-                let mut checked = renewal.checked.lock().unwrap_or_else(|p| p.into_inner());
-                if checked.is_some_and(|at| at.elapsed() < STUCK_CHECK_EVERY) {
-                    return;
-                }
-                *checked = Some(Instant::now());
-            }
-            if !has_leaders(producer.client(), topic) {
-                tracing::debug!(
-                    client = %self.context,
-                    topic,
-                    "nothing acknowledged for {} s, and the brokers name no leader (or do not answer): waiting",
-                    STUCK_AFTER.as_secs()
-                );
                 return;
             }
         }
@@ -297,10 +277,10 @@ impl Publisher {
             None => tracing::warn!(
                 client = %self.context,
                 topic,
-                "the producer had nothing acknowledged for {} s while the brokers name a leader for {topic}: \
-                 replaced it with a new one ({held} records it held are dropped and reported to whoever waits \
-                 for them; {streak} in a row). Either librdkafka left it stuck (a partition once reported \
-                 leaderless, librdkafka#5430) or this host cannot reach that leader (check the network)",
+                "the producer had nothing acknowledged for {} s: replaced it with a new one ({held} records \
+                 it held are dropped and reported to whoever waits for them; {streak} in a row). Either \
+                 librdkafka left it stuck (a partition once reported leaderless, librdkafka#5430) or the \
+                 brokers are out of reach",
                 producer.context().since_progress().as_secs()
             ),
         }
@@ -518,23 +498,6 @@ impl Publisher {
     /// failed is dropped, and the next one's `init_transactions` aborts).
     pub(crate) fn abort_transaction(&self, timeout: Duration) {
         let _ = self.producer().abort_transaction(timeout);
-    }
-}
-
-/// Whether the brokers answer a metadata request for `topic` and name a
-/// leader for each of its partitions (asked through `client`, whose
-/// cached view may be the stuck one: the answer is the brokers').
-fn has_leaders<C: ClientContext>(client: &rdkafka::client::Client<C>, topic: &str) -> bool {
-    match client.fetch_metadata(Some(topic), STUCK_CHECK_WAIT) {
-        Ok(md) => md.topics().iter().any(|t| {
-            t.name() == topic
-                && t.error().is_none()
-                && !t.partitions().is_empty()
-                && t.partitions()
-                    .iter()
-                    .all(|p| p.error().is_none() && p.leader() >= 0)
-        }),
-        Err(_) => false,
     }
 }
 
