@@ -2643,6 +2643,27 @@ fn o_rolling_restart_of_the_hosts() {
                     "rolling pass {pass}: {name} drained in {drain} ms and restarted ({} ms)",
                     started.elapsed().as_millis()
                 );
+                // The next drain waits for the group to take the restarted
+                // host back (it owns partitions again) and a moment more:
+                // a drain's leave right behind that rebalance aborted a host
+                // in librdkafka 2.12 (#5573, "Assertion rktp->rktp_started";
+                // a CI run of 527a585 here).
+                if let Some(back) = hosts[i].as_ref() {
+                    wait_for(
+                        "the restarted host to own partitions again",
+                        Duration::from_secs(90),
+                        || {
+                            let d = back.json(ACME, &["describe", &w.name]);
+                            d["hosts"].as_array().is_some_and(|hs| {
+                                hs.iter().any(|h| {
+                                    h["host"] == *name
+                                        && h["partitions"].as_array().is_some_and(|p| !p.is_empty())
+                                })
+                            })
+                        },
+                    );
+                    std::thread::sleep(Duration::from_secs(3));
+                }
                 if let Some(rest) = per_restart.checked_sub(started.elapsed()) {
                     std::thread::sleep(rest);
                 }
