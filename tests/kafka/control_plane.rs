@@ -416,6 +416,19 @@ pub(crate) fn path(p: &Path) -> &str {
 }
 
 /// Waits until `f` holds (polling), or panics with `what`.
+/// Whether `asker`'s `describe` of `deployment` shows `host` running with
+/// partitions of its own.
+fn owns_partitions(asker: &HostProc, deployment: &str, host: &str) -> bool {
+    let d = asker.json(ACME, &["describe", deployment]);
+    d["hosts"].as_array().is_some_and(|hosts| {
+        hosts.iter().any(|h| {
+            h["host"] == host
+                && h["state"] == "running"
+                && h["partitions"].as_array().is_some_and(|p| !p.is_empty())
+        })
+    })
+}
+
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
     while !f() {
@@ -548,16 +561,7 @@ fn a_two_hosts_one_killed_and_a_late_host() {
     wait_for(
         "the late host owns partitions",
         Duration::from_secs(90),
-        || {
-            let d = h3.json(ACME, &["describe", &w.name]);
-            d["hosts"].as_array().is_some_and(|hosts| {
-                hosts.iter().any(|h| {
-                    h["host"] == "h3"
-                        && h["state"] == "running"
-                        && h["partitions"].as_array().is_some_and(|p| !p.is_empty())
-                })
-            })
-        },
+        || owns_partitions(&h3, &w.name, "h3"),
     );
     produced.absorb(w.produce(20_001, 5_000, 500, Some(97)));
     w.wait_done(Duration::from_secs(120));
@@ -2652,15 +2656,7 @@ fn o_rolling_restart_of_the_hosts() {
                     wait_for(
                         "the restarted host to own partitions again",
                         Duration::from_secs(90),
-                        || {
-                            let d = back.json(ACME, &["describe", &w.name]);
-                            d["hosts"].as_array().is_some_and(|hs| {
-                                hs.iter().any(|h| {
-                                    h["host"] == *name
-                                        && h["partitions"].as_array().is_some_and(|p| !p.is_empty())
-                                })
-                            })
-                        },
+                        || owns_partitions(back, &w.name, name),
                     );
                     std::thread::sleep(Duration::from_secs(3));
                 }
