@@ -24,9 +24,14 @@ use super::cluster::Cluster;
 /// Kafka's API key of `InitProducerId`.
 pub const INIT_PRODUCER_ID: i16 = 22;
 
+/// Kafka's API key of `AddOffsetsToTxn`.
+pub const ADD_OFFSETS_TO_TXN: i16 = 25;
+
 pub struct RequestDelay {
     stop: Arc<AtomicBool>,
     delayed: Arc<AtomicUsize>,
+    /// How many more matching requests to hold back.
+    budget: Arc<AtomicUsize>,
 }
 
 impl RequestDelay {
@@ -34,6 +39,33 @@ impl RequestDelay {
     /// `delay` every request of `api_key` from a client id ending in
     /// `suffix`.
     pub fn start(cluster: &Cluster, api_key: i16, suffix: &str, delay: Duration) -> RequestDelay {
+        Self::with_budget(cluster, api_key, suffix, delay, usize::MAX)
+    }
+
+    /// As [`RequestDelay::start`], but holding nothing back until
+    /// [`RequestDelay::hold_next`] says how many.
+    pub fn start_unarmed(
+        cluster: &Cluster,
+        api_key: i16,
+        suffix: &str,
+        delay: Duration,
+    ) -> RequestDelay {
+        Self::with_budget(cluster, api_key, suffix, delay, 0)
+    }
+
+    /// Holds back the next `n` matching requests (and no more).
+    pub fn hold_next(&self, n: usize) {
+        self.budget.store(n, Ordering::SeqCst);
+    }
+
+    fn with_budget(
+        cluster: &Cluster,
+        api_key: i16,
+        suffix: &str,
+        delay: Duration,
+        budget: usize,
+    ) -> RequestDelay {
+        let budget = Arc::new(AtomicUsize::new(budget));
         let proxy_port = cluster
             .proxy_port
             .expect("RequestDelay needs a cluster started with Cluster::start_behind_proxy");
@@ -48,7 +80,12 @@ impl RequestDelay {
             listener
                 .set_nonblocking(true)
                 .expect("a non-blocking listener");
-            let (stop, delayed, suffix) = (stop.clone(), delayed.clone(), suffix.to_owned());
+            let (stop, delayed, budget, suffix) = (
+                stop.clone(),
+                delayed.clone(),
+                budget.clone(),
+                suffix.to_owned(),
+            );
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
@@ -58,6 +95,7 @@ impl RequestDelay {
                                 suffix: suffix.clone(),
                                 delay,
                                 delayed: delayed.clone(),
+                                budget: budget.clone(),
                             };
                             std::thread::spawn(move || relay(client, upstream, rule));
                         }
@@ -66,7 +104,11 @@ impl RequestDelay {
                 }
             });
         }
-        RequestDelay { stop, delayed }
+        RequestDelay {
+            stop,
+            delayed,
+            budget,
+        }
     }
 
     /// How many requests were held back so far.
@@ -87,6 +129,7 @@ struct Rule {
     suffix: String,
     delay: Duration,
     delayed: Arc<AtomicUsize>,
+    budget: Arc<AtomicUsize>,
 }
 
 /// One client connection: answers copied back as they come, requests
@@ -116,7 +159,7 @@ fn relay(client: TcpStream, upstream_port: u16, rule: Rule) {
         if from_client.read_exact(&mut frame).is_err() {
             break;
         }
-        if rule.matches(&frame) {
+        if rule.matches(&frame) && rule.take_one() {
             rule.delayed.fetch_add(1, Ordering::Relaxed);
             held_back = true;
             std::thread::sleep(rule.delay);
@@ -138,6 +181,13 @@ fn relay(client: TcpStream, upstream_port: u16, rule: Rule) {
 }
 
 impl Rule {
+    /// Whether the budget allows holding one more back (and takes it).
+    fn take_one(&self) -> bool {
+        self.budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
     /// A request header: api key (2 bytes), version (2), correlation id
     /// (4), client id (a 2-byte length, then the bytes).
     fn matches(&self, frame: &[u8]) -> bool {

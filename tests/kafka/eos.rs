@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::common;
 use crate::common::cluster::{Cluster, serial};
 use crate::common::host_process::restored_records;
-use crate::common::request_delay::{INIT_PRODUCER_ID, RequestDelay};
+use crate::common::request_delay::{ADD_OFFSETS_TO_TXN, INIT_PRODUCER_ID, RequestDelay};
 use crate::common::wallet::{Wallet, assert_exact};
 
 fn figure(name: &str, value: impl std::fmt::Display) {
@@ -609,6 +609,113 @@ fn k_a_late_fencing_probe_does_not_fence_the_new_producer() {
     assert_eq!(fenced, 0, "no producer fenced by a late probe:\n{log}");
     assert_eq!(committed, 2_000, "all committed:\n{log}");
     assert_exact(&w.verify(false), &produced, "late probes");
+    drop(delay);
+    cluster.down();
+}
+
+/// A producer fenced in the middle of a cooperative rebalance (the rolling
+/// drill under load, bench/results/2026-12-07-rolling-s28-heavy.md: the
+/// broker aborted a transaction past its timeout, which bumps the epoch).
+/// Host `a` owns both partitions; its next commit's `AddOffsetsToTxn` is
+/// held back 8 s by a proxy, and meanwhile a newer producer with `a`'s
+/// transactional id fences it and host `b` joins. `a`'s revoke callback
+/// (first round: one partition goes) waits for that commit, which then
+/// fails as fenced. Before, that ended `a`'s session: its new consumer
+/// rejoined under the same static id, the group gave it its first-round
+/// assignment back without a second round, and the revoked partition had
+/// no owner (in the drill for 5 minutes, until an unrelated rebalance).
+/// Now the producer is replaced and the consumer stays, finishes the
+/// rebalance, and `b` takes the partition.
+#[test]
+fn k_b_a_producer_fenced_mid_rebalance_strands_no_partition() {
+    use rdkafka::ClientConfig;
+    use rdkafka::producer::{BaseProducer, Producer};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let _g = serial();
+    let cluster: &'static Cluster =
+        Box::leak(Box::new(Cluster::start_behind_proxy("probes", 19492, 1)));
+    let delay =
+        RequestDelay::start_unarmed(cluster, ADD_OFFSETS_TO_TXN, "-a-0", Duration::from_secs(8));
+    let w = Wallet::new(cluster, "fencedmid", "exactly_once_v2", 2);
+    let mut produced = w.produce(0, 1_000, 100, None);
+    let a = w.start("a", &[]);
+    w.wait_done(Duration::from_secs(90));
+    let stop = AtomicBool::new(false);
+    let more = std::thread::scope(|s| {
+        // A trickle of input, so that `a` always has a commit to make.
+        let trickle = s.spawn(|| {
+            let producer = w.producer();
+            let mut all = common::wallet::Produced::default();
+            let mut next = 1_000;
+            while !stop.load(Ordering::Relaxed) {
+                all.absorb(w.produce_with(&producer, next, 20, 100, None));
+                next += 20;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            all
+        });
+        delay.hold_next(1);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while delay.delayed() == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(delay.delayed(), 1, "a commit of `a` was held back");
+        // A newer producer with `a`'s transactional id: the coordinator
+        // aborts `a`'s transaction and bumps the epoch.
+        let fencer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &cluster.bootstrap)
+            .set("client.id", "fencer")
+            .set("transactional.id", format!("{}-a-0", w.app))
+            .create()
+            .expect("the fencing producer");
+        fencer
+            .init_transactions(Duration::from_secs(30))
+            .expect("the fencing producer's init_transactions");
+        drop(fencer);
+        let b = w.start("b", &[]);
+        // The held commit is answered 8 s after it was sent; input goes on
+        // a little after that.
+        std::thread::sleep(Duration::from_secs(12));
+        stop.store(true, Ordering::Relaxed);
+        (trickle.join().expect("the input thread"), b)
+    });
+    let (trickle, b) = more;
+    produced.absorb(trickle);
+    // Both hosts idle after the input stops: every partition has an owner
+    // again within seconds. A stranded partition waits for the next
+    // rebalance (5 minutes in the drill), and this panics with the logs.
+    let drained = w.wait_done(Duration::from_secs(90));
+    figure(
+        "fenced_mid_rebalance_drain_s",
+        format!("{:.1}", drained.as_secs_f64()),
+    );
+    let log_a = a.log_text();
+    let log_b = b.log_text();
+    assert!(a.stop().success(), "host a stops cleanly:\n{log_a}");
+    assert!(b.stop().success(), "host b stops cleanly:\n{log_b}");
+    // The worker's words when a call failed as fenced, and what it did.
+    let fenced = log_a
+        .lines()
+        .filter(|l| l.contains("fenced by a newer instance") && l.contains(" WARN "))
+        .count();
+    figure("fenced_mid_rebalance_fenced_producers", fenced);
+    assert!(fenced > 0, "`a`'s producer learnt it was fenced:\n{log_a}");
+    assert!(
+        log_a.contains("re-creating the producer"),
+        "`a` replaced its producer:\n{log_a}"
+    );
+    assert!(
+        !log_a.contains("worker session must restart"),
+        "`a` ended its session over a fenced producer:\n{log_a}"
+    );
+    assert!(
+        log_b
+            .lines()
+            .any(|l| l.contains("partitions assigned") && l.contains(&format!("{}[", w.payments))),
+        "`b` took a partition:\n{log_b}"
+    );
+    assert_exact(&w.verify(false), &produced, "fenced mid-rebalance");
     drop(delay);
     cluster.down();
 }

@@ -699,7 +699,7 @@ impl Refusal {
     /// The refusal as the protocol tells failures apart.
     fn failure(self) -> Failure {
         match self {
-            Refusal::Fenced => Failure::Fenced,
+            Refusal::Fenced => Failure::ProducerFenced,
             Refusal::IllegalGeneration => Failure::StaleGeneration,
             Refusal::InvalidTxnState | Refusal::OutOfOrder => Failure::Abortable,
         }

@@ -178,6 +178,14 @@ pub(crate) fn is_fencing(e: &ClientError) -> bool {
     )
 }
 
+/// Whether an error means another member joined with this consumer's
+/// static id (KIP-345): this member is the zombie. Of [`is_fencing`]'s
+/// errors the others fence a producer, whose consumer may be a sound
+/// member still.
+pub(crate) fn is_member_fencing(e: &ClientError) -> bool {
+    e.rdkafka_error_code() == Some(RDKafkaErrorCode::FencedInstanceId)
+}
+
 impl KafkaError {
     /// Whether the brokers may answer if asked again later: no answer in
     /// time, a broker away, a leader or coordinator moving. Not a refusal

@@ -106,9 +106,11 @@ pub enum Restart {
     /// unknown producer state, a stale consumer).
     #[error(transparent)]
     Kafka(KafkaError),
-    /// A newer producer with this worker's transactional id exists (the
-    /// instance restarted, or this one is a zombie).
-    #[error("fenced by a newer producer with this worker's transactional id")]
+    /// Another member joined with this worker's static id, or its
+    /// producer was fenced while the consumer was too: another instance
+    /// runs with this `--instance-id`, or this one is a zombie. (A fenced
+    /// producer alone is replaced within the session.)
+    #[error("fenced by a newer instance with this worker's id")]
     Fenced(#[source] KafkaError),
     /// A transactional call did not return in time: librdkafka waits for
     /// the transaction coordinator without a bound.

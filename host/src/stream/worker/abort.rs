@@ -35,8 +35,10 @@ impl Cause {
                 let code = error.rdkafka_error_code();
                 if kafka::authorization_failure(error).is_some() {
                     Failure::Authorization
+                } else if kafka::is_member_fencing(error) {
+                    Failure::MemberFenced
                 } else if kafka::is_fencing(error) {
-                    Failure::Fenced
+                    Failure::ProducerFenced
                 } else if code.is_some_and(is_unsendable) {
                     Failure::Unsendable
                 } else if kafka::is_stale_generation(error) {
@@ -95,7 +97,21 @@ impl Core {
         step: Step,
         cause: Cause,
     ) -> Result<Flow, StreamError> {
-        let failure = cause.failure();
+        let mut failure = cause.failure();
+        if failure == Failure::ProducerFenced {
+            if let Some((code, reason)) = consumer.client().fatal_error() {
+                // The consumer was fenced as well (another instance with
+                // this worker's id): this one is the zombie, and a new
+                // producer would only fence the live one's.
+                tracing::warn!(
+                    worker = self.worker,
+                    "{cause}; the consumer is fenced too ({code:?}: {reason})"
+                );
+                failure = Failure::MemberFenced;
+            } else {
+                Metrics::add(&self.d.metrics.fenced, 1);
+            }
+        }
         match protocol::decide(step, failure, self.d.exactly_once()) {
             Action::Abort => {
                 if failure == Failure::StaleGeneration {
@@ -141,7 +157,7 @@ impl Core {
                     None => first.message,
                 },
             },
-            (Failure::Fenced, Cause::Call { operation, error }) => {
+            (Failure::MemberFenced | Failure::ProducerFenced, Cause::Call { operation, error }) => {
                 Metrics::add(&self.d.metrics.fenced, 1);
                 tracing::warn!(worker = self.worker, "{operation}: fenced: {error}");
                 Restart::fenced(operation, error)
