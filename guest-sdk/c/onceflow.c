@@ -560,8 +560,13 @@ onceflow_session_windows onceflow_session_windows_with_gap(uint64_t gap_ms, uint
     return (onceflow_session_windows){(int64_t)duration_ms(gap_ms), (int64_t)duration_ms(grace_ms)};
 }
 
+bool onceflow_session_is_late(const onceflow_session_windows *w, int64_t end, int64_t stream_time) {
+    return saturating_add(saturating_add(end, w->gap_ms), w->grace_ms) < stream_time;
+}
+
 bool onceflow_session_is_closed(const onceflow_session_windows *w, int64_t end, int64_t stream_time) {
-    return saturating_add(saturating_add(end, w->gap_ms), w->grace_ms) <= stream_time;
+    int64_t reach = saturating_add(saturating_add(end, w->gap_ms), w->gap_ms);
+    return saturating_add(reach, w->grace_ms) < stream_time;
 }
 
 // A window of a session store as a session (its key and value point into
@@ -595,7 +600,7 @@ onceflow_error *onceflow_session_record(const onceflow_session_windows *w, const
         if (s.start < start) start = s.start;
         if (s.end > end) end = s.end;
     }
-    if (!stream_time || !onceflow_session_is_closed(w, end, *stream_time)) {
+    if (!stream_time || !onceflow_session_is_late(w, end, *stream_time)) {
         onceflow_bytes folded = {NULL, 0};
         bool owned = false; // folded was malloc'd by merge
         for (size_t i = 0; !error && i < n; i++) {
@@ -667,7 +672,7 @@ static onceflow_error *collect_closed(const onceflow_window *window, void *conte
 onceflow_error *onceflow_session_take_closed(const onceflow_session_windows *w, const char *store,
                                              int64_t stream_time, onceflow_session_visitor each, void *context,
                                              uint64_t *count) {
-    int64_t latest = saturating_sub(saturating_sub(stream_time, w->grace_ms), w->gap_ms);
+    int64_t latest = saturating_sub(saturating_sub(saturating_sub(stream_time, w->grace_ms), w->gap_ms), w->gap_ms);
     closed_sessions closed = {w, stream_time, NULL, 0, 0};
     onceflow_error *error = onceflow_window_fetch_all(store, INT64_MIN, latest, collect_closed, &closed);
     for (size_t i = 0; !error && i < closed.len; i++) {

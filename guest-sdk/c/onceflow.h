@@ -272,9 +272,11 @@ onceflow_error *onceflow_take_closed(const onceflow_time_windows *windows, const
 // Session windows, as Kafka Streams' SessionWindows and the Rust SDK's
 // SessionWindows: a key's records closer than `gap` to each other form one
 // session [start, end] (the first and last record's times), and a record
-// bridging two sessions merges them. A session closes when stream time
-// reaches end + gap + grace; a record whose merged session would already be
-// closed is late. Sessions live in a window store under their start; the
+// bridging two sessions merges them. A record is late when its merged
+// session ends before stream_time - gap - grace (Kafka Streams' rule); a
+// session is closed, and emitted, once stream time passes end + 2 * gap +
+// grace, when no record the rule accepts can touch it any more
+// (docs/time.md). Sessions live in a window store under their start; the
 // value is the session's end (8 bytes, big-endian) followed by the
 // aggregate, as in every SDK. Make one with onceflow_session_windows_with_gap.
 typedef struct {
@@ -303,12 +305,17 @@ typedef onceflow_error *(*onceflow_session_visitor)(const onceflow_session *sess
 // Sessions split by `gap_ms` of inactivity, with `grace_ms` for records out
 // of order.
 onceflow_session_windows onceflow_session_windows_with_gap(uint64_t gap_ms, uint64_t grace_ms);
-// Whether a session ending at `end` has closed at `stream_time`.
+// Whether a record is late at `stream_time` when its session (merged with
+// the sessions it touches) ends at `end`: end < stream_time - gap - grace.
+bool onceflow_session_is_late(const onceflow_session_windows *windows, int64_t end, int64_t stream_time);
+// Whether a session ending at `end` is closed at `stream_time`: no record
+// onceflow_session_is_late accepts can touch it any more, stream_time >
+// end + 2 * gap + grace.
 bool onceflow_session_is_closed(const onceflow_session_windows *windows, int64_t end, int64_t stream_time);
 // Adds a record of `key` at `timestamp` to `store`: merges the sessions it
 // touches into one (their aggregates folded with `merge`, oldest first)
 // and adds the record with `add`. `*recorded` is false when the record is
-// late (report it with onceflow_report_late): closed at *stream_time (NULL
+// late (report it with onceflow_report_late) at *stream_time (NULL
 // before the first record: nothing is late). If `session` is not NULL it
 // receives the session (its key is `key`; free its value with
 // onceflow_session_free).

@@ -116,16 +116,19 @@ export interface Session {
 
 /**
  * Session windows (Kafka Streams' SessionWindows): records of a key closer
- * than the gap form one session; a session closes at end + gap + grace.
- * Stored under their start, the value being the end (8 bytes, big-endian)
- * then the aggregate.
+ * than the gap form one session; a record whose merged session ends before
+ * streamTime - gap - grace is late; a session closes once stream time
+ * passes end + 2 * gap + grace. Stored under their start, the value being
+ * the end (8 bytes, big-endian) then the aggregate.
  */
 export class SessionWindows {
   private constructor();
   static withGap(gapMs: Millis, graceMs: Millis): SessionWindows;
   readonly gapMs: bigint;
   readonly graceMs: bigint;
-  /** Whether a session ending at `end` has closed at `streamTime`. */
+  /** Whether a record whose merged session ends at `end` is late at `streamTime`. */
+  isLate(end: Millis, streamTime: Millis): boolean;
+  /** Whether a session ending at `end` is closed at `streamTime` (streamTime > end + 2 * gap + grace). */
   isClosed(end: Millis, streamTime: Millis): boolean;
   /**
    * Adds a record to the sessions it touches (merged with `merge`, oldest

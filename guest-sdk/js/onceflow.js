@@ -490,9 +490,11 @@ function encodeSession(end, aggregate) {
  * Session windows, as Kafka Streams' SessionWindows and the Rust SDK's
  * `SessionWindows`: a key's records closer than `gap` to each other form one
  * session [start, end] (the first and last record's times), and a record
- * bridging two sessions merges them. A session closes when stream time
- * reaches end + gap + grace; a record whose merged session would already be
- * closed is late. Sessions live in a WindowStore under their start; the
+ * bridging two sessions merges them. A record is late when its merged
+ * session ends before streamTime - gap - grace (Kafka Streams' rule); a
+ * session is closed, and emitted, once stream time passes end + 2 * gap +
+ * grace, when no record the rule accepts can touch it any more
+ * (docs/time.md). Sessions live in a WindowStore under their start; the
  * value is the session's end (8 bytes, big-endian) followed by the aggregate,
  * as in every SDK. Sessions are `{ key: Uint8Array, start: bigint, end:
  * bigint, value: Uint8Array }`. Times are BigInt ms (Numbers are accepted).
@@ -509,9 +511,21 @@ export class SessionWindows {
     return new SessionWindows(durationMs(gapMs, 'gapMs'), durationMs(graceMs, 'graceMs'));
   }
 
-  /** Whether a session ending at `end` has closed at `streamTime`. */
+  /**
+   * Whether a record is late at `streamTime` when its session (merged with
+   * the sessions it touches) ends at `end`: end < streamTime - gap - grace.
+   */
+  isLate(end, streamTime) {
+    return saturate(saturate(BigInt(end) + this.gapMs) + this.graceMs) < BigInt(streamTime);
+  }
+
+  /**
+   * Whether a session ending at `end` is closed at `streamTime`: no record
+   * isLate accepts can touch it any more, streamTime > end + 2 * gap + grace.
+   */
   isClosed(end, streamTime) {
-    return saturate(saturate(BigInt(end) + this.gapMs) + this.graceMs) <= BigInt(streamTime);
+    const reach = saturate(saturate(BigInt(end) + this.gapMs) + this.gapMs);
+    return saturate(reach + this.graceMs) < BigInt(streamTime);
   }
 
   /**
@@ -537,7 +551,7 @@ export class SessionWindows {
       start = earlier(start, s.start);
       end = later(end, s.end);
     }
-    if (streamTime !== undefined && streamTime !== null && this.isClosed(end, streamTime)) return undefined;
+    if (streamTime !== undefined && streamTime !== null && this.isLate(end, streamTime)) return undefined;
     let folded;
     for (const s of touching) {
       folded = folded === undefined ? s.value : bytes(merge(folded, s.value));
@@ -554,7 +568,7 @@ export class SessionWindows {
    */
   takeClosed(store, streamTime, each) {
     const now = BigInt(streamTime);
-    const latest = saturate(saturate(now - this.graceMs) - this.gapMs);
+    const latest = saturate(saturate(saturate(now - this.graceMs) - this.gapMs) - this.gapMs);
     const closed = [];
     for (const window of store.fetchAll(I64_MIN, latest)) {
       const session = decodeSession(window);

@@ -476,9 +476,11 @@ class SessionWindows:
     """Session windows, as Kafka Streams' SessionWindows and the Rust SDK's
     `SessionWindows`: a key's records closer than `gap` to each other form
     one session [start, end] (the first and last record's times), and a
-    record bridging two sessions merges them. A session closes when stream
-    time reaches end + gap + grace; a record whose merged session would
-    already be closed is late. Sessions live in a window store under their
+    record bridging two sessions merges them. A record is late when its
+    merged session ends before stream_time - gap - grace (Kafka Streams'
+    rule); a session is closed, and emitted, once stream time passes
+    end + 2 * gap + grace, when no record the rule accepts can touch it any
+    more (docs/time.md). Sessions live in a window store under their
     start; the value is the session's end (8 bytes, big-endian) followed by
     the aggregate, as in every SDK. Times are ints, ms."""
 
@@ -503,9 +505,18 @@ class SessionWindows:
             other.grace_ms,
         )
 
+    def is_late(self, end: int, stream_time: int) -> bool:
+        """Whether a record is late at `stream_time` when its session
+        (merged with the sessions it touches) ends at `end`:
+        end < stream_time - gap - grace."""
+        return _saturate(_saturate(end + self.gap_ms) + self.grace_ms) < stream_time
+
     def is_closed(self, end: int, stream_time: int) -> bool:
-        """Whether a session ending at `end` has closed at `stream_time`."""
-        return _saturate(_saturate(end + self.gap_ms) + self.grace_ms) <= stream_time
+        """Whether a session ending at `end` is closed at `stream_time`: no
+        record `is_late` accepts can touch it any more,
+        stream_time > end + 2 * gap + grace."""
+        reach = _saturate(_saturate(end + self.gap_ms) + self.gap_ms)
+        return _saturate(reach + self.grace_ms) < stream_time
 
     def record(
         self,
@@ -532,7 +543,7 @@ class SessionWindows:
                 touching.append(session)
         start = min([timestamp] + [s.start for s in touching])
         end = max([timestamp] + [s.end for s in touching])
-        if stream_time is not None and self.is_closed(end, stream_time):
+        if stream_time is not None and self.is_late(end, stream_time):
             return None
         folded: Optional[bytes] = None
         for s in touching:
@@ -547,7 +558,7 @@ class SessionWindows:
     ) -> int:
         """Every session of `store` closed at `stream_time`: calls `each` on
         it, then deletes it (emit final). Returns how many there were."""
-        latest = _saturate(_saturate(stream_time - self.grace_ms) - self.gap_ms)
+        latest = _saturate(_saturate(_saturate(stream_time - self.grace_ms) - self.gap_ms) - self.gap_ms)
         closed = []
         for window in store.fetch_all(I64_MIN, latest):
             session = _decode_session(window)

@@ -405,8 +405,19 @@ impl TimeWindows {
 /// Session windows, as Kafka Streams' `SessionWindows`: a key's records
 /// closer than `gap` to each other form one session `[start, end]` (the
 /// first and last record's times), and a record bridging two sessions
-/// merges them. A session closes when stream time reaches `end + gap +
-/// grace`; a record whose merged session would already be closed is late.
+/// merges them.
+///
+/// - **Late** (Kafka Streams' rule): a record whose session, merged with
+///   the sessions it touches, ends before `stream time - gap - grace`
+///   ([`SessionWindows::is_late`]).
+/// - **Closed** (emit final): a session ending at `end` is emitted once
+///   stream time passes `end + 2 * gap + grace`
+///   ([`SessionWindows::is_closed`]). Until then a record the lateness
+///   rule accepts can still change it: one at `end + gap` touches it, and
+///   is accepted up to stream time `end + 2 * gap + grace`. (Kafka
+///   Streams' `suppress(untilWindowCloses)` emits at `end + gap + grace`,
+///   and emits the session again if such a record makes it grow:
+///   docs/time.md.)
 ///
 /// Sessions live in a [`WindowStore`] under their start; the value is the
 /// session's end (8 bytes, big-endian) followed by the aggregate.
@@ -458,11 +469,23 @@ impl SessionWindows {
         }
     }
 
-    /// Whether a session ending at `end` has closed at `stream_time`.
-    pub const fn is_closed(&self, end: i64, stream_time: i64) -> bool {
+    /// Whether a record is late at `stream_time` when its session (merged
+    /// with the sessions it touches) ends at `end`: `end < stream_time -
+    /// gap - grace`, Kafka Streams' rule.
+    pub const fn is_late(&self, end: i64, stream_time: i64) -> bool {
         end.saturating_add(self.gap_ms)
             .saturating_add(self.grace_ms)
-            <= stream_time
+            < stream_time
+    }
+
+    /// Whether a session ending at `end` is closed at `stream_time`: no
+    /// record that [`SessionWindows::is_late`] accepts can touch it any
+    /// more, `stream_time > end + 2 * gap + grace`.
+    pub const fn is_closed(&self, end: i64, stream_time: i64) -> bool {
+        end.saturating_add(self.gap_ms)
+            .saturating_add(self.gap_ms)
+            .saturating_add(self.grace_ms)
+            < stream_time
     }
 
     /// Adds a record of `key` at `timestamp` to `store`: merges the
@@ -498,7 +521,7 @@ impl SessionWindows {
             .max()
             .unwrap_or(timestamp)
             .max(timestamp);
-        if stream_time.is_some_and(|now| self.is_closed(end, now)) {
+        if stream_time.is_some_and(|now| self.is_late(end, now)) {
             return Ok(None);
         }
         let mut folded: Option<Vec<u8>> = None;
@@ -527,8 +550,11 @@ impl SessionWindows {
         stream_time: i64,
         mut each: impl FnMut(&Session) -> Result<(), Error>,
     ) -> Result<u64, Error> {
+        // A closed session started at or before its end, which is before
+        // stream time - 2 * gap - grace.
         let latest = stream_time
             .saturating_sub(self.grace_ms)
+            .saturating_sub(self.gap_ms)
             .saturating_sub(self.gap_ms);
         let closed: Vec<Session> = store
             .fetch_all(i64::MIN, latest)
@@ -609,7 +635,8 @@ mod tests {
             (s.start, s.end, s.value.as_slice()),
             (10_000, 22_000, &b"4"[..])
         );
-        // [0, 3 s] closed at 3 + 5 + 10: a record in it is late at 30 s.
+        // A record whose session would end before stream time - gap -
+        // grace is late: at 1 s in [0, 3 s], at stream time 30 s.
         assert!(
             sessions
                 .record(&store, "u", 1_000, Some(30_000), sum, count)
@@ -617,17 +644,110 @@ mod tests {
                 .is_none()
         );
         let mut emitted = Vec::new();
-        sessions
-            .take_closed(&store, 37_000, |s| {
-                emitted.push((s.start, s.end, s.value.clone()));
-                Ok(())
-            })
-            .unwrap();
+        let mut take = |at: i64| {
+            sessions
+                .take_closed(&store, at, |s| {
+                    emitted.push((s.start, s.end, s.value.clone()));
+                    Ok(())
+                })
+                .unwrap()
+        };
+        // [0, 3 s] can change until 3 + 2 * 5 + 10 = 23 s; [10 s, 22 s]
+        // until 42 s.
+        assert_eq!(take(23_000), 0);
+        assert_eq!(take(23_001), 1);
+        assert_eq!(take(42_000), 0);
+        assert_eq!(take(42_001), 1);
         assert_eq!(
             emitted,
             [(0, 3_000, b"2".to_vec()), (10_000, 22_000, b"4".to_vec())]
         );
         assert!(host.windows("sessions").is_empty());
+    }
+
+    #[test]
+    fn a_session_is_emitted_only_when_no_accepted_record_can_change_it() {
+        use crate::testing::TestHost;
+        let host = TestHost::new();
+        let store = WindowStore::new(&host, "sessions");
+        // Gap 30 s, grace 5 s: issue 44's example, key `café-Ω`.
+        let sessions = SessionWindows::with_gap(Duration::from_secs(30), Duration::from_secs(5));
+        let count = |old: Option<&[u8]>| vec![old.map_or(0, |v| v[0]) + 1];
+        let sum = |a: &[u8], b: &[u8]| vec![a[0] + b[0]];
+        let mut emitted = Vec::new();
+        let at = |t: i64, now: i64, emitted: &mut Vec<(i64, i64, u8)>| {
+            let s = sessions
+                .record(&store, "café-Ω", t, Some(now), sum, count)
+                .unwrap()
+                .map(|s| (s.start, s.end, s.value[0]));
+            sessions
+                .take_closed(&store, now, |s| {
+                    emitted.push((s.start, s.end, s.value[0]));
+                    Ok(())
+                })
+                .unwrap();
+            s
+        };
+        assert_eq!(
+            at(696_459, 696_459, &mut emitted),
+            Some((696_459, 696_459, 1))
+        );
+        assert_eq!(
+            at(722_000, 722_000, &mut emitted),
+            Some((696_459, 722_000, 2))
+        );
+        // A record inside it is late at stream time 764.999 s (its merged
+        // session ends at 722 s, before 764.999 - 35 s).
+        assert_eq!(at(700_000, 764_999, &mut emitted), None);
+        // That is past end + gap + grace (757 s), where Kafka Streams
+        // emits the session; not closed here: a record at 730 s is still
+        // accepted and touches it.
+        assert!(emitted.is_empty());
+        assert_eq!(
+            at(730_000, 764_999, &mut emitted),
+            Some((696_459, 730_000, 3))
+        );
+        // Exactly gap + grace behind stream time is on time (late only
+        // when strictly before: Kafka Streams' rule); 1 ms more is late.
+        assert_eq!(
+            at(730_000, 765_000, &mut emitted),
+            Some((696_459, 730_000, 4))
+        );
+        assert_eq!(at(730_000, 765_001, &mut emitted), None);
+        // At 730 + 2 * 30 + 5 = 795 s a record at 760 s still touches it
+        // and is accepted: the session grows.
+        assert_eq!(
+            at(760_000, 795_000, &mut emitted),
+            Some((696_459, 760_000, 5))
+        );
+        assert!(emitted.is_empty(), "{emitted:?}");
+        // Closed once stream time passes 760 + 65 = 825 s, emitted once.
+        at(825_000, 825_000, &mut emitted);
+        assert!(emitted.is_empty(), "{emitted:?}");
+        at(825_001, 825_001, &mut emitted);
+        assert_eq!(emitted, [(696_459, 760_000, 5)]);
+    }
+
+    #[test]
+    fn time_windows_at_their_exact_boundaries_follow_kafka_streams() {
+        // Kafka Streams' rule (KStreamWindowAggregate, suppress): a window
+        // is closed when end + grace <= stream time.
+        let w = TimeWindows::hopping(MIN, Duration::from_secs(20), TEN_S);
+        // A window whose end equals stream time is open (its grace runs).
+        assert_eq!(w.open_windows(59_999, Some(60_000)), [0, 20_000, 40_000]);
+        // Stream time exactly at end + grace: [0, 60 s) closed; the record
+        // at 59.999 s is then only in the windows starting at 20 s and 40 s.
+        assert_eq!(w.open_windows(59_999, Some(70_000)), [20_000, 40_000]);
+        assert_eq!(w.open_windows(59_999, Some(69_999)), [0, 20_000, 40_000]);
+        // A record exactly at a window's end is not in it.
+        assert_eq!(w.windows_for(60_000), [20_000, 40_000, 60_000]);
+        // Late in every window: stream time at the last one's end + grace.
+        assert!(w.open_windows(59_999, Some(110_000)).is_empty());
+        // The punctuation falls on each closing point: 70 s, 90 s, 110 s.
+        assert_eq!(w.punctuation_interval(), Duration::from_secs(10));
+        let tumbling = TimeWindows::tumbling(MIN, TEN_S);
+        assert_eq!(tumbling.open_windows(59_999, Some(69_999)), [0]);
+        assert!(tumbling.open_windows(59_999, Some(70_000)).is_empty());
     }
 
     #[test]

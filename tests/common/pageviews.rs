@@ -44,6 +44,20 @@ pub fn views(n: usize, seed: u64, base: i64) -> Vec<(String, i64)> {
     out
 }
 
+/// Views of page `/edge` at the windows' exact boundaries, from `base` (a
+/// minute boundary) on, for the front of a partition's time: a view at a
+/// window's end (stream time there, the window still open: grace), one
+/// 1 ms before it (on time), stream time at exactly end + grace (the window
+/// closes and is emitted), and a view of it then (late: exactly end +
+/// grace). Kafka Streams' rule for both: a window is closed when `end +
+/// grace <= stream time`.
+pub fn boundary_views(base: i64) -> Vec<(String, i64)> {
+    [0, SIZE, SIZE - 1, SIZE + GRACE, SIZE - 1, SIZE + GRACE - 1]
+        .into_iter()
+        .map(|at| ("/edge".to_owned(), base + at))
+        .collect()
+}
+
 /// The final count of each window closed by the end of its partition's
 /// stream time `(page, start, count)`, and the late views `(page, at)`.
 pub type Expected = (BTreeSet<(String, i64, u64)>, BTreeSet<(String, i64)>);

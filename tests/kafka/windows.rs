@@ -6,7 +6,8 @@
 //! Streams 4.4 (`bench/kstreams-wallet`'s `KStreamsPageviews`: the DSL's
 //! `windowedBy(...).count().suppress(untilWindowCloses(...))`) runs on the
 //! same input topic, and its output must equal Onceflow's, record for
-//! record per partition, key and window.
+//! record per partition, key and window. And the session windows (issue
+//! 44) beside `KStreamsSessions`, with its record cache and without.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use crate::common::cluster::{Cluster, plain_producer, serial};
 use crate::common::host_process::Host;
 use crate::common::kstreams::{KStreams, Read, produce, read_committed, unique};
 use crate::common::pageviews::{late_at, model, parse_count, views};
+use crate::common::sessions;
 use crate::common::txn_probe::TxnProbe;
 
 /// Sends views with their timestamps, then waits for the acknowledgements.
@@ -291,4 +293,221 @@ fn pageviews_exactly_once_with_kills_matches_kafka_streams() {
         theirs.len(),
         theirs == ours
     );
+}
+
+/// The sessions test guest's manifest on the test's own topics.
+fn sessions_manifest(dir: &Path, name: &str, input: &str, output: &str, dlq: &str) -> PathBuf {
+    let guest = build_guest("tests/guests/sessions/onceflow.toml");
+    let component = guest
+        .parent()
+        .expect("the guest's directory")
+        .join("target/onceflow/sessions.wasm");
+    let text = std::fs::read_to_string(&guest)
+        .expect("the guest's manifest")
+        .replace("name = \"sessions\"", &format!("name = \"{name}\""))
+        .replace("inputs = [\"clicks\"]", &format!("inputs = [\"{input}\"]"))
+        .replace(
+            "component = \"target/onceflow/sessions.wasm\"",
+            &format!("component = \"{}\"", component.display()),
+        )
+        .replace(
+            "sessions = \"sessions\"",
+            &format!("sessions = \"{output}\""),
+        )
+        .replace(
+            "dead-letter-topic = \"clicks.dlq\"",
+            &format!("dead-letter-topic = \"{dlq}\""),
+        );
+    let path = dir.join("onceflow.toml");
+    std::fs::write(&path, text).expect("write the manifest");
+    path
+}
+
+/// A `<start> <end> <count>` session value.
+fn parse_session(value: &str) -> (i64, i64, u64) {
+    let parts: Vec<&str> = value.split(' ').collect();
+    match parts[..] {
+        [start, end, count] => (
+            start.parse().expect("a start"),
+            end.parse().expect("an end"),
+            count.parse().expect("a count"),
+        ),
+        _ => panic!("not a session: {value:?}"),
+    }
+}
+
+/// Issue 44: session windows beside Kafka Streams 4.4's
+/// (`KStreamsSessions`: `SessionWindows.ofInactivityGapAndGrace(5 s, 10 s)`,
+/// `count()`, `suppress(untilWindowCloses(unbounded()))`) on the same
+/// clicks, boundary cases included (docs/time.md, "When a session is late,
+/// and when it is final"). Onceflow's sessions must be the model's, each
+/// once. Kafka Streams emits a session at `end + gap + grace` and again
+/// each time a record that is not late makes it grow; with those earlier
+/// emissions set aside (each is contained in a later one of its key), its
+/// sessions must be Onceflow's exactly: the lateness rule is the same.
+#[test]
+fn sessions_match_kafka_streams_where_the_semantics_agree() {
+    let _serial = serial();
+    let cluster = Cluster::shared();
+    let id = unique();
+    let name = format!("sessions-{id}");
+    let (input, output, dlq, ks_output) = (
+        format!("clicks-{id}"),
+        format!("sessions-{id}"),
+        format!("clicks-{id}.dlq"),
+        format!("ks-sessions-{id}"),
+    );
+    cluster.create_topics(&[(&input, 3), (&output, 3), (&dlq, 1)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manifest = sessions_manifest(dir.path(), &name, &input, &output, &dlq);
+
+    // A day ago: inside the topics' retention (judged by record time).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let base = now - 24 * 3600 * 1000;
+    let mut all = sessions::clicks(1_500, 5, base);
+    // Last, a click an hour later in every partition: every session closes
+    // in both.
+    let last = all.iter().map(|(_, at)| *at).max().expect("clicks");
+    for p in 0..3 {
+        let user = (0..)
+            .map(|i| format!("flush-{i}"))
+            .find(|u| onceflow::offline::kafka_partition(u.as_bytes(), 3) == p)
+            .expect("a user of each partition");
+        all.push((user, last + 3_600_000));
+    }
+    let records: Vec<_> = all
+        .iter()
+        .map(|(user, at)| (input.clone(), user.clone(), Some(String::new()), *at))
+        .collect();
+    produce(&plain_producer(cluster), &records);
+    let (model, late, _) = sessions::sessions_model(&all, 3);
+
+    let host = Host::run(&manifest, &cluster.host_bootstrap, dir.path(), "a", &[]);
+    let group = format!("test.{name}");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let (committed, end) = cluster.progress(&group, &input);
+        if end == all.len() as i64 && committed == end {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the host did not finish: {committed} of {end}; log:\n{}",
+            host.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = host.log_text();
+    assert!(host.stop().success(), "a clean stop; log:\n{log}");
+    let mut ours = BTreeSet::new();
+    for (_, key, value, _) in read_committed(cluster, &output) {
+        let session = (key.clone(), parse_session(&value));
+        assert!(ours.insert(session.clone()), "{session:?} emitted twice");
+    }
+    let expected: BTreeSet<_> = model
+        .iter()
+        .map(|(key, value)| (key.clone(), parse_session(value)))
+        .collect();
+    assert!(
+        ours == expected,
+        "Onceflow's sessions are the model's: only Onceflow {:?}; only the model {:?}",
+        ours.difference(&expected).collect::<Vec<_>>(),
+        expected.difference(&ours).collect::<Vec<_>>()
+    );
+
+    // Kafka Streams on the same input: with its record cache (the
+    // default), then without (every update reaches suppress, as in
+    // TopologyTestDriver).
+    let edge = sessions::edge_at(base);
+    for cache in ["cache", "no-cache"] {
+        let ks_output = format!("{ks_output}-{cache}");
+        cluster.create_topics(&[(&ks_output, 3)]);
+        let state = dir.path().join(format!("kstreams-state-{cache}"));
+        let app = format!("ks-sessions-{id}-{cache}");
+        let log_path = dir.path().join(format!("kstreams-{cache}.log"));
+        let ks = KStreams::start(
+            "KStreamsSessions",
+            &[
+                &cluster.bootstrap,
+                &app,
+                &input,
+                &ks_output,
+                "exactly_once_v2",
+                "100",
+                state.to_str().expect("utf-8 path"),
+                cache,
+            ],
+            &log_path,
+        );
+        let ks_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            let (committed, end) = cluster.progress(&app, &input);
+            if end == all.len() as i64 && committed == end {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Kafka Streams ({cache}) did not finish: {committed} of {end}; log:\n{}",
+                ks_log()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        // Its last commit carried its last emissions.
+        std::thread::sleep(Duration::from_secs(2));
+        drop(ks);
+        // Each partition's emissions in order; an emission is superseded by
+        // a later one of its key that contains it (the session grew).
+        let theirs: Vec<(String, (i64, i64, u64))> = read_committed(cluster, &ks_output)
+            .into_iter()
+            .map(|(_, key, value, _)| (key, parse_session(&value)))
+            .collect();
+        let mut kept = BTreeSet::new();
+        let mut superseded = Vec::new();
+        for (i, (key, session)) in theirs.iter().enumerate() {
+            let (start, end, count) = *session;
+            let grown = theirs[i + 1..]
+                .iter()
+                .any(|(k, (s, e, _))| k == key && *s <= start && *e >= end);
+            if grown {
+                superseded.push((key.clone(), *session));
+            } else {
+                assert!(
+                    kept.insert((key.clone(), *session)),
+                    "Kafka Streams ({cache}) emitted {key} {start} {end} {count} twice"
+                );
+            }
+        }
+        println!(
+            "FIGURE sessions_vs_kafka_streams_{} clicks {} late {late} onceflow_sessions {} \
+             kafka_streams_emissions {} of_which_superseded {} equal {}",
+            cache.replace('-', "_"),
+            all.len(),
+            ours.len(),
+            theirs.len(),
+            superseded.len(),
+            kept == ours
+        );
+        if cache == "no-cache" {
+            // The boundary user's session, emitted at end + gap + grace
+            // with 1 click, then 2, before it grew to its final 3.
+            assert!(
+                superseded.contains(&("edge".to_owned(), (edge, edge, 1)))
+                    && superseded.contains(&("edge".to_owned(), (edge, edge + 5_000, 2))),
+                "Kafka Streams emitted the boundary session before it grew (docs/time.md): \
+                 {superseded:?}"
+            );
+        }
+        assert!(
+            kept == ours,
+            "Onceflow and Kafka Streams ({cache}) agree on every final session: only Kafka \
+             Streams {:?}; only Onceflow {:?}; log:\n{}",
+            kept.difference(&ours).collect::<Vec<_>>(),
+            ours.difference(&kept).collect::<Vec<_>>(),
+            ks_log()
+        );
+    }
 }

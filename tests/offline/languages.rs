@@ -10,10 +10,11 @@
 //! (`scripts/setup` installs them ahead: node/npm, python3-venv, Go 1.24+,
 //! clang + wasi-libc, `wit-bindgen`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::sessions::{BASE, clicks, edge_at, sessions_model};
 use crate::common::{self, build_guest, onceflow, repo};
 
 const WALLETS: [&str; 4] = [
@@ -370,131 +371,6 @@ fn every_fraud_prints_exactly_what_the_rust_fraud_prints() {
     assert_eq!(compared, 8 * FRAUDS.len());
 }
 
-/// The session guests' gap and grace, ms.
-const GAP: i64 = 5_000;
-const GRACE: i64 = 10_000;
-
-/// Clicks `(user, time)`: first the Rust SDK unit test's story (two
-/// sessions, a record that merges two, a late one), then `n` clicks of 15
-/// users (some names need JSON escaping) mostly moving forward, some out of
-/// order (bridging sessions, or late), some after long pauses.
-fn clicks(n: usize, seed: u64) -> Vec<(String, i64)> {
-    const BASE: i64 = 1_700_000_000_000;
-    let mut out: Vec<(String, i64)> = [0, 3_000, 20_000, 22_000, 10_000, 15_000]
-        .into_iter()
-        .map(|at| ("u".to_owned(), BASE + at))
-        .collect();
-    out.push(("v".to_owned(), BASE + 30_000));
-    // [0, 3 s] was emitted at 20 s: a click at 1 s is a session closed at 30 s.
-    out.push(("u".to_owned(), BASE + 1_000));
-    let mut users: Vec<String> = (0..12).map(|i| format!("user-{i}")).collect();
-    users.extend([
-        "zo\u{eb}".to_owned(),
-        "q\"uote".to_owned(),
-        "\u{65e5}\u{672c}".to_owned(),
-    ]);
-    let mut state = seed;
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) as i64
-    };
-    let mut now = BASE + 30_000;
-    for _ in 0..n {
-        let user = users[next() as usize % users.len()].clone();
-        let at = match next() % 100 {
-            0..=79 => {
-                now += next() % 1_500;
-                now
-            }
-            80..=94 => now - next() % 20_000,
-            _ => {
-                now += 5_000 + next() % 25_000;
-                now
-            }
-        };
-        out.push((user, at));
-    }
-    out
-}
-
-/// What the session guests must do with `clicks` over `partitions`
-/// partitions, as Kafka Streams' `SessionWindows.ofInactivityGapAndGrace(5 s,
-/// 10 s)` count with `suppress(untilWindowCloses)`: the `(key, value)` lines
-/// they emit, in order (a session is emitted at the record that moves its
-/// partition's stream time to its end + gap + grace, a partition's sessions
-/// in key and start order), how many clicks are late, and the sessions left
-/// open at the end `(partition, key, start, end, count)`.
-type SessionsModel = (
-    Vec<(String, String)>,
-    usize,
-    BTreeSet<(i32, String, i64, i64, u64)>,
-);
-
-/// A partition's open sessions: (key, start) -> (end, count).
-type OpenSessions = BTreeMap<(Vec<u8>, i64), (i64, u64)>;
-
-fn sessions_model(clicks: &[(String, i64)], partitions: i32) -> SessionsModel {
-    let mut time: BTreeMap<i32, i64> = BTreeMap::new();
-    let mut open: BTreeMap<i32, OpenSessions> = BTreeMap::new();
-    let mut emitted = Vec::new();
-    let mut late = 0;
-    for (user, at) in clicks {
-        let key = user.as_bytes().to_vec();
-        let p = onceflow::offline::kafka_partition(&key, partitions);
-        let before = time.get(&p).copied();
-        let now = before.map_or(*at, |t| t.max(*at));
-        time.insert(p, now);
-        let sessions = open.entry(p).or_default();
-        // The sessions within the gap of this click: merged with it.
-        let touching: Vec<(i64, i64, u64)> = sessions
-            .iter()
-            .filter(|((k, start), (end, _))| *k == key && *start <= at + GAP && end + GAP >= *at)
-            .map(|((_, start), (end, count))| (*start, *end, *count))
-            .collect();
-        let start = touching.iter().map(|s| s.0).fold(*at, i64::min);
-        let end = touching.iter().map(|s| s.1).fold(*at, i64::max);
-        if end + GAP + GRACE <= now {
-            late += 1;
-        } else {
-            for (s, _, _) in &touching {
-                sessions.remove(&(key.clone(), *s));
-            }
-            let count = touching.iter().map(|s| s.2).sum::<u64>() + 1;
-            sessions.insert((key, start), (end, count));
-        }
-        // Punctuation at every advance of stream time (and the first record).
-        if before.is_none_or(|t| now > t) {
-            let closed: OpenSessions = sessions
-                .iter()
-                .filter(|(_, (end, _))| end + GAP + GRACE <= now)
-                .map(|(k, v)| (k.clone(), *v))
-                .collect();
-            for ((k, start), (end, count)) in closed {
-                sessions.remove(&(k.clone(), start));
-                let user = String::from_utf8(k).expect("UTF-8 users");
-                emitted.push((user, format!("{start} {end} {count}")));
-            }
-        }
-    }
-    let left = open
-        .into_iter()
-        .flat_map(|(p, sessions)| {
-            sessions.into_iter().map(move |((k, start), (end, count))| {
-                (
-                    p,
-                    String::from_utf8(k).expect("UTF-8 users"),
-                    start,
-                    end,
-                    count,
-                )
-            })
-        })
-        .collect();
-    (emitted, late, left)
-}
-
 /// `onceflow test --dump-state` in batches of `batch` over `partitions`:
 /// stdout, and how many late records the run's summary says it dropped.
 fn run_sessions(manifest: &Path, input: &Path, batch: &str, partitions: &str) -> (Vec<u8>, usize) {
@@ -532,7 +408,7 @@ fn every_sdk_counts_sessions_as_the_rust_sdk_and_a_model_do() {
     use base64::Engine as _;
     let guests: Vec<PathBuf> = SESSIONS.iter().map(|m| build_guest(m)).collect();
     let dir = tempfile::tempdir().expect("temp dir");
-    let clicks = clicks(1_500, 3);
+    let clicks = clicks(1_500, 3, BASE);
     let input = dir.path().join("clicks.jsonl");
     let lines: Vec<String> = clicks
         .iter()
@@ -549,6 +425,18 @@ fn every_sdk_counts_sessions_as_the_rust_sdk_and_a_model_do() {
     let mut compared = 0;
     for partitions in [1, 3] {
         let (emitted, late, left) = sessions_model(&clicks, partitions);
+        // The boundary user's session grew after the point where Kafka
+        // Streams' suppress would have emitted it, and is emitted once.
+        let edge: Vec<&String> = emitted
+            .iter()
+            .filter(|(k, _)| k == "edge")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(
+            edge.first().map(|v| v.as_str()),
+            Some(format!("{} {} 3", edge_at(BASE), edge_at(BASE) + 10_000).as_str()),
+            "the boundary sessions: {edge:?}"
+        );
         assert!(
             emitted.len() > 500 && late > 10 && !left.is_empty(),
             "{} sessions, {late} late, {} open",

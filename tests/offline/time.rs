@@ -9,7 +9,7 @@ use crate::common::fraud::{model as fraud_model, round};
 use crate::common::{build_guest, json_lines, offline_test, repo};
 use serde_json::json;
 
-use crate::common::pageviews::{SIZE, late_at, model, parse_count, views};
+use crate::common::pageviews::{SIZE, boundary_views, late_at, model, parse_count, views};
 
 /// A minute boundary, so windows start on round numbers.
 const BASE: i64 = 1_700_000_040_000;
@@ -44,11 +44,26 @@ fn input(views: &[(String, i64)]) -> String {
 #[test]
 fn pageviews_emits_each_closed_window_once_whatever_the_batching() {
     let manifest = build_guest("examples/pageviews/onceflow.toml");
-    let views = views(3_000, 7, BASE);
+    // The boundaries first, 10 minutes before the rest.
+    let edge_at = BASE - 10 * SIZE;
+    let mut views_all = boundary_views(edge_at);
+    views_all.extend(views(3_000, 7, BASE));
+    let views = views_all;
     let input = input(&views);
     for partitions in [1, 3] {
         let (closed, late) = model(&views, partitions);
         assert!(closed.len() > 100 && late.len() > 50, "{closed:?} {late:?}");
+        // The window [edge, edge + 60 s) counts the view at 59.999 s that
+        // came when stream time stood at its end, and not the one at
+        // exactly end + grace.
+        assert!(
+            closed.contains(&("/edge".to_owned(), edge_at, 2)),
+            "{closed:?}"
+        );
+        assert!(
+            late.contains(&("/edge".to_owned(), edge_at + SIZE - 1)),
+            "{late:?}"
+        );
         let mut first: Option<Vec<u8>> = None;
         for batch in ["1", "7", "500"] {
             let out = batched(&manifest, &input, batch, partitions);

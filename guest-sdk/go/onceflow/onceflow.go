@@ -647,9 +647,11 @@ func (w TimeWindows) TakeClosed(store WindowStore, streamTime int64, each func(W
 // SessionWindows are session windows, as Kafka Streams' SessionWindows and
 // the Rust SDK's SessionWindows: a key's records closer than gap to each
 // other form one session [start, end] (the first and last record's times),
-// and a record bridging two sessions merges them. A session closes when
-// stream time reaches end+gap+grace; a record whose merged session would
-// already be closed is late. Sessions live in a window store under their
+// and a record bridging two sessions merges them. A record is late when
+// its merged session ends before streamTime-gap-grace (Kafka Streams'
+// rule); a session is closed, and emitted, once stream time passes
+// end+2*gap+grace, when no record the rule accepts can touch it any more
+// (docs/time.md). Sessions live in a window store under their
 // start; the value is the session's end (8 bytes, big-endian) followed by
 // the aggregate, as in every SDK.
 type SessionWindows struct {
@@ -676,10 +678,19 @@ func (w SessionWindows) GapMs() int64 { return w.gapMs }
 // GraceMs is the grace period, ms.
 func (w SessionWindows) GraceMs() int64 { return w.graceMs }
 
-// IsClosed reports whether a session ending at end has closed at
-// streamTime.
+// IsLate reports whether a record is late at streamTime when its session
+// (merged with the sessions it touches) ends at end: end <
+// streamTime-gap-grace.
+func (w SessionWindows) IsLate(end, streamTime int64) bool {
+	return saturatingAdd(saturatingAdd(end, w.gapMs), w.graceMs) < streamTime
+}
+
+// IsClosed reports whether a session ending at end is closed at
+// streamTime: no record IsLate accepts can touch it any more, streamTime >
+// end+2*gap+grace.
 func (w SessionWindows) IsClosed(end, streamTime int64) bool {
-	return saturatingAdd(saturatingAdd(end, w.gapMs), w.graceMs) <= streamTime
+	reach := saturatingAdd(saturatingAdd(end, w.gapMs), w.gapMs)
+	return saturatingAdd(reach, w.graceMs) < streamTime
 }
 
 // decodeSession reads a window of a session store: false when its value is
@@ -711,7 +722,7 @@ func (w SessionWindows) Record(store WindowStore, key []byte, timestamp, streamT
 			start, end = min(start, s.Start), max(end, s.End)
 		}
 	}
-	if known && w.IsClosed(end, streamTime) {
+	if known && w.IsLate(end, streamTime) {
 		return Session{}, false, nil
 	}
 	var folded []byte
@@ -736,7 +747,7 @@ func (w SessionWindows) Record(store WindowStore, key []byte, timestamp, streamT
 // TakeClosed calls each on every session of store closed at streamTime,
 // then deletes it (emit final), and returns how many there were.
 func (w SessionWindows) TakeClosed(store WindowStore, streamTime int64, each func(Session) error) (int, error) {
-	latest := saturatingAdd(saturatingAdd(streamTime, -w.graceMs), -w.gapMs)
+	latest := saturatingAdd(saturatingAdd(saturatingAdd(streamTime, -w.graceMs), -w.gapMs), -w.gapMs)
 	var closed []Session
 	err := store.FetchAll(math.MinInt64, latest, func(window Window) error {
 		if s, ok := decodeSession(window); ok && w.IsClosed(s.End, streamTime) {
