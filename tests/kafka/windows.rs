@@ -36,36 +36,88 @@ fn produce_views(producer: &BaseProducer, topic: &str, views: &[(String, i64)]) 
     produce(producer, &records);
 }
 
-/// The pageviews manifest on the test's own topics.
-fn pageviews_manifest(dir: &Path, name: &str, input: &str, counts: &str, dlq: &str) -> PathBuf {
-    let example = build_guest("examples/pageviews/onceflow.toml");
-    let component = example
+/// The manifest of guest `manifest` (built, its component `wasm` under
+/// `target/onceflow`) in `dir`, with each `(line, replacement)` made:
+/// the test's own names and topics.
+fn manifest_on(dir: &Path, manifest: &str, wasm: &str, replace: &[(&str, String)]) -> PathBuf {
+    let guest = build_guest(manifest);
+    let component = guest
         .parent()
-        .expect("the example's directory")
-        .join("target/onceflow/pageviews.wasm");
-    let text = std::fs::read_to_string(&example)
-        .expect("the example's manifest")
-        .replace("name = \"pageviews\"", &format!("name = \"{name}\""))
-        .replace("tenant = \"demo\"", "tenant = \"test\"")
+        .expect("the guest's directory")
+        .join("target/onceflow")
+        .join(wasm);
+    let mut text = std::fs::read_to_string(&guest)
+        .expect("the guest's manifest")
         .replace(
-            "inputs = [\"pageviews\"]",
-            &format!("inputs = [\"{input}\"]"),
-        )
-        .replace(
-            "component = \"target/onceflow/pageviews.wasm\"",
+            &format!("component = \"target/onceflow/{wasm}\""),
             &format!("component = \"{}\"", component.display()),
-        )
-        .replace(
-            "counts = \"pageview-counts\"",
-            &format!("counts = \"{counts}\""),
-        )
-        .replace(
-            "dead-letter-topic = \"pageviews.dlq\"",
-            &format!("dead-letter-topic = \"{dlq}\""),
         );
+    for (line, with) in replace {
+        assert!(text.contains(line), "{manifest} has no {line:?}");
+        text = text.replace(line, with);
+    }
     let path = dir.join("onceflow.toml");
     std::fs::write(&path, text).expect("write the manifest");
     path
+}
+
+/// The pageviews manifest on the test's own topics.
+fn pageviews_manifest(dir: &Path, name: &str, input: &str, counts: &str, dlq: &str) -> PathBuf {
+    manifest_on(
+        dir,
+        "examples/pageviews/onceflow.toml",
+        "pageviews.wasm",
+        &[
+            ("name = \"pageviews\"", format!("name = \"{name}\"")),
+            ("tenant = \"demo\"", "tenant = \"test\"".to_owned()),
+            (
+                "inputs = [\"pageviews\"]",
+                format!("inputs = [\"{input}\"]"),
+            ),
+            (
+                "counts = \"pageview-counts\"",
+                format!("counts = \"{counts}\""),
+            ),
+            (
+                "dead-letter-topic = \"pageviews.dlq\"",
+                format!("dead-letter-topic = \"{dlq}\""),
+            ),
+        ],
+    )
+}
+
+/// A day ago, in ms: inside the topics' 7-day retention (judged by record
+/// time) and never in the broker's future.
+fn a_day_ago() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    now - 24 * 3600 * 1000
+}
+
+/// Waits (up to 180 s) until `group` has committed all `total` records of
+/// `input`; `log` says why not.
+fn wait_consumed(
+    cluster: &Cluster,
+    group: &str,
+    input: &str,
+    total: usize,
+    log: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let (committed, end) = cluster.progress(group, input);
+        if end == total as i64 && committed == end {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{group} did not finish: {committed} of {end}; log:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]
@@ -84,13 +136,8 @@ fn pageviews_exactly_once_with_kills_matches_kafka_streams() {
     let dir = tempfile::tempdir().expect("temp dir");
     let manifest = pageviews_manifest(dir.path(), &name, &input, &counts, &dlq);
 
-    // A day ago, on a minute boundary: inside the topics' 7-day retention
-    // (judged by record time) and never in the broker's future.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let base = now - 24 * 3600 * 1000;
+    // A day ago, on a minute boundary.
+    let base = a_day_ago();
     let base = base - base.rem_euclid(60_000);
     let all = views(3_000, 11, base);
 
@@ -144,19 +191,7 @@ fn pageviews_exactly_once_with_kills_matches_kafka_streams() {
     let mut host = host.expect("restarted");
     let group = format!("test.{name}");
     let caught_up = |host: &Host, total: usize| {
-        let deadline = Instant::now() + Duration::from_secs(180);
-        loop {
-            let (committed, end) = cluster.progress(&group, &input);
-            if end == total as i64 && committed == end {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the host did not finish: {committed} of {end}; log:\n{}",
-                host.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        wait_consumed(cluster, &group, &input, total, || host.log_text());
     };
 
     // Then a restart whose first record in each partition is a late view:
@@ -297,30 +332,23 @@ fn pageviews_exactly_once_with_kills_matches_kafka_streams() {
 
 /// The sessions test guest's manifest on the test's own topics.
 fn sessions_manifest(dir: &Path, name: &str, input: &str, output: &str, dlq: &str) -> PathBuf {
-    let guest = build_guest("tests/guests/sessions/onceflow.toml");
-    let component = guest
-        .parent()
-        .expect("the guest's directory")
-        .join("target/onceflow/sessions.wasm");
-    let text = std::fs::read_to_string(&guest)
-        .expect("the guest's manifest")
-        .replace("name = \"sessions\"", &format!("name = \"{name}\""))
-        .replace("inputs = [\"clicks\"]", &format!("inputs = [\"{input}\"]"))
-        .replace(
-            "component = \"target/onceflow/sessions.wasm\"",
-            &format!("component = \"{}\"", component.display()),
-        )
-        .replace(
-            "sessions = \"sessions\"",
-            &format!("sessions = \"{output}\""),
-        )
-        .replace(
-            "dead-letter-topic = \"clicks.dlq\"",
-            &format!("dead-letter-topic = \"{dlq}\""),
-        );
-    let path = dir.join("onceflow.toml");
-    std::fs::write(&path, text).expect("write the manifest");
-    path
+    manifest_on(
+        dir,
+        "tests/guests/sessions/onceflow.toml",
+        "sessions.wasm",
+        &[
+            ("name = \"sessions\"", format!("name = \"{name}\"")),
+            ("inputs = [\"clicks\"]", format!("inputs = [\"{input}\"]")),
+            (
+                "sessions = \"sessions\"",
+                format!("sessions = \"{output}\""),
+            ),
+            (
+                "dead-letter-topic = \"clicks.dlq\"",
+                format!("dead-letter-topic = \"{dlq}\""),
+            ),
+        ],
+    )
 }
 
 /// A `<start> <end> <count>` session value.
@@ -361,12 +389,7 @@ fn sessions_match_kafka_streams_where_the_semantics_agree() {
     let dir = tempfile::tempdir().expect("temp dir");
     let manifest = sessions_manifest(dir.path(), &name, &input, &output, &dlq);
 
-    // A day ago: inside the topics' retention (judged by record time).
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let base = now - 24 * 3600 * 1000;
+    let base = a_day_ago();
     let mut all = sessions::clicks(1_500, 5, base);
     // Last, a click an hour later in every partition: every session closes
     // in both.
@@ -387,19 +410,7 @@ fn sessions_match_kafka_streams_where_the_semantics_agree() {
 
     let host = Host::run(&manifest, &cluster.host_bootstrap, dir.path(), "a", &[]);
     let group = format!("test.{name}");
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let (committed, end) = cluster.progress(&group, &input);
-        if end == all.len() as i64 && committed == end {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the host did not finish: {committed} of {end}; log:\n{}",
-            host.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_consumed(cluster, &group, &input, all.len(), || host.log_text());
     let log = host.log_text();
     assert!(host.stop().success(), "a clean stop; log:\n{log}");
     let mut ours = BTreeSet::new();
@@ -443,19 +454,7 @@ fn sessions_match_kafka_streams_where_the_semantics_agree() {
             &log_path,
         );
         let ks_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-        let deadline = Instant::now() + Duration::from_secs(180);
-        loop {
-            let (committed, end) = cluster.progress(&app, &input);
-            if end == all.len() as i64 && committed == end {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Kafka Streams ({cache}) did not finish: {committed} of {end}; log:\n{}",
-                ks_log()
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        wait_consumed(cluster, &app, &input, all.len(), ks_log);
         // Its last commit carried its last emissions.
         std::thread::sleep(Duration::from_secs(2));
         drop(ks);
