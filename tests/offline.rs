@@ -7,6 +7,8 @@ mod common;
 
 #[path = "offline/examples.rs"]
 mod examples;
+#[path = "offline/formats.rs"]
+mod formats;
 #[path = "offline/languages.rs"]
 mod languages;
 #[path = "offline/sandbox.rs"]

@@ -21,6 +21,8 @@ export function decodeUtf8(data: Uint8Array): string | undefined;
 export function keyStr(record: Record): string;
 /** The value as UTF-8 text; throws a RecordError ("record has no value", "record value is not UTF-8 text"). */
 export function valueStr(record: Record): string;
+/** The value parsed as JSON (inputs of format `json` or `avro`: docs/formats.md); throws a RecordError when absent or not JSON. */
+export function valueJson(record: Record): any;
 
 declare global {
   // The engine provides the Encoding API; `--lib es2022` does not declare it.

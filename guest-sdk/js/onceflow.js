@@ -128,6 +128,20 @@ export function valueStr(record) {
   return recordText(record.value, 'value');
 }
 
+/**
+ * The record's value parsed as JSON (what the host hands over for inputs of
+ * format `json` or `avro`: docs/formats.md); a RecordError when it is absent
+ * or not JSON.
+ */
+export function valueJson(record) {
+  const text = valueStr(record);
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new RecordError(`record value is not the expected JSON: ${e.message}`);
+  }
+}
+
 /** An integer (BigInt or Number) as a BigInt within i64; a RangeError otherwise. */
 function i64(value, what) {
   const n = BigInt(value);

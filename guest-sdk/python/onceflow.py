@@ -41,6 +41,7 @@ function that emits closed windows (`TimeWindows.take_closed`,
 """
 
 import gc as _gc
+import json as _json
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -100,6 +101,17 @@ def _value_str(self) -> str:
     return _record_text(self.value, "value")
 
 
+def _value_json(self):
+    """The value parsed as JSON (what the host hands over for inputs of
+    format `json` or `avro`: docs/formats.md); `Error` when it is absent or
+    not JSON."""
+    text = _record_text(self.value, "value")
+    try:
+        return _json.loads(text)
+    except ValueError as e:
+        raise Error(f"record value is not the expected JSON: {e}") from None
+
+
 # One input record: the bindings' own class (the WIT `record`: topic,
 # partition, offset, timestamp, key, value, headers, with `bytes` for keys and
 # values), with the two methods above. The SDK hands the processor the
@@ -108,6 +120,7 @@ def _value_str(self) -> str:
 Record = _WitRecord
 Record.key_str = _key_str
 Record.value_str = _value_str
+Record.value_json = _value_json
 
 
 def _record_text(data: Optional[bytes], what: str) -> str:

@@ -52,6 +52,11 @@ pub struct DeployRequest {
     pub manifest: String,
     /// sha256 of an uploaded component.
     pub artifact: String,
+    /// The schema files the manifest names (`schema = "..."` of its inputs
+    /// and outputs), by that path: the host registers the output schemas
+    /// and keeps them with the deployment (docs/formats.md).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub schemas: std::collections::BTreeMap<String, String>,
 }
 
 /// The body of `PUT /v1/sinks/{name}`: a tenant's `sink.toml`, whose

@@ -73,6 +73,7 @@ pub mod memory;
 pub mod metrics;
 pub mod offline;
 pub mod sandbox;
+pub mod schema;
 pub mod sink;
 pub mod state;
 pub mod stream;

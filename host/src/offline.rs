@@ -22,8 +22,11 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::Manifest;
+use std::sync::Arc;
+
+use crate::manifest::{Format, Manifest};
 use crate::sandbox::Processor;
+use crate::schema::{AvroSchema, Codecs, LocalSchemas, SchemaFiles, SchemaSource, SetupError};
 use crate::state::{MemoryPartition, window};
 use crate::task::{BatchOutcome, Task, TaskConfig, TaskError, dead_letter_headers};
 use crate::types::{Header, InputRecord, OutputRecord};
@@ -80,6 +83,92 @@ pub fn read_input(
     manifest: &Manifest,
     partitions: i32,
 ) -> Result<Vec<InputRecord>, InputError> {
+    read_input_as(reader, file, manifest, partitions, None)
+}
+
+/// The formats of an offline run: schemas from the schema files beside
+/// the manifest, numbered from 1 (no registry). An Avro input's `value`
+/// (JSON text) is written as its topic has it, with the input's schema in
+/// the registry's wire format; `value_base64` is taken as it is (the bytes
+/// on the topic: a poison value, say).
+pub struct OfflineFormats {
+    codecs: Arc<Codecs>,
+    /// Avro inputs: topic -> (id, schema).
+    avro_inputs: BTreeMap<String, (u32, Arc<AvroSchema>)>,
+}
+
+impl OfflineFormats {
+    /// The formats of `manifest`, or `None` when all its values are bytes.
+    pub fn for_manifest(manifest: &Manifest) -> Result<Option<Self>, SetupError> {
+        let files = SchemaFiles::read(manifest)?;
+        let local = Arc::new(LocalSchemas::default());
+        let mut avro_inputs = BTreeMap::new();
+        for (topic, f) in &manifest.input_formats {
+            if f.format != Format::Avro {
+                continue;
+            }
+            let Some(path) = &f.schema else {
+                return Err(SetupError::Schema {
+                    path: manifest.path.clone(),
+                    key: format!("inputs.{topic}"),
+                    message: "`onceflow test` writes this input's JSON values as Avro with the \
+                              input's schema: give it one (schema = \"schemas/<name>.avsc\")"
+                        .to_owned(),
+                });
+            };
+            let text = files.0.get(&path.to_string_lossy().replace('\\', "/"));
+            let text = text.map(String::as_str).unwrap_or_default();
+            let id = local.add(text).map_err(|message| SetupError::Schema {
+                path: path.clone(),
+                key: format!("inputs.{topic}"),
+                message,
+            })?;
+            let schema = local.schema(id).map_err(|e| SetupError::Schema {
+                path: path.clone(),
+                key: format!("inputs.{topic}"),
+                message: e.to_string(),
+            })?;
+            avro_inputs.insert(topic.clone(), (id, schema));
+        }
+        let source: Arc<dyn SchemaSource> = local;
+        Ok(
+            Codecs::for_manifest(manifest, &files, Some(source))?.map(|codecs| Self {
+                codecs,
+                avro_inputs,
+            }),
+        )
+    }
+
+    /// An input line's text value as its topic holds it.
+    fn encode_input(&self, topic: &str, json: &[u8]) -> Result<Vec<u8>, String> {
+        match self.avro_inputs.get(topic) {
+            Some((id, schema)) => schema
+                .encode(json)
+                .map(|datum| crate::schema::frame(*id, &datum)),
+            None => Ok(json.to_vec()),
+        }
+    }
+
+    /// An output as people read it: an encoded value as JSON again.
+    pub fn readable(&self, record: &OutputRecord) -> OutputRecord {
+        let mut r = record.clone();
+        if let Some(v) = r.value.as_deref()
+            && let Some(Ok(json)) = self.codecs.output_as_json(&r.topic, v)
+        {
+            r.value = Some(json);
+        }
+        r
+    }
+}
+
+/// [`read_input`], each text value written in its topic's format.
+pub fn read_input_as(
+    reader: impl BufRead,
+    file: &str,
+    manifest: &Manifest,
+    partitions: i32,
+    formats: Option<&OfflineFormats>,
+) -> Result<Vec<InputRecord>, InputError> {
     let mut records = Vec::new();
     let mut offsets: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for (n, line) in reader.lines().enumerate() {
@@ -110,7 +199,17 @@ pub fn read_input(
             )));
         }
         let key = bytes_field("key", parsed.key, parsed.key_base64).map_err(&bad)?;
-        let value = bytes_field("value", parsed.value, parsed.value_base64).map_err(&bad)?;
+        let as_text = parsed.value.is_some();
+        let mut value = bytes_field("value", parsed.value, parsed.value_base64).map_err(&bad)?;
+        if let (Some(formats), Some(v), true) = (formats, value.as_deref(), as_text) {
+            value = Some(formats.encode_input(&parsed.topic, v).map_err(|e| {
+                bad(format!(
+                    "the value does not fit topic {}'s schema: {e} (give a poison value as \
+                     value_base64: it is taken as it is)",
+                    parsed.topic
+                ))
+            })?);
+        }
         let partition = match parsed.partition {
             Some(p) if p < 0 || p >= partitions => {
                 return Err(bad(format!(
@@ -309,9 +408,19 @@ pub struct OfflineRunner {
 impl OfflineRunner {
     /// A runner for a loaded processor and its manifest.
     pub fn new(processor: Processor, manifest: &Manifest) -> Self {
+        Self::with_formats(processor, manifest, None)
+    }
+
+    /// The same, with the manifest's formats ([`OfflineFormats`]).
+    pub fn with_formats(
+        processor: Processor,
+        manifest: &Manifest,
+        formats: Option<&OfflineFormats>,
+    ) -> Self {
         Self {
             processor,
-            config: TaskConfig::from_manifest(manifest),
+            config: TaskConfig::from_manifest(manifest)
+                .with_codecs(formats.map(|f| f.codecs.clone())),
             tasks: BTreeMap::new(),
         }
     }

@@ -13,6 +13,7 @@ pub mod kstreams;
 pub mod pageviews;
 pub mod pg;
 pub mod proxy;
+pub mod registry;
 pub mod request_delay;
 pub mod sessions;
 pub mod txn_probe;

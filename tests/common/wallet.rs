@@ -24,6 +24,13 @@ pub struct Wallet {
     pub dlq: String,
     pub dir: tempfile::TempDir,
     pub manifest: PathBuf,
+    /// Where `verify` finds the schemas of values in the registry's wire
+    /// format (`None`: values are JSON).
+    pub schema_registry: Option<std::sync::Arc<onceflow::schema::Registry>>,
+    /// Valid payments are written in Avro with this schema (its registry
+    /// id), in the registry's wire format; malformed ones stay JSON text
+    /// (`None`: every payment is JSON).
+    pub avro: Option<(u32, std::sync::Arc<onceflow::schema::AvroSchema>)>,
 }
 
 /// What was produced.
@@ -72,6 +79,8 @@ impl Wallet {
             name,
             dir: tempfile::tempdir().expect("temp dir"),
             manifest: PathBuf::new(),
+            schema_registry: None,
+            avro: None,
         };
         cluster.create_topics(&[
             (&w.payments, partitions),
@@ -163,6 +172,27 @@ impl Wallet {
         accounts: u64,
         invalid_every: Option<u64>,
     ) -> Produced {
+        self.produce_avro(
+            producer,
+            first,
+            n,
+            accounts,
+            invalid_every,
+            self.avro.as_ref(),
+        )
+    }
+
+    /// `produce_with`, valid payments written in Avro with `avro` (schema
+    /// id and schema) when given, whatever the wallet's own `avro` is.
+    pub fn produce_avro(
+        &self,
+        producer: &BaseProducer,
+        first: u64,
+        n: u64,
+        accounts: u64,
+        invalid_every: Option<u64>,
+        avro: Option<&(u32, std::sync::Arc<onceflow::schema::AvroSchema>)>,
+    ) -> Produced {
         let mut produced = Produced::default();
         let mut rng = first.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         for i in first..first + n {
@@ -179,6 +209,15 @@ impl Wallet {
                 produced.valid += 1;
                 *produced.totals.entry(account.clone()).or_insert(0) += amount;
                 format!(r#"{{"payment_id":"p{i}","account":"{account}","amount":{amount}}}"#)
+            };
+            let value = match avro {
+                Some((id, schema)) if !invalid => onceflow::schema::frame(
+                    *id,
+                    &schema
+                        .encode(value.as_bytes())
+                        .expect("a payment fits its schema"),
+                ),
+                _ => value.into_bytes(),
             };
             loop {
                 match producer.send(BaseRecord::to(&self.payments).key(&account).payload(&value)) {
@@ -297,6 +336,7 @@ impl Wallet {
             dead_letter: Some(self.dlq.clone()),
             read_uncommitted,
             timeout: Duration::from_secs(120),
+            schema_registry: self.schema_registry.clone(),
         })
         .expect("verify runs")
     }

@@ -46,6 +46,10 @@ const DENSITY_ROUND: usize = 10;
 #[path = "isolation.rs"]
 mod isolation;
 
+/// Formats with a real schema registry, through the fleet.
+#[path = "formats.rs"]
+mod formats;
+
 fn cluster() -> &'static Cluster {
     static C: std::sync::OnceLock<Cluster> = std::sync::OnceLock::new();
     C.get_or_init(|| Cluster::start("control", 19392, 1))

@@ -56,6 +56,7 @@ package onceflow
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"runtime"
@@ -93,6 +94,20 @@ func (r *Record) KeyStr() (string, error) { return recordText(r.Key, "key") }
 // ValueStr returns the value as UTF-8 text, or an *Error when it is absent
 // (a tombstone) or not UTF-8.
 func (r *Record) ValueStr() (string, error) { return recordText(r.Value, "value") }
+
+// ValueJSON parses the value as JSON into v (as encoding/json's Unmarshal):
+// what the host hands over for inputs of format `json` or `avro`
+// (docs/formats.md). An *Error when the value is absent or not JSON that
+// fits v.
+func (r *Record) ValueJSON(v any) error {
+	if r.Value == nil {
+		return Errorf("record has no value")
+	}
+	if err := json.Unmarshal(r.Value, v); err != nil {
+		return Errorf("record value is not the expected JSON: %v", err)
+	}
+	return nil
+}
 
 func recordText(data []byte, what string) (string, error) {
 	if data == nil {

@@ -49,6 +49,7 @@ use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES};
 use crate::fleet::tenancy::Principal;
 use crate::fleet::{Fleet, FleetError, Tenant};
 use crate::kafka::KafkaError;
+use crate::schema::{RegistryError, SetupError};
 use crate::types::error_chain;
 
 mod queries;
@@ -89,6 +90,17 @@ pub fn status_of(e: &FleetError) -> StatusCode {
         | FleetError::Artifact { .. }
         | FleetError::Kafka(KafkaError::Topic { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
         FleetError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        FleetError::Formats(e) => match e {
+            SetupError::Registry {
+                source: RegistryError::Incompatible { .. },
+                ..
+            } => StatusCode::CONFLICT,
+            SetupError::Registry {
+                source: RegistryError::Unavailable { .. } | RegistryError::Config(_),
+                ..
+            } => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        },
         FleetError::Kafka(_)
         | FleetError::Stream(_)
         | FleetError::Sink(_)

@@ -304,10 +304,58 @@ pub struct KafkaArgs {
     /// never for `onceflow run`.
     #[arg(long)]
     pub hibernate_after_secs: Option<u64>,
+    /// The schema registry, for formats.
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// Tests only: treat the answers to this many successful transaction
     /// commits as lost (the outcome unknown, as after a timeout).
     #[arg(long, default_value_t = 0, hide = true)]
     pub fault_lose_commit_answers: u64,
+}
+
+/// Where the schema registry is (`run`, `host`, `verify`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RegistryArgs {
+    /// The schema registry (Confluent's REST API, e.g. Apicurio's
+    /// `.../apis/ccompat/v7`) for inputs and outputs of format `avro`
+    /// (docs/formats.md). A tenant's deployments reach only the subjects
+    /// under its topic prefix.
+    #[arg(long, env = "ONCEFLOW_SCHEMA_REGISTRY", value_name = "URL")]
+    pub schema_registry: Option<String>,
+    /// A file whose first line is `username:password`, for the schema
+    /// registry's basic authentication.
+    #[arg(
+        long,
+        env = "ONCEFLOW_SCHEMA_REGISTRY_CREDENTIALS",
+        value_name = "FILE",
+        requires = "schema_registry"
+    )]
+    pub schema_registry_credentials: Option<PathBuf>,
+    /// PEM certificates to trust for the schema registry's TLS, beside the
+    /// system's.
+    #[arg(
+        long,
+        env = "ONCEFLOW_SCHEMA_REGISTRY_CA",
+        value_name = "PEM",
+        requires = "schema_registry"
+    )]
+    pub schema_registry_ca: Option<PathBuf>,
+}
+
+impl RegistryArgs {
+    /// The registry, if one was given (its credentials file read now).
+    pub fn registry(&self) -> anyhow::Result<Option<std::sync::Arc<onceflow::schema::Registry>>> {
+        let Some(url) = &self.schema_registry else {
+            return Ok(None);
+        };
+        let registry = onceflow::schema::Registry::new(onceflow::schema::RegistryConfig {
+            url: url.clone(),
+            credentials: self.schema_registry_credentials.clone(),
+            ca_cert: self.schema_registry_ca.clone(),
+        })
+        .map_err(|e| usage(e.to_string()))?;
+        Ok(Some(std::sync::Arc::new(registry)))
+    }
 }
 
 /// `onceflow host`'s default `--hibernate-after-secs`.
@@ -352,7 +400,10 @@ impl KafkaArgs {
             bootstrap_servers: self.bootstrap_servers.clone(),
             extra_config,
         };
+        let schema_registry = self.registry.registry()?;
         Ok(RunOptions {
+            codecs: None,
+            schema_registry,
             // One client describes every deployment's group.
             groups: Some(onceflow::kafka::GroupWatch::new(kafka.clone())),
             queries: None,
@@ -610,6 +661,10 @@ pub struct VerifyArgs {
     /// Also print the verified totals of the first N keys.
     #[arg(long, default_value_t = 0)]
     pub show_totals: usize,
+    /// Values in the schema registry's wire format are read as JSON with
+    /// their schema from this registry (docs/formats.md).
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     pub output: OutputFormat,
@@ -724,6 +779,7 @@ mod tests {
             state_cleanup_delay_ms: 600_000,
             held_mb: 256,
             hibernate_after_secs: None,
+            registry: RegistryArgs::default(),
             fault_lose_commit_answers: 0,
         }
     }

@@ -174,6 +174,7 @@ pub fn cmd_verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
         dead_letter: a.dead_letter,
         read_uncommitted: a.read_uncommitted,
         timeout: Duration::from_secs(a.timeout_secs),
+        schema_registry: a.registry.registry()?,
     };
     let (show_totals, output) = (a.show_totals, a.output);
     let report = verify(options)?;

@@ -151,24 +151,39 @@ pub fn cmd_test(
     let component_path = component.map_or_else(|| manifest.component_path(), Path::to_path_buf);
     let bytes = read_component(&component_path, Some(&manifest))?;
 
+    let formats = offline::OfflineFormats::for_manifest(&manifest)
+        .map_err(|e| usage(onceflow::types::error_chain(&e)))?;
     let file_name = input.display().to_string();
     let records = if input == Path::new("-") {
-        offline::read_input(std::io::stdin().lock(), "<stdin>", &manifest, partitions)
+        offline::read_input_as(
+            std::io::stdin().lock(),
+            "<stdin>",
+            &manifest,
+            partitions,
+            formats.as_ref(),
+        )
     } else {
         let file = std::fs::File::open(input)
             .map_err(|e| usage(format!("cannot open input {file_name}: {e}")))?;
-        offline::read_input(BufReader::new(file), &file_name, &manifest, partitions)
+        offline::read_input_as(
+            BufReader::new(file),
+            &file_name,
+            &manifest,
+            partitions,
+            formats.as_ref(),
+        )
     }
     .map_err(|e| usage(e.to_string()))?;
 
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let processor = load_processor(&sandbox, &bytes, &manifest, &component_path)?;
-    let mut runner = OfflineRunner::new(processor, &manifest);
+    let mut runner = OfflineRunner::with_formats(processor, &manifest, formats.as_ref());
     let dlq = manifest.errors.dead_letter_topic().map(str::to_owned);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let result = runner.run(&records, &RunOptions { batch_size }, |o| {
-        offline::write_output(&mut out, o, dlq.as_deref())
+    let result = runner.run(&records, &RunOptions { batch_size }, |o| match &formats {
+        Some(f) => offline::write_output(&mut out, &f.readable(o), dlq.as_deref()),
+        None => offline::write_output(&mut out, o, dlq.as_deref()),
     });
     let code = match result {
         Ok(summary) => {

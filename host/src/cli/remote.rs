@@ -249,6 +249,11 @@ pub fn deploy(
     let manifest = load_manifest(manifest_path)?;
     let manifest_text = std::fs::read_to_string(&manifest.path)
         .with_context(|| format!("cannot read {}", manifest.path.display()))?;
+    // The schema files it names go with it (read before the upload, so a
+    // missing one stops the deploy at once).
+    let schemas = onceflow::schema::SchemaFiles::read(&manifest)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .0;
     let component_path = component.unwrap_or_else(|| manifest.component_path());
     let bytes = read_component(&component_path, Some(&manifest))?;
     // The host refuses these with 413; say so before sending megabytes.
@@ -307,6 +312,7 @@ pub fn deploy(
                     .json(&DeployRequest {
                         manifest: manifest_text,
                         artifact: artifact.clone(),
+                        schemas,
                     }),
             )
         },

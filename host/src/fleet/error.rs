@@ -110,6 +110,10 @@ pub enum FleetError {
     /// A sink stopped with an error.
     #[error(transparent)]
     Sink(#[from] SinkError),
+    /// The deployment's formats were refused: a schema file, or the schema
+    /// registry's answer for an output schema.
+    #[error("formats refused")]
+    Formats(#[source] crate::schema::SetupError),
     /// The control topics did not answer as expected in time.
     #[error("{0}")]
     Unavailable(String),
@@ -142,6 +146,12 @@ impl FleetError {
         match self {
             FleetError::Kafka(e) | FleetError::Stream(StreamError::Kafka(e)) => e.is_transient(),
             FleetError::Unavailable(_) => true,
+            FleetError::Stream(StreamError::SchemaRegistry(_)) => true,
+            // The registry did not answer when the deployment started.
+            FleetError::Stream(StreamError::Formats(crate::schema::SetupError::Registry {
+                source: crate::schema::RegistryError::Unavailable { .. },
+                ..
+            })) => true,
             _ => false,
         }
     }

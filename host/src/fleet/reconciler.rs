@@ -209,7 +209,7 @@ impl Fleet {
                         tracing::warn!(
                             deployment = %key,
                             version = r.record.version,
-                            "deployment stopped by the brokers' error; starting it again in {} s: {e}",
+                            "deployment stopped by an error of the brokers or the schema registry; starting it again in {} s: {e}",
                             TRANSIENT_RETRY.as_secs()
                         );
                         remember_error(&r.recent_errors, e.clone());
@@ -340,7 +340,21 @@ impl Fleet {
                         r.state = RunState::Running;
                     }
                     let memory = me.memory_limits(&record.tenant);
+                    let namespace = me
+                        .tenants()
+                        .get(&record.tenant)
+                        .map(|t| t.topic_prefix.clone());
+                    let codecs = stream::deployment_codecs(
+                        &manifest,
+                        me.options.schema_registry.as_ref(),
+                        Some((
+                            &crate::schema::SchemaFiles(record.schemas.clone()),
+                            // A tenant gone from tenants.toml: no subject is its.
+                            Some(namespace.unwrap_or_else(|| format!("{}.", record.tenant))),
+                        )),
+                    )?;
                     let options = stream::RunOptions {
+                        codecs,
                         cpu_budget: me.cpu_budget(&record.tenant),
                         held_mb: memory.deployment.limit() >> 20,
                         tenant_memory: memory.tenant,

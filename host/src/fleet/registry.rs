@@ -115,6 +115,10 @@ pub struct DeploymentRecord {
     /// What it runs (absent in records of hosts that predate sinks).
     #[serde(default)]
     pub kind: DeploymentKind,
+    /// The schema files its manifest names, by path (absent when it names
+    /// none, and in records of hosts that predate formats).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub schemas: std::collections::BTreeMap<String, String>,
 }
 
 impl DeploymentRecord {
@@ -198,6 +202,7 @@ mod tests {
             purge_state: false,
             updated_ms: 1,
             kind: DeploymentKind::Processor,
+            schemas: Default::default(),
         };
         let json = serde_json::to_string(&r).expect("serialize");
         assert!(json.contains("\"desired\":\"paused\""), "{json}");

@@ -4,7 +4,7 @@
 //! status. They block (Kafka, wasmtime): the admin API runs them on its
 //! blocking pool, within each tenant's slots (`admin::TenantWork`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::registry::{
@@ -20,7 +20,7 @@ use crate::api::{UsageReport, UsageRow};
 use crate::manifest::Manifest;
 use crate::sandbox::ProcessorPolicy;
 use crate::sink::SinkConfig;
-use crate::stream::{self, changelog, names};
+use crate::stream::{self, StreamError, changelog, names};
 use crate::task::processor_policy;
 use crate::types::Usage;
 use sha2::Digest as _;
@@ -189,6 +189,9 @@ impl Fleet {
             .load(&bytes, processor_policy(&manifest))
             .map_err(FleetError::Component)?;
         stream::prepare_topics_with(&manifest, self.control.connection(), &probe)?;
+        // Last before the write: output schemas are registered (the
+        // registry's compatibility check refuses an incompatible one).
+        let schemas = self.check_formats(tenant, &manifest, &req.schemas)?;
         let key = deployment_key(&tenant.name, name);
         let mut previous = None;
         let record = self.control.admit(&tenant.name, |records| {
@@ -215,6 +218,7 @@ impl Fleet {
                 purge_state: false,
                 updated_ms: now_ms(),
                 kind: DeploymentKind::Processor,
+                schemas: schemas.clone(),
             })
         })?;
         tracing::info!(deployment = %record.key(), version = record.version, "deployed");
@@ -288,6 +292,7 @@ impl Fleet {
                 purge_state: false,
                 updated_ms: now_ms(),
                 kind: DeploymentKind::Sink,
+                schemas: BTreeMap::new(),
             })
         })?;
         tracing::info!(deployment = %record.key(), version = record.version, group = %sink.group(), "sink deployed");
@@ -297,6 +302,48 @@ impl Fleet {
             Deployed::Created
         };
         Ok((deployed, summary(&record, &[])))
+    }
+
+    /// The schema files `manifest` names, from those sent with its deploy;
+    /// its formats checked and its output schemas registered under the
+    /// tenant's subjects.
+    fn check_formats(
+        &self,
+        tenant: &Tenant,
+        manifest: &Manifest,
+        sent: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, FleetError> {
+        let mut kept = BTreeMap::new();
+        for path in crate::schema::schema_paths(manifest) {
+            let key = path.to_string_lossy().replace('\\', "/");
+            let Some(text) = sent.get(&key) else {
+                return Err(FleetError::Invalid(format!(
+                    "the manifest names schema file {key:?}, which was not sent with the deploy \
+                     (`onceflow deploy` sends the files its manifest names, from beside it)"
+                )));
+            };
+            kept.insert(key, text.clone());
+        }
+        let total: usize = kept.values().map(String::len).sum();
+        if total > crate::schema::MAX_SCHEMA_BYTES {
+            return Err(FleetError::TooLarge {
+                what: "the schema files".to_owned(),
+                size: total as u64,
+                limit: crate::schema::MAX_SCHEMA_BYTES as u64,
+                advice: "keep a deployment's schemas together under that".to_owned(),
+            });
+        }
+        let files = crate::schema::SchemaFiles(kept);
+        stream::deployment_codecs(
+            manifest,
+            self.options.schema_registry.as_ref(),
+            Some((&files, Some(tenant.topic_prefix.clone()))),
+        )
+        .map_err(|e| match e {
+            StreamError::Formats(e) => FleetError::Formats(e),
+            other => FleetError::Stream(other),
+        })?;
+        Ok(files.0)
     }
 
     /// Refuses a manifest whose derived Kafka names collide with each

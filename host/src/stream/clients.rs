@@ -388,6 +388,8 @@ mod tests {
 
     fn options(extra: &[(&str, &str)]) -> RunOptions {
         RunOptions {
+            codecs: None,
+            schema_registry: None,
             kafka: Connection {
                 bootstrap_servers: "127.0.0.1:9092".to_owned(),
                 extra_config: extra

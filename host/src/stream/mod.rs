@@ -36,6 +36,8 @@ use crate::kafka::{Connection, KafkaError};
 use crate::manifest::{Guarantee, Manifest};
 use crate::metrics::Metrics;
 use crate::sandbox::Processor;
+use crate::schema::registry::RegistrySource;
+use crate::schema::{Codecs, Registry, SchemaFiles};
 use crate::task::TaskConfig;
 
 /// Why a deployment stopped with an error.
@@ -92,6 +94,15 @@ pub enum StreamError {
         /// Its stores with state, and their changelog positions.
         stores: String,
     },
+    /// The deployment's formats cannot be set up (a schema file, the
+    /// registry's refusal of an output schema).
+    #[error("formats")]
+    Formats(#[source] crate::schema::SetupError),
+    /// The schema registry could not be asked for an input's schema: the
+    /// batch was aborted; the worker starts its session again and asks
+    /// again.
+    #[error("{0}")]
+    SchemaRegistry(String),
     /// A worker must restart its session (producer, consumer, tasks):
     /// fencing, a fatal producer error, a timeout.
     #[error("worker session must restart")]
@@ -291,6 +302,12 @@ pub struct RunOptions {
     pub group_protocol: GroupProtocol,
     /// How often to log the figures.
     pub report_interval: Duration,
+    /// The deployment's formats, made by the caller (a fleet host, from
+    /// the schema files sent with the deploy); `None`: made here from the
+    /// files beside the manifest, with `schema_registry`.
+    pub codecs: Option<Arc<Codecs>>,
+    /// The schema registry, for manifests with registry formats.
+    pub schema_registry: Option<Arc<Registry>>,
     /// How long the local stores of a partition this instance no longer
     /// owns are kept (Kafka Streams' `state.cleanup.delay.ms`): long enough
     /// for a rebalance to give the partition back without a full restore.
@@ -519,10 +536,14 @@ pub fn run_with_metrics(
         .iter()
         .map(|s| (s.clone(), changelog_topic(&manifest, s)))
         .collect();
+    let codecs = match &options.codecs {
+        Some(c) => Some(c.clone()),
+        None => deployment_codecs(&manifest, options.schema_registry.as_ref(), None)?,
+    };
     let memory = crate::memory::MemoryLimits::new(options.held_mb, options.tenant_memory.clone());
     let deployment = Arc::new(Deployment {
         memory,
-        task_config: TaskConfig::from_manifest(&manifest),
+        task_config: TaskConfig::from_manifest(&manifest).with_codecs(codecs),
         manifest,
         processor,
         options,
@@ -565,6 +586,31 @@ pub fn run_with_metrics(
     report(&app, &metrics, watch.last, watch.last_report.elapsed());
     log_stopped(&metrics);
     result.map(|()| metrics)
+}
+
+/// The formats of `manifest` (its schema files read from beside it, or
+/// `files`), output schemas registered in `registry` under `namespace`'s
+/// subjects (a fleet tenant's topic prefix; `None`: any subject).
+pub fn deployment_codecs(
+    manifest: &Manifest,
+    registry: Option<&Arc<Registry>>,
+    files: Option<(&SchemaFiles, Option<String>)>,
+) -> Result<Option<Arc<Codecs>>, StreamError> {
+    if manifest.input_formats.is_empty() && manifest.output_formats.is_empty() {
+        return Ok(None);
+    }
+    let read;
+    let (files, namespace) = match files {
+        Some((files, namespace)) => (files, namespace),
+        None => {
+            read = SchemaFiles::read(manifest).map_err(StreamError::Formats)?;
+            (&read, None)
+        }
+    };
+    let source = registry.map(|r| {
+        Arc::new(RegistrySource::new(r.clone(), namespace)) as Arc<dyn crate::schema::SchemaSource>
+    });
+    Codecs::for_manifest(manifest, files, source).map_err(StreamError::Formats)
 }
 
 /// Runs the workers (and the standby thread) until they all stopped:

@@ -54,6 +54,9 @@ pub struct VerifyOptions {
     pub read_uncommitted: bool,
     /// Longest the reads may take.
     pub timeout: Duration,
+    /// Values in the schema registry's wire format are read as JSON with
+    /// their schema from here (`None`: as they are).
+    pub schema_registry: Option<std::sync::Arc<crate::schema::Registry>>,
 }
 
 /// The outcome; `findings` empty means the pipeline is exact.
@@ -417,16 +420,45 @@ fn read_all(o: &VerifyOptions, topic: &str, deadline: Instant) -> Result<Vec<Rec
     if assigned.is_empty() {
         return Ok(out);
     }
+    let codec = o.schema_registry.as_ref().map(|r| {
+        (
+            crate::schema::registry::RegistrySource::new(r.clone(), None),
+            std::cell::RefCell::new(HashMap::new()),
+        )
+    });
     kafka::assign(&consumer, &assigned)?;
     kafka::read_to_end(&consumer, assigned.len(), topic, deadline, |m| {
         out.push(Rec {
             partition: m.partition(),
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec),
+            value: m.payload().map(|v| match &codec {
+                Some((source, seen)) => as_json(source, &mut seen.borrow_mut(), v),
+                None => v.to_vec(),
+            }),
             headers: m.headers(),
         });
         ControlFlow::Continue(())
     })?;
     Ok(out)
+}
+
+/// A value in the schema registry's wire format as JSON, or as it is (a
+/// value that does not decode is then what it is: not the expected JSON).
+fn as_json(
+    source: &crate::schema::registry::RegistrySource,
+    seen: &mut HashMap<u32, Option<std::sync::Arc<crate::schema::AvroSchema>>>,
+    value: &[u8],
+) -> Vec<u8> {
+    use crate::schema::SchemaSource;
+    let Ok((id, datum)) = crate::schema::unframe(value) else {
+        return value.to_vec();
+    };
+    let schema = seen
+        .entry(id)
+        .or_insert_with(|| source.schema(id).ok())
+        .clone();
+    schema
+        .and_then(|s| s.decode(datum, None).ok())
+        .unwrap_or_else(|| value.to_vec())
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::{MAX_CALL_BYTES, MAX_OUTPUT_BYTES};
+use crate::schema::Codecs;
 use crate::state::TaskState;
 use crate::state::window::{self, WindowStore};
 use crate::types::{
@@ -32,6 +33,11 @@ pub(super) struct TaskEffects {
     /// `call_outputs.len()` and `call_bytes` when the current record of
     /// the call began (`begin-record`).
     pub(super) record_mark: (usize, u64),
+    /// How output values are encoded (`None`: bytes as they are).
+    pub(super) codecs: Option<Arc<Codecs>>,
+    /// Why an output of the call could not be encoded in its topic's
+    /// format: the call fails, and its record goes to the error policy.
+    pub(super) unencodable: Option<String>,
 }
 
 impl TaskEffects {
@@ -229,6 +235,22 @@ impl Effects for TaskEffects {
             .find(|(a, _)| a == alias)
             .map(|(_, t)| t.clone())
             .ok_or_else(|| EmitError::UnknownAlias(alias.to_owned()))?;
+        let value = match (&self.codecs, value) {
+            (Some(codecs), Some(v)) => match codecs.encode(alias, &v) {
+                None => Some(v),
+                Some(Ok(encoded)) => Some(encoded),
+                Some(Err(why)) => {
+                    // Not the guest's to ignore: the call fails (`Task::refusal`).
+                    if self.unencodable.is_none() {
+                        self.unencodable = Some(format!(
+                            "an output to `{alias}` ({topic}) does not fit its format: {why}"
+                        ));
+                    }
+                    return Ok(());
+                }
+            },
+            (_, v) => v,
+        };
         let record = OutputRecord {
             topic,
             key,

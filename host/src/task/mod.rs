@@ -22,6 +22,7 @@ use crate::manifest::{ErrorPolicy, LateRecords, Manifest};
 use crate::sandbox::{
     CallFailure, Guest, INIT_FUEL, Lineage, Processor, ProcessorPolicy, SandboxError,
 };
+use crate::schema::{Codecs, FormatError};
 use crate::state::window::WindowStore;
 use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch};
 use crate::types::{AccessError, Effects, Entry, InputRecord, OutputRecord, StoreAccessError};
@@ -73,6 +74,10 @@ pub struct TaskConfig {
     /// Most bytes of keys and values the stores of one task hold together
     /// (`limits.state-mb`).
     pub state_limit_bytes: u64,
+    /// How input values are decoded and output values encoded (`None`:
+    /// every value is bytes as they are). Set by the runtime, which knows
+    /// the schema registry.
+    pub codecs: Option<Arc<Codecs>>,
 }
 
 impl TaskConfig {
@@ -95,7 +100,14 @@ impl TaskConfig {
             late_records: m.time.late_records,
             tables: m.tables.clone(),
             state_limit_bytes: m.limits.state_mb.saturating_mul(1 << 20),
+            codecs: None,
         }
+    }
+
+    /// The same, with the deployment's formats.
+    pub fn with_codecs(mut self, codecs: Option<Arc<Codecs>>) -> Self {
+        self.codecs = codecs;
+        self
     }
 }
 
@@ -134,6 +146,10 @@ pub enum TaskError {
     /// The host failed (not the record's fault): abort and retry the batch.
     #[error("host failure while processing: {0}")]
     Host(String),
+    /// The schema registry could not be asked for an input's schema (not
+    /// the record's fault): abort, and retry the batch later.
+    #[error("{0}")]
+    SchemaRegistry(String),
     /// The processor could not be instantiated.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
@@ -226,6 +242,9 @@ pub struct Task {
     /// taken ([`Task::take_parked`]): kept here, since a trap drops the
     /// instance that counted it.
     parked: Duration,
+    /// The records of the batch in progress whose value did not decode:
+    /// (topic, offset, why). They go to the error policy in their place.
+    undecodable: Vec<(Arc<str>, i64, String)>,
 }
 
 impl Task {
@@ -238,6 +257,7 @@ impl Task {
         committed: Box<dyn PartitionStore>,
     ) -> Self {
         let outputs = config.outputs.clone();
+        let codecs = config.codecs.clone();
         let windows = config.window_stores.clone();
         let tables: Vec<String> = config.tables.iter().map(|(s, _)| s.clone()).collect();
         let local: Vec<String> = config.stores.iter().chain(&tables).cloned().collect();
@@ -255,7 +275,10 @@ impl Task {
             punctuated: false,
             held_at_start: 0,
             parked: Duration::ZERO,
+            undecodable: Vec::new(),
             effects: Box::new(TaskEffects {
+                codecs,
+                unencodable: None,
                 state,
                 windows,
                 tables,
@@ -338,6 +361,63 @@ impl Task {
         if batch.is_empty() {
             return Ok(());
         }
+        let decoded;
+        let batch = match &self.config.codecs {
+            Some(codecs) if batch.iter().any(|r| codecs.decodes(&r.topic)) => {
+                let codecs = codecs.clone();
+                decoded = self.decode(&codecs, batch)?;
+                &decoded[..]
+            }
+            _ => batch,
+        };
+        let result = self.process_decoded(batch, outcome);
+        self.undecodable.clear();
+        result
+    }
+
+    /// The batch with each value as the processor sees it (decoded from
+    /// its topic's format); a value that does not decode stays as it is,
+    /// noted in `undecodable` for the error policy.
+    fn decode(
+        &mut self,
+        codecs: &Codecs,
+        batch: &[InputRecord],
+    ) -> Result<Vec<InputRecord>, TaskError> {
+        self.undecodable.clear();
+        let mut out = Vec::with_capacity(batch.len());
+        for record in batch {
+            let mut record = record.clone();
+            if let Some(value) = record.value.as_deref()
+                && let Some(decoded) = codecs.decode(&record.topic, value)
+            {
+                match decoded {
+                    Ok(v) => record.value = Some(v),
+                    Err(FormatError::Invalid(why)) => self.undecodable.push((
+                        record.topic.clone(),
+                        record.offset,
+                        format!(
+                            "the value is not {}: {why}",
+                            codecs.format_name(&record.topic)
+                        ),
+                    )),
+                    Err(e @ FormatError::Unavailable(_)) => {
+                        return Err(TaskError::SchemaRegistry(format!(
+                            "{}/{}@{}: {e}",
+                            record.topic, record.partition, record.offset
+                        )));
+                    }
+                }
+            }
+            out.push(record);
+        }
+        Ok(out)
+    }
+
+    fn process_decoded(
+        &mut self,
+        batch: &[InputRecord],
+        outcome: &mut BatchOutcome,
+    ) -> Result<(), TaskError> {
         let guest = self.live_guest()?;
         guest.begin_batch();
         let every = guest.punctuation_interval();
@@ -533,6 +613,29 @@ impl Task {
         if records.is_empty() || out.full {
             return Ok(());
         }
+        if !self.undecodable.is_empty()
+            && let Some(j) = records.iter().position(|r| {
+                self.undecodable
+                    .iter()
+                    .any(|(t, o, _)| *o == r.offset && *t == r.topic)
+            })
+        {
+            // The records before it, the record to the error policy, the
+            // rest: in order, as if the processor had refused it.
+            self.run(&records[..j], &times[..j], out)?;
+            if out.full {
+                return Ok(());
+            }
+            let at = self
+                .undecodable
+                .iter()
+                .position(|(t, o, _)| *o == records[j].offset && *t == records[j].topic)
+                .expect("found above");
+            let (_, _, why) = self.undecodable.swap_remove(at);
+            self.poison(&records[j], why, out)?;
+            self.finished(1, out);
+            return self.run(&records[j + 1..], &times[j + 1..], out);
+        }
         if records.len() > MAX_CALL_RECORDS {
             for (records, times) in records
                 .chunks(MAX_CALL_RECORDS)
@@ -725,7 +828,11 @@ impl Task {
         };
         let fx = self.fx_ref();
         let cursor = self.guest.as_ref()?.cursor()?;
-        let keep = index == cursor && (index as usize) < len && !fx.over_budget && !fx.state_full;
+        let keep = index == cursor
+            && (index as usize) < len
+            && !fx.over_budget
+            && !fx.state_full
+            && fx.unencodable.is_none();
         keep.then_some(index as usize)
     }
 
@@ -747,6 +854,7 @@ impl Task {
         fx.call_bytes = 0;
         fx.over_budget = false;
         fx.state_full = false;
+        fx.unencodable = None;
         fx.record_mark = (0, 0);
     }
 
@@ -770,7 +878,9 @@ impl Task {
     /// of the refusal.
     fn refusal(&self, result: Result<(), CallFailure>) -> Result<(), CallFailure> {
         let fx = self.fx_ref();
-        let refused = if fx.over_budget {
+        let refused = if let Some(why) = &fx.unencodable {
+            Some(why.clone())
+        } else if fx.over_budget {
             Some(format!(
                 "the outputs and state writes of one call exceeded the host's limit of {} MiB: \
                  the record emits or writes too much at once",

@@ -63,6 +63,12 @@ enum Command {
         /// Only count what would be produced.
         #[arg(long)]
         dry_run: bool,
+        /// Wallet payments: write each valid one in Avro (the wallet's
+        /// payment schema: payment_id, account, amount) in the schema
+        /// registry's wire format with this schema id; malformed ones stay
+        /// JSON text (docs/formats.md; `scripts/bench formats`).
+        #[arg(long, value_name = "ID")]
+        avro_schema_id: Option<u32>,
     },
     /// Wait until `expect` records are visible (read_committed) in `topics`.
     Await {
@@ -259,6 +265,7 @@ fn main() -> anyhow::Result<()> {
             base_ms,
             rate,
             dry_run,
+            avro_schema_id,
         } => {
             let count = match (kind, count) {
                 (Kind::Accounts, _) => fraud::table_records().len() as u64,
@@ -277,7 +284,7 @@ fn main() -> anyhow::Result<()> {
             if dry_run {
                 input.expected
             } else {
-                produce(&cli.bootstrap_servers, &topic, input, rate)?
+                produce(&cli.bootstrap_servers, &topic, input, rate, avro_schema_id)?
             }
         }
         Command::Await {
@@ -675,11 +682,36 @@ impl Input {
     }
 }
 
+/// A wallet payment's JSON as an Avro datum of the payment schema
+/// (`{"payment_id": string, "account": string, "amount": long}`), in the
+/// schema registry's wire format; `None` when it is no such payment.
+fn avro_payment(id: u32, json: &str) -> Option<Vec<u8>> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let mut out = vec![0];
+    out.extend_from_slice(&id.to_be_bytes());
+    let long = |out: &mut Vec<u8>, n: i64| {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        while z >= 0x80 {
+            out.push((z as u8) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+    };
+    for field in ["payment_id", "account"] {
+        let s = v.get(field)?.as_str()?;
+        long(&mut out, s.len() as i64);
+        out.extend_from_slice(s.as_bytes());
+    }
+    long(&mut out, v.get("amount")?.as_i64()?);
+    Some(out)
+}
+
 fn produce(
     bootstrap: &str,
     topic: &str,
     input: Input,
     rate: Option<u64>,
+    avro_schema_id: Option<u32>,
 ) -> anyhow::Result<serde_json::Value> {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -704,8 +736,13 @@ fn produce(
                 std::thread::sleep(due - elapsed);
             }
         }
-        let mut record = BaseRecord::<String, String>::to(topic).key(&r.key);
-        if let Some(value) = &r.value {
+        let value: Option<Vec<u8>> = r.value.map(|v| {
+            avro_schema_id
+                .and_then(|id| avro_payment(id, &v))
+                .unwrap_or_else(|| v.into_bytes())
+        });
+        let mut record = BaseRecord::<String, Vec<u8>>::to(topic).key(&r.key);
+        if let Some(value) = &value {
             record = record.payload(value);
         }
         if let Some(p) = r.partition {
@@ -1216,9 +1253,9 @@ fn armed_until_stdin_closes() -> anyhow::Result<std::sync::mpsc::Receiver<()>> {
 }
 
 /// Sends `record`, waiting while the producer's queue is full.
-fn send_waiting(
+fn send_waiting<V: rdkafka::message::ToBytes + ?Sized>(
     producer: &BaseProducer,
-    mut record: BaseRecord<'_, String, String>,
+    mut record: BaseRecord<'_, String, V>,
 ) -> Result<(), KafkaError> {
     loop {
         match producer.send(record) {

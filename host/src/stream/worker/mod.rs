@@ -861,6 +861,7 @@ impl Core {
             TaskError::RecordFailed { .. }
             | TaskError::Punctuate { .. }
             | TaskError::Table { .. } => StreamError::ProcessorFailed(e),
+            TaskError::SchemaRegistry(why) => StreamError::SchemaRegistry(why),
             other => StreamError::Task(other),
         }
     }

@@ -1,0 +1,514 @@
+//! Record formats: what the host decodes before a processor sees a value,
+//! and encodes after it emits one (docs/formats.md).
+//!
+//! A deployment's [`Codecs`] hold, for each input topic and output alias
+//! the manifest gives a format, how to turn the topic's bytes into the JSON
+//! the processor reads, and its JSON back into the topic's bytes:
+//!
+//! - `json`: checked, passed as it is;
+//! - `avro`: the Confluent wire format (byte 0, then the schema id as 4
+//!   bytes big-endian, then the Avro datum). An input's writer schema is
+//!   fetched from the schema registry by its id, once: an id never changes
+//!   its schema, so a retried batch decodes the same (`registry.rs` keeps
+//!   it for good). An output is written with the schema its manifest names,
+//!   registered at deploy under `<topic>-value`.
+//!
+//! A value that does not decode or encode is the record's fault
+//! ([`FormatError::Invalid`]: the error policy, a dead letter with the
+//! reason); a registry that cannot answer is nobody's
+//! ([`FormatError::Unavailable`]: the batch is retried, never dead-lettered).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::manifest::{Format, Manifest, ValueFormat};
+
+pub mod avro;
+pub mod registry;
+
+pub use avro::AvroSchema;
+pub use registry::{Registry, RegistryConfig, RegistryError};
+
+/// The first byte of a value in the Confluent wire format.
+pub const MAGIC: u8 = 0;
+
+/// Most bytes of one schema file.
+pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
+
+/// Why a value could not be decoded or encoded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FormatError {
+    /// The value is not what its format says: the record's fault, for the
+    /// error policy.
+    #[error("{0}")]
+    Invalid(String),
+    /// The schema registry could not answer: retry later.
+    #[error("the schema registry could not be asked: {0}")]
+    Unavailable(String),
+}
+
+/// Why a deployment's formats cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A schema file cannot be read.
+    #[error("cannot read schema file {path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A schema file is not a valid schema.
+    #[error("schema file {path} ({key}): {message}")]
+    Schema {
+        /// The file.
+        path: PathBuf,
+        /// The manifest key that names it.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The manifest uses the registry but the host was started without one.
+    #[error(
+        "{key} is format \"{format}\", whose schemas live in a schema registry, but this host has \
+         none: start it with --schema-registry URL (docs/formats.md)"
+    )]
+    NoRegistry {
+        /// The manifest key.
+        key: String,
+        /// The format.
+        format: &'static str,
+    },
+    /// The registry refused or could not take an output's schema.
+    #[error("{key}: {source}")]
+    Registry {
+        /// The manifest key.
+        key: String,
+        /// The registry's answer.
+        #[source]
+        source: RegistryError,
+    },
+}
+
+/// Where schemas come from for a deployment: the registry (on a broker)
+/// or the schema files themselves (`onceflow test`, which numbers them).
+pub trait SchemaSource: Send + Sync {
+    /// The schema with this id, or why not.
+    fn schema(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError>;
+    /// The id of `schema` (its text) under `subject`, registering it if the
+    /// subject does not have it yet (the registry checks compatibility).
+    fn id_of(&self, subject: &str, text: &str) -> Result<u32, SetupError>;
+}
+
+/// The schema files a manifest names, by their path as written (relative
+/// to the manifest): read from disk, or sent with a deploy.
+#[derive(Debug, Clone, Default)]
+pub struct SchemaFiles(pub BTreeMap<String, String>);
+
+impl SchemaFiles {
+    /// Reads every schema file `manifest` names from beside it.
+    pub fn read(manifest: &Manifest) -> Result<Self, SetupError> {
+        let mut files = BTreeMap::new();
+        for path in schema_paths(manifest) {
+            let full = manifest.dir().join(&path);
+            let text = std::fs::read(&full).map_err(|e| SetupError::File {
+                path: full.clone(),
+                message: e.to_string(),
+            })?;
+            if text.len() > MAX_SCHEMA_BYTES {
+                return Err(SetupError::File {
+                    path: full,
+                    message: format!(
+                        "{} bytes, more than the {} a schema may have",
+                        text.len(),
+                        MAX_SCHEMA_BYTES
+                    ),
+                });
+            }
+            let text = String::from_utf8(text).map_err(|_| SetupError::File {
+                path: full.clone(),
+                message: "not UTF-8 text".to_owned(),
+            })?;
+            files.insert(path_key(&path), text);
+        }
+        Ok(Self(files))
+    }
+
+    fn get(&self, manifest: &Manifest, path: &Path) -> Result<&str, SetupError> {
+        self.0
+            .get(&path_key(path))
+            .map(String::as_str)
+            .ok_or_else(|| SetupError::File {
+                path: manifest.dir().join(path),
+                message: "not sent with the deployment (`onceflow deploy` sends the schema \
+                          files its manifest names)"
+                    .to_owned(),
+            })
+    }
+}
+
+/// Every schema file the manifest names, each once.
+pub fn schema_paths(manifest: &Manifest) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = manifest
+        .input_formats
+        .values()
+        .chain(manifest.output_formats.values())
+        .filter_map(|f| f.schema.clone())
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
+fn path_key(path: &Path) -> String {
+    path.to_string_lossy().replace('\\', "/")
+}
+
+/// The registry subject of a topic's values (Confluent's
+/// TopicNameStrategy).
+pub fn value_subject(topic: &str) -> String {
+    format!("{topic}-value")
+}
+
+/// How one input's values are read.
+enum Decoder {
+    Json,
+    Avro { reader: Option<Arc<AvroSchema>> },
+}
+
+/// How one output's values are written.
+enum Encoder {
+    Json,
+    Avro { id: u32, schema: Arc<AvroSchema> },
+}
+
+/// A deployment's formats: its inputs' decoders and its outputs' encoders.
+pub struct Codecs {
+    inputs: Vec<(String, Decoder)>,
+    /// (alias, topic, encoder).
+    outputs: Vec<(String, String, Encoder)>,
+    source: Option<Arc<dyn SchemaSource>>,
+    /// Writer schemas by id, as fetched (ids are immutable).
+    seen: Mutex<HashMap<u32, Arc<AvroSchema>>>,
+    /// Ids refused lately (unknown, another tenant's, not Avro), with why
+    /// and when: a run of poison values naming one asks the registry once
+    /// a minute, not once a value.
+    refused: Mutex<HashMap<u32, (std::time::Instant, String)>>,
+}
+
+/// How long a refused schema id is not asked about again.
+const REFUSAL_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl std::fmt::Debug for Codecs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Codecs")
+            .field(
+                "inputs",
+                &self.inputs.iter().map(|(t, _)| t).collect::<Vec<_>>(),
+            )
+            .field(
+                "outputs",
+                &self.outputs.iter().map(|(a, _, _)| a).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Codecs {
+    /// The codecs of `manifest`, or `None` when every value is plain
+    /// bytes. Output schemas are parsed and given their ids under
+    /// `<topic>-value` (registered if new: the registry checks them
+    /// against the subject's earlier versions).
+    pub fn for_manifest(
+        manifest: &Manifest,
+        files: &SchemaFiles,
+        source: Option<Arc<dyn SchemaSource>>,
+    ) -> Result<Option<Arc<Self>>, SetupError> {
+        if manifest.input_formats.is_empty() && manifest.output_formats.is_empty() {
+            return Ok(None);
+        }
+        let parse = |key: &str, path: &Path| -> Result<(String, Arc<AvroSchema>), SetupError> {
+            let text = files.get(manifest, path)?;
+            let schema = AvroSchema::parse(text).map_err(|message| SetupError::Schema {
+                path: path.to_path_buf(),
+                key: key.to_owned(),
+                message,
+            })?;
+            Ok((text.to_owned(), Arc::new(schema)))
+        };
+        let need_source =
+            |key: &str, f: &ValueFormat| -> Result<Arc<dyn SchemaSource>, SetupError> {
+                source.clone().ok_or(SetupError::NoRegistry {
+                    key: key.to_owned(),
+                    format: f.format.name(),
+                })
+            };
+        let mut inputs = Vec::new();
+        for (topic, f) in &manifest.input_formats {
+            let key = format!("inputs.{topic}");
+            let decoder = match f.format {
+                Format::Json => Decoder::Json,
+                Format::Avro => {
+                    need_source(&key, f)?;
+                    let reader = match &f.schema {
+                        Some(path) => Some(parse(&key, path)?.1),
+                        None => None,
+                    };
+                    Decoder::Avro { reader }
+                }
+                Format::Bytes | Format::Protobuf | Format::JsonSchema => continue,
+            };
+            inputs.push((topic.clone(), decoder));
+        }
+        let mut outputs = Vec::new();
+        for (alias, f) in &manifest.output_formats {
+            let key = format!("outputs.{alias}");
+            let encoder = match (f.format, &f.schema) {
+                (Format::Json, _) => Encoder::Json,
+                (Format::Avro, Some(path)) => {
+                    let source = need_source(&key, f)?;
+                    let (text, schema) = parse(&key, path)?;
+                    let topic = &manifest.outputs[alias];
+                    let id = source.id_of(&value_subject(topic), &text)?;
+                    Encoder::Avro { id, schema }
+                }
+                _ => continue,
+            };
+            outputs.push((alias.clone(), manifest.outputs[alias].clone(), encoder));
+        }
+        Ok(Some(Arc::new(Self {
+            inputs,
+            outputs,
+            source,
+            seen: Mutex::default(),
+            refused: Mutex::default(),
+        })))
+    }
+
+    /// The format of `topic`'s values, for messages.
+    pub fn format_name(&self, topic: &str) -> &'static str {
+        match self.inputs.iter().find(|(t, _)| t == topic) {
+            Some((_, Decoder::Json)) => "JSON",
+            Some((_, Decoder::Avro { .. })) => "Avro",
+            None => "bytes",
+        }
+    }
+
+    /// Whether values of `topic` are decoded.
+    pub fn decodes(&self, topic: &str) -> bool {
+        self.inputs.iter().any(|(t, _)| t == topic)
+    }
+
+    /// The value of a record of `topic` as the processor sees it: `None`
+    /// when the topic's values are bytes as they are.
+    pub fn decode(&self, topic: &str, value: &[u8]) -> Option<Result<Vec<u8>, FormatError>> {
+        let (_, decoder) = self.inputs.iter().find(|(t, _)| t == topic)?;
+        Some(match decoder {
+            Decoder::Json => check_json(value).map(|()| value.to_vec()),
+            Decoder::Avro { reader } => self.decode_avro(value, reader.as_deref()),
+        })
+    }
+
+    fn decode_avro(
+        &self,
+        value: &[u8],
+        reader: Option<&AvroSchema>,
+    ) -> Result<Vec<u8>, FormatError> {
+        let (id, datum) = unframe(value)?;
+        let writer = self.writer(id)?;
+        writer
+            .decode(datum, reader)
+            .map_err(|e| FormatError::Invalid(format!("schema id {id}: {e}")))
+    }
+
+    fn writer(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError> {
+        if let Some(s) = self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            return Ok(s.clone());
+        }
+        if let Some((at, why)) = self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            && at.elapsed() < REFUSAL_TTL
+        {
+            return Err(FormatError::Invalid(why.clone()));
+        }
+        let source = self
+            .source
+            .as_ref()
+            .ok_or_else(|| FormatError::Unavailable("no schema registry".to_owned()))?;
+        let schema = match source.schema(id) {
+            Ok(s) => s,
+            Err(FormatError::Invalid(why)) => {
+                let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                if refused.len() >= 4096 {
+                    refused.retain(|_, (at, _)| at.elapsed() < REFUSAL_TTL);
+                }
+                refused.insert(id, (std::time::Instant::now(), why.clone()));
+                return Err(FormatError::Invalid(why));
+            }
+            Err(e) => return Err(e),
+        };
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, schema.clone());
+        Ok(schema)
+    }
+
+    /// An emitted value of `alias` as written to its topic: `None` when the
+    /// alias's values are bytes as they are.
+    pub fn encode(&self, alias: &str, value: &[u8]) -> Option<Result<Vec<u8>, String>> {
+        let (_, _, encoder) = self.outputs.iter().find(|(a, _, _)| a == alias)?;
+        Some(match encoder {
+            Encoder::Json => check_json(value)
+                .map(|()| value.to_vec())
+                .map_err(|e| e.to_string()),
+            Encoder::Avro { id, schema } => schema.encode(value).map(|datum| frame(*id, &datum)),
+        })
+    }
+}
+
+impl Codecs {
+    /// A value written to output `topic` as JSON again (for people:
+    /// `onceflow test` prints outputs so); `None` when the topic's values
+    /// are not encoded.
+    pub fn output_as_json(
+        &self,
+        topic: &str,
+        value: &[u8],
+    ) -> Option<Result<Vec<u8>, FormatError>> {
+        let (_, _, encoder) = self.outputs.iter().find(|(_, t, _)| t == topic)?;
+        Some(match encoder {
+            Encoder::Json => Ok(value.to_vec()),
+            Encoder::Avro { .. } => self.decode_avro(value, None),
+        })
+    }
+}
+
+fn check_json(value: &[u8]) -> Result<(), FormatError> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(value)
+        .map(|_| ())
+        .map_err(|e| FormatError::Invalid(format!("the value is not JSON: {e}")))
+}
+
+/// A value in the Confluent wire format: byte 0, the id, the payload.
+pub fn frame(id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + payload.len());
+    out.push(MAGIC);
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The schema id and payload of a value in the Confluent wire format.
+pub fn unframe(value: &[u8]) -> Result<(u32, &[u8]), FormatError> {
+    match value {
+        [MAGIC, a, b, c, d, payload @ ..] => Ok((u32::from_be_bytes([*a, *b, *c, *d]), payload)),
+        [first, ..] if *first != MAGIC => Err(FormatError::Invalid(format!(
+            "not in the schema registry's wire format: the first byte is {first:#04x}, not 0 \
+             (was it written by a serializer that uses a schema registry?)"
+        ))),
+        _ => Err(FormatError::Invalid(format!(
+            "{} bytes: too short for the schema registry's wire format (a 0 byte, a 4-byte \
+             schema id, then the payload)",
+            value.len()
+        ))),
+    }
+}
+
+/// Schemas from the schema files themselves, for `onceflow test`: each
+/// distinct schema text gets an id, from 1 in the order first asked for.
+#[derive(Default)]
+pub struct LocalSchemas {
+    by_id: Mutex<Vec<(String, Arc<AvroSchema>)>>,
+}
+
+impl LocalSchemas {
+    /// The id of `text`, given one if new.
+    pub fn add(&self, text: &str) -> Result<u32, String> {
+        let mut by_id = self.by_id.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = by_id.iter().position(|(t, _)| t == text) {
+            return Ok(i as u32 + 1);
+        }
+        let schema = AvroSchema::parse(text)?;
+        by_id.push((text.to_owned(), Arc::new(schema)));
+        Ok(by_id.len() as u32)
+    }
+}
+
+impl SchemaSource for LocalSchemas {
+    fn schema(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError> {
+        let by_id = self.by_id.lock().unwrap_or_else(|e| e.into_inner());
+        by_id
+            .get((id as usize).wrapping_sub(1))
+            .map(|(_, s)| s.clone())
+            .ok_or_else(|| FormatError::Invalid(format!("schema id {id} is unknown")))
+    }
+
+    fn id_of(&self, _subject: &str, text: &str) -> Result<u32, SetupError> {
+        self.add(text).map_err(|message| SetupError::Schema {
+            path: PathBuf::new(),
+            key: "schema".to_owned(),
+            message,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_format_round_trips_and_names_what_is_wrong() {
+        let framed = frame(258, b"abc");
+        assert_eq!(framed, b"\x00\x00\x00\x01\x02abc");
+        let (id, payload) = unframe(&framed).unwrap();
+        assert_eq!((id, payload), (258, &b"abc"[..]));
+        let e = unframe(br#"{"a":1}"#).unwrap_err().to_string();
+        assert!(e.contains("first byte is 0x7b"), "{e}");
+        let e = unframe(b"\x00\x00").unwrap_err().to_string();
+        assert!(e.contains("2 bytes: too short"), "{e}");
+    }
+
+    /// Refuses every id, counting the questions.
+    struct Refusing(std::sync::atomic::AtomicU32);
+
+    impl SchemaSource for Refusing {
+        fn schema(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(FormatError::Invalid(format!("schema id {id} is unknown")))
+        }
+        fn id_of(&self, _: &str, _: &str) -> Result<u32, SetupError> {
+            Ok(1)
+        }
+    }
+
+    #[test]
+    fn a_refused_id_is_asked_about_once_a_minute_not_once_a_value() {
+        let manifest = crate::manifest::Manifest::parse(
+            "name = \"p\"\ntenant = \"t\"\ninputs = [{ topic = \"in\", format = \"avro\" }]\n\
+             [build]\nlanguage = \"rust\"\n",
+            "/x/onceflow.toml".into(),
+        )
+        .unwrap();
+        let source = Arc::new(Refusing(0.into()));
+        let codecs = Codecs::for_manifest(&manifest, &SchemaFiles::default(), Some(source.clone()))
+            .unwrap()
+            .expect("an avro input");
+        for _ in 0..100 {
+            let e = codecs
+                .decode("in", &frame(7, b"x"))
+                .expect("decoded topic")
+                .unwrap_err();
+            assert!(e.to_string().contains("schema id 7 is unknown"), "{e}");
+        }
+        assert_eq!(source.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert!(
+            codecs.decode("other", b"x").is_none(),
+            "a topic without a format"
+        );
+    }
+}
