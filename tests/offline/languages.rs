@@ -638,6 +638,56 @@ fn go_runtime_reaches_no_network_and_no_file() {
     );
 }
 
+/// Inputs of format `json` or `avro` reach a processor as JSON text; every
+/// interpreted or garbage-collected language's SDK reads it in one call
+/// (`valueJson`, `value_json`, `ValueJSON`: docs/languages.md, "JSON
+/// values"), with one message when it is not JSON. The guests are the ones
+/// the tests above build anyway.
+#[test]
+fn every_sdk_reads_a_json_value_in_one_call() {
+    let value = r#"{"a":{"c":null,"d":[true,false]},"b":[1,2.5,"x"],"n":-7}"#;
+    for (manifest, input, output) in [
+        ("tests/guests/glue-js/onceflow.toml", "commands", "out"),
+        (
+            "tests/guests/wasi-probe-python/onceflow.toml",
+            "probe-in",
+            "probe-out",
+        ),
+        (
+            "tests/guests/wasi-probe-go/onceflow.toml",
+            "probe-in",
+            "probe-out",
+        ),
+    ] {
+        let path = build_guest(manifest);
+        let lines = [
+            common::input_line(input, "k", value),
+            common::input_line(input, "k", "not json"),
+        ];
+        let out = common::offline_test(&path, &lines.join("\n"), &[]);
+        assert!(
+            out.status.success(),
+            "{manifest}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Vec<String> = common::json_lines(&out.stdout)
+            .iter()
+            .map(|l| {
+                assert_eq!(l["topic"], output, "{manifest}: {l}");
+                assert_eq!(l["key"], "json", "{manifest}: {l}");
+                l["value"].as_str().unwrap_or_default().to_owned()
+            })
+            .collect();
+        assert_eq!(got.len(), 2, "{manifest}: {got:?}");
+        assert_eq!(got[0], value, "{manifest}: the same object, keys in order");
+        assert!(
+            got[1].starts_with("error: record value is not the expected JSON: "),
+            "{manifest}: {}",
+            got[1]
+        );
+    }
+}
+
 #[test]
 fn init_scaffolds_a_processor_in_every_language_and_a_rust_one_builds_anywhere() {
     // Every language's scaffold is built, tested and deployed by the doc

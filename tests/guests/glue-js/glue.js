@@ -2,7 +2,7 @@
 // it has one) is used as bytes the export glue made (the bindings' realm),
 // and strings go through the SDK's TextEncoder (the processor's realm).
 
-import { exportProcessor, RecordError } from './onceflow.js';
+import { exportProcessor, RecordError, valueJson } from './onceflow.js';
 
 const decoder = new TextDecoder();
 const text = (bytes) => (bytes === undefined ? '(none)' : decoder.decode(bytes));
@@ -16,6 +16,18 @@ const pattern = (size) => 'abcdefghijklmnopqrstuvwxyz'.repeat(Math.ceil(size / 2
 function run(ctx, record) {
   const kv = ctx.store('kv');
   const command = text(record.value);
+  if (command.startsWith('{') || command === 'not json') {
+    // The SDK's JSON reader (docs/languages.md).
+    let result;
+    try {
+      result = JSON.stringify(valueJson(record));
+    } catch (e) {
+      if (!(e instanceof RecordError)) throw e;
+      result = `error: ${e.message}`;
+    }
+    ctx.emit('out', 'json', result);
+    return;
+  }
   switch (command) {
     case 'strings': // processor-realm Uint8Arrays (SDK-encoded strings)
       kv.put('s', 'string value');

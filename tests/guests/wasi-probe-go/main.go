@@ -9,6 +9,7 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -24,6 +25,19 @@ func init() { onceflow.Register(probe{}) }
 
 func (probe) Process(ctx *onceflow.Context, record *onceflow.Record) error {
 	name := string(record.Value)
+	if strings.HasPrefix(name, "{") || name == "not json" {
+		// The SDK's JSON reader (docs/languages.md), not a probe of WASI.
+		var v map[string]any
+		result := ""
+		if err := record.ValueJSON(&v); err != nil {
+			result = "error: " + err.Error()
+		} else if b, err := json.Marshal(v); err != nil {
+			result = "error: " + err.Error()
+		} else {
+			result = string(b)
+		}
+		return ctx.Emit("out", []byte("json"), []byte(result))
+	}
 	return ctx.Emit("out", []byte(name), []byte(run(name, string(record.Key))))
 }
 

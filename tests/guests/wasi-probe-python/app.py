@@ -5,6 +5,7 @@ value names the probe, its key carries the port for `tcp`; the result is
 emitted to alias `out`."""
 
 import encodings.idna  # noqa: F401 - socket host names go through it
+import json
 import os
 import socket
 import sys
@@ -82,6 +83,14 @@ def probe(name, key):
 
 def process(ctx, record):
     name = (record.value or b"").decode("utf-8", errors="replace")
+    if name.startswith("{") or name == "not json":
+        # The SDK's JSON reader (docs/languages.md), not a probe of WASI.
+        try:
+            result = json.dumps(record.value_json(), sort_keys=True, separators=(",", ":"))
+        except onceflow.Error as e:
+            result = f"error: {e.message}"
+        ctx.emit("out", "json", result)
+        return
     key = (record.key or b"").decode("utf-8", errors="replace")
     ctx.emit("out", name, probe(name, key))
 
