@@ -234,9 +234,10 @@ pub enum Format {
     /// Avro in the Confluent wire format (magic byte, schema id, datum),
     /// schemas in a schema registry: the processor sees the value as JSON.
     Avro,
-    /// Protobuf in the Confluent wire format (not served yet).
+    /// Protobuf in the Confluent wire format (not served yet: refused).
     Protobuf,
-    /// JSON Schema in the Confluent wire format (not served yet).
+    /// JSON text checked against a JSON Schema, in the Confluent wire
+    /// format, schemas in a schema registry: the processor sees the JSON.
     JsonSchema,
 }
 
@@ -777,29 +778,37 @@ impl Manifest {
 /// the key's suffix (`.schema`) and the message.
 fn check_format(f: &ValueFormat, output: bool) -> Result<(), (&'static str, String)> {
     match f.format {
-        Format::Protobuf | Format::JsonSchema => {
+        Format::Protobuf => {
             return Err((
                 ".format",
                 format!(
-                    "{:?} is not served by this host yet: use \"avro\", \"json\" or \"bytes\" \
-                     (docs/formats.md)",
+                    "{:?} is not served by this host yet: use \"avro\", \"json-schema\", \
+                     \"json\" or \"bytes\" (docs/formats.md)",
                     f.format.name()
                 ),
             ));
         }
-        Format::Avro if output && f.schema.is_none() => {
+        Format::Avro | Format::JsonSchema if output && f.schema.is_none() => {
             return Err((
                 ".schema",
-                "an avro output needs the schema its values are written with: \
-                 schema = \"schemas/<name>.avsc\", relative to the manifest"
-                    .to_owned(),
+                format!(
+                    "an {} output needs the schema its values are written with: \
+                     schema = \"schemas/<name>.{}\", relative to the manifest",
+                    f.format.name(),
+                    if f.format == Format::Avro {
+                        "avsc"
+                    } else {
+                        "json"
+                    }
+                ),
             ));
         }
         Format::Bytes | Format::Json if f.schema.is_some() => {
             return Err((
                 ".schema",
                 format!(
-                    "format {:?} has no schema: remove `schema` or use format \"avro\"",
+                    "format {:?} has no schema: remove `schema`, or use format \"avro\" or \
+                     \"json-schema\"",
                     f.format.name()
                 ),
             ));
@@ -1136,6 +1145,14 @@ dead-letter-topic = "payments.dlq"
                 .replace("balances = \"balances\"", &format!("balances = {output}"));
             parse(&text).unwrap_err().to_string()
         };
+        let e = refused(
+            r#""payments""#,
+            r#"{ topic = "balances", format = "json-schema" }"#,
+        );
+        assert!(
+            e.contains("`outputs.balances.schema`") && e.contains(".json"),
+            "{e}"
+        );
         let e = refused(
             r#"{ topic = "payments", format = "protobuf" }"#,
             r#""balances""#,

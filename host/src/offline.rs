@@ -24,9 +24,11 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use crate::manifest::{Format, Manifest};
+use crate::manifest::Manifest;
 use crate::sandbox::Processor;
-use crate::schema::{AvroSchema, Codecs, LocalSchemas, SchemaFiles, SchemaSource, SetupError};
+use crate::schema::{
+    Codecs, LocalSchemas, Parsed, SchemaFiles, SchemaKind, SchemaSource, SetupError,
+};
 use crate::state::{MemoryPartition, window};
 use crate::task::{BatchOutcome, Task, TaskConfig, TaskError, dead_letter_headers};
 use crate::types::{Header, InputRecord, OutputRecord};
@@ -93,8 +95,8 @@ pub fn read_input(
 /// on the topic: a poison value, say).
 pub struct OfflineFormats {
     codecs: Arc<Codecs>,
-    /// Avro inputs: topic -> (id, schema).
-    avro_inputs: BTreeMap<String, (u32, Arc<AvroSchema>)>,
+    /// Inputs in the registry's wire format: topic -> (id, schema).
+    framed_inputs: BTreeMap<String, (u32, Arc<Parsed>)>,
 }
 
 impl OfflineFormats {
@@ -102,49 +104,57 @@ impl OfflineFormats {
     pub fn for_manifest(manifest: &Manifest) -> Result<Option<Self>, SetupError> {
         let files = SchemaFiles::read(manifest)?;
         let local = Arc::new(LocalSchemas::default());
-        let mut avro_inputs = BTreeMap::new();
+        let mut framed_inputs = BTreeMap::new();
         for (topic, f) in &manifest.input_formats {
-            if f.format != Format::Avro {
+            let Some(kind) = SchemaKind::of(f.format) else {
                 continue;
-            }
+            };
             let Some(path) = &f.schema else {
                 return Err(SetupError::Schema {
                     path: manifest.path.clone(),
                     key: format!("inputs.{topic}"),
-                    message: "`onceflow test` writes this input's JSON values as Avro with the \
-                              input's schema: give it one (schema = \"schemas/<name>.avsc\")"
-                        .to_owned(),
+                    message: format!(
+                        "`onceflow test` writes this input's JSON values as {} with the \
+                         input's schema: give it one (schema = \"schemas/<name>\")",
+                        f.format.name()
+                    ),
                 });
             };
             let text = files.0.get(&path.to_string_lossy().replace('\\', "/"));
             let text = text.map(String::as_str).unwrap_or_default();
-            let id = local.add(text).map_err(|message| SetupError::Schema {
-                path: path.clone(),
-                key: format!("inputs.{topic}"),
-                message,
-            })?;
+            let id = local
+                .add(kind, text)
+                .map_err(|message| SetupError::Schema {
+                    path: path.clone(),
+                    key: format!("inputs.{topic}"),
+                    message,
+                })?;
             let schema = local.schema(id).map_err(|e| SetupError::Schema {
                 path: path.clone(),
                 key: format!("inputs.{topic}"),
                 message: e.to_string(),
             })?;
-            avro_inputs.insert(topic.clone(), (id, schema));
+            framed_inputs.insert(topic.clone(), (id, schema));
         }
         let source: Arc<dyn SchemaSource> = local;
         Ok(
             Codecs::for_manifest(manifest, &files, Some(source))?.map(|codecs| Self {
                 codecs,
-                avro_inputs,
+                framed_inputs,
             }),
         )
     }
 
     /// An input line's text value as its topic holds it.
     fn encode_input(&self, topic: &str, json: &[u8]) -> Result<Vec<u8>, String> {
-        match self.avro_inputs.get(topic) {
-            Some((id, schema)) => schema
+        match self.framed_inputs.get(topic).map(|(id, s)| (id, &**s)) {
+            Some((id, Parsed::Avro(schema))) => schema
                 .encode(json)
                 .map(|datum| crate::schema::frame(*id, &datum)),
+            Some((id, Parsed::Json(schema))) => serde_json::from_slice(json)
+                .map_err(|e| format!("the value is not JSON: {e}"))
+                .and_then(|v| schema.check(&v))
+                .map(|()| crate::schema::frame(*id, json)),
             None => Ok(json.to_vec()),
         }
     }

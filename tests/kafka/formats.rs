@@ -1,7 +1,8 @@
 //! Formats on a real Kafka with a real schema registry (docs/formats.md):
-//! the wallet on Avro payments with Avro outputs, through the fleet, with
-//! the registry behind TLS and basic authentication (scripts/registry:
-//! Apicurio Registry's Confluent API, compatibility BACKWARD).
+//! the wallet on Avro payments with Avro outputs, then on JSON Schema
+//! topics, through the fleet, with the registry behind TLS and basic
+//! authentication (scripts/registry: Apicurio Registry's Confluent API,
+//! compatibility BACKWARD).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use crate::common::cluster::serial;
 use crate::common::kstreams::read_committed;
 use crate::common::registry::TestRegistry;
 use crate::common::wallet::{Produced, Wallet, assert_exact};
-use onceflow::schema::{AvroSchema, Registry, RegistryConfig, frame, unframe};
+use onceflow::schema::{AvroSchema, Registry, RegistryConfig, SchemaKind, frame, unframe};
 
 const PAYMENT: &str = r#"{"type":"record","name":"Payment","namespace":"acme.wallet",
   "fields":[{"name":"payment_id","type":"string"},{"name":"account","type":"string"},
@@ -65,6 +66,40 @@ fn avro_manifest(w: &Wallet, balance: &str) {
             ),
         );
     assert!(text.contains("format = \"avro\""), "{text}");
+    std::fs::write(&w.manifest, text).expect("write manifest");
+}
+
+const PAYMENT_JSON_SCHEMA: &str = r#"{"type":"object","required":["payment_id","account","amount"],
+  "properties":{"payment_id":{"type":"string"},"account":{"type":"string"},"amount":{"type":"integer"}}}"#;
+const BALANCE_JSON_SCHEMA: &str = r#"{"type":"object","required":["account","balance","payment_id"],
+  "properties":{"account":{"type":"string"},"balance":{"type":"integer"},"payment_id":{"type":"string"}}}"#;
+
+/// Points the wallet's manifest at JSON Schema topics.
+fn json_schema_manifest(w: &Wallet) {
+    let schemas = w.dir.path().join("schemas");
+    std::fs::create_dir_all(&schemas).expect("schemas dir");
+    std::fs::write(schemas.join("payment.json"), PAYMENT_JSON_SCHEMA).expect("payment.json");
+    std::fs::write(schemas.join("balance.json"), BALANCE_JSON_SCHEMA).expect("balance.json");
+    let text = std::fs::read_to_string(&w.manifest).expect("manifest");
+    let formatted = |topic: &str, schema: &str| {
+        format!(
+            "{{ topic = \"{topic}\", format = \"json-schema\", schema = \"schemas/{schema}\" }}"
+        )
+    };
+    let text = text
+        .replace(
+            &format!("inputs = [\"{}\"]", w.payments),
+            &format!("inputs = [{}]", formatted(&w.payments, "payment.json")),
+        )
+        .replace(
+            &format!("balances = \"{}\"", w.balances),
+            &format!("balances = {}", formatted(&w.balances, "balance.json")),
+        )
+        .replace(
+            &format!("audit = \"{}\"", w.audit),
+            &format!("audit = {}", formatted(&w.audit, "payment.json")),
+        );
+    assert!(text.contains("json-schema"), "{text}");
     std::fs::write(&w.manifest, text).expect("write manifest");
 }
 
@@ -354,6 +389,56 @@ fn s_avro_wallet_exactly_once_through_kills_an_upgrade_and_refusals() {
         let d = h1.json(ACME, &["describe", &w.name]);
         assert_eq!(d["version"], 2, "{d}");
         h1.json(ACME, &["delete", &w.name, "--purge-state"]);
+
+        // The same wallet on JSON Schema topics: JSON text in the wire
+        // format, checked against the registry's schema.
+        let j = Wallet::in_tenant(
+            cluster(),
+            "acme",
+            "acme.",
+            "jsonschema",
+            "exactly_once_v2",
+            2,
+        );
+        json_schema_manifest(&j);
+        let id = client
+            .register_kind(
+                &format!("{}-value", j.payments),
+                PAYMENT_JSON_SCHEMA,
+                SchemaKind::Json,
+            )
+            .expect("register the payments' JSON Schema");
+        let deployed = h2.json(ACME, &["deploy", path(&j.manifest)]);
+        assert_eq!(deployed["version"], 1, "{deployed}");
+        let producer = j.producer();
+        let mut valid = Produced::default();
+        for i in 0..300_i64 {
+            let account = format!("acct-{}", i % 7);
+            let value = format!(r#"{{"payment_id":"j{i}","account":"{account}","amount":{i}}}"#);
+            producer
+                .send(
+                    BaseRecord::to(&j.payments)
+                        .key(&account)
+                        .payload(&frame(id, value.as_bytes())),
+                )
+                .expect("send");
+            valid.valid += 1;
+            *valid.totals.entry(account).or_insert(0) += i;
+        }
+        // Fits no JSON Schema of its subject: dead-lettered.
+        producer
+            .send(BaseRecord::to(&j.payments).key("bad").payload(&frame(
+                id,
+                br#"{"payment_id":"b","account":"a","amount":"x"}"#,
+            )))
+            .expect("send");
+        valid.invalid += 1;
+        producer.flush(Duration::from_secs(30)).expect("flush");
+        let mut jv = j;
+        jv.schema_registry = Some(client.clone());
+        jv.wait_done(Duration::from_secs(120));
+        assert_exact(&jv.verify(false), &valid, "JSON Schema");
+        h2.json(ACME, &["delete", &jv.name, "--purge-state"]);
         h1.stop();
         h2.stop();
     });

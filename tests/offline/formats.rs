@@ -214,3 +214,69 @@ fn an_input_line_that_does_not_fit_its_schema_is_refused_with_its_line() {
         "{stderr}"
     );
 }
+
+const PAYMENT_JSON_SCHEMA: &str = r#"{"type":"object","required":["payment_id","account","amount"],
+  "properties":{"payment_id":{"type":"string"},"account":{"type":"string"},"amount":{"type":"integer"}},
+  "additionalProperties":false}"#;
+const BALANCE_JSON_SCHEMA: &str = r#"{"type":"object","required":["account","balance","payment_id"],
+  "properties":{"account":{"type":"string"},"balance":{"type":"integer"},"payment_id":{"type":"string"}}}"#;
+
+#[test]
+fn the_json_schema_wallet_checks_every_value_and_emits_what_the_json_wallet_does() {
+    let json_wallet = build_guest("examples/wallet/onceflow.toml");
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir_all(dir.path().join("schemas")).expect("schemas dir");
+    std::fs::write(dir.path().join("schemas/payment.json"), PAYMENT_JSON_SCHEMA).expect("write");
+    std::fs::write(dir.path().join("schemas/balance.json"), BALANCE_JSON_SCHEMA).expect("write");
+    let component = repo().join("examples/wallet/target/onceflow/wallet.wasm");
+    let manifest = dir.path().join("onceflow.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"name = "wallet-json-schema"
+tenant = "demo"
+inputs = [{{ topic = "payments", format = "json-schema", schema = "schemas/payment.json" }}]
+stores = ["balances"]
+
+[build]
+language = "rust"
+component = "{}"
+
+[outputs]
+balances = {{ topic = "balances", format = "json-schema", schema = "schemas/balance.json" }}
+audit = {{ topic = "audit", format = "json-schema", schema = "schemas/payment.json" }}
+
+[errors]
+policy = "dead-letter"
+dead-letter-topic = "payments.dlq"
+"#,
+            component.display()
+        ),
+    )
+    .expect("write manifest");
+    let mut lines = payments(200);
+    let expected: Vec<_> = run(&json_wallet, &lines.join("\n"), "64")
+        .iter()
+        .map(parsed)
+        .collect();
+    // In the wire format with the payments' schema id (1: the first schema
+    // `onceflow test` numbers), but not fitting it.
+    let mut framed = b"\x00\x00\x00\x00\x01".to_vec();
+    framed.extend_from_slice(br#"{"payment_id":"q","account":"a","amount":"N/A"}"#);
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    lines.insert(
+        50,
+        json!({"topic": "payments", "key": "q", "value_base64": b64(&framed)}).to_string(),
+    );
+    let got = run(&manifest, &lines.join("\n"), "64");
+    let (letters, outputs): (Vec<&Value>, Vec<&Value>) =
+        got.iter().partition(|l| l["topic"] == "payments.dlq");
+    let outputs: Vec<_> = outputs.into_iter().map(parsed).collect();
+    assert_eq!(outputs, expected);
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let error = letters[0]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("schema id 1") && error.contains("`/amount` does not fit its JSON Schema"),
+        "{error}"
+    );
+}

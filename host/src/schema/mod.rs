@@ -25,9 +25,66 @@ use std::sync::{Arc, Mutex};
 use crate::manifest::{Format, Manifest, ValueFormat};
 
 pub mod avro;
+pub mod json_schema;
 pub mod registry;
 
 pub use avro::AvroSchema;
+pub use json_schema::JsonSchema;
+
+/// The kinds of schema a registry holds that the host reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaKind {
+    /// Avro.
+    Avro,
+    /// JSON Schema.
+    Json,
+}
+
+impl SchemaKind {
+    /// Its name in the registry's API (`schemaType`).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            SchemaKind::Avro => "AVRO",
+            SchemaKind::Json => "JSON",
+        }
+    }
+
+    /// The kind a manifest format's schemas are.
+    pub fn of(format: Format) -> Option<Self> {
+        match format {
+            Format::Avro => Some(SchemaKind::Avro),
+            Format::JsonSchema => Some(SchemaKind::Json),
+            _ => None,
+        }
+    }
+}
+
+/// A schema, parsed for its kind.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Avro.
+    Avro(AvroSchema),
+    /// JSON Schema.
+    Json(JsonSchema),
+}
+
+impl Parsed {
+    /// Parses `text` as a schema of `kind`.
+    pub fn parse(kind: SchemaKind, text: &str) -> Result<Self, String> {
+        Ok(match kind {
+            SchemaKind::Avro => Parsed::Avro(AvroSchema::parse(text)?),
+            SchemaKind::Json => Parsed::Json(JsonSchema::parse(text)?),
+        })
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> SchemaKind {
+        match self {
+            Parsed::Avro(_) => SchemaKind::Avro,
+            Parsed::Json(_) => SchemaKind::Json,
+        }
+    }
+}
 pub use registry::{Registry, RegistryConfig, RegistryError};
 
 /// The first byte of a value in the Confluent wire format.
@@ -95,10 +152,11 @@ pub enum SetupError {
 /// or the schema files themselves (`onceflow test`, which numbers them).
 pub trait SchemaSource: Send + Sync {
     /// The schema with this id, or why not.
-    fn schema(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError>;
-    /// The id of `schema` (its text) under `subject`, registering it if the
-    /// subject does not have it yet (the registry checks compatibility).
-    fn id_of(&self, subject: &str, text: &str) -> Result<u32, SetupError>;
+    fn schema(&self, id: u32) -> Result<Arc<Parsed>, FormatError>;
+    /// The id of `schema` (its text, of `kind`) under `subject`,
+    /// registering it if the subject does not have it yet (the registry
+    /// checks compatibility).
+    fn id_of(&self, subject: &str, text: &str, kind: SchemaKind) -> Result<u32, SetupError>;
 }
 
 /// The schema files a manifest names, by their path as written (relative
@@ -175,12 +233,14 @@ pub fn value_subject(topic: &str) -> String {
 enum Decoder {
     Json,
     Avro { reader: Option<Arc<AvroSchema>> },
+    JsonSchema { reader: Option<Arc<JsonSchema>> },
 }
 
 /// How one output's values are written.
 enum Encoder {
     Json,
     Avro { id: u32, schema: Arc<AvroSchema> },
+    JsonSchema { id: u32, schema: Arc<JsonSchema> },
 }
 
 /// A deployment's formats: its inputs' decoders and its outputs' encoders.
@@ -190,7 +250,7 @@ pub struct Codecs {
     outputs: Vec<(String, String, Encoder)>,
     source: Option<Arc<dyn SchemaSource>>,
     /// Writer schemas by id, as fetched (ids are immutable).
-    seen: Mutex<HashMap<u32, Arc<AvroSchema>>>,
+    seen: Mutex<HashMap<u32, Arc<Parsed>>>,
     /// Ids refused lately (unknown, another tenant's, not Avro), with why
     /// and when: a run of poison values naming one asks the registry once
     /// a minute, not once a value.
@@ -228,15 +288,16 @@ impl Codecs {
         if manifest.input_formats.is_empty() && manifest.output_formats.is_empty() {
             return Ok(None);
         }
-        let parse = |key: &str, path: &Path| -> Result<(String, Arc<AvroSchema>), SetupError> {
-            let text = files.get(manifest, path)?;
-            let schema = AvroSchema::parse(text).map_err(|message| SetupError::Schema {
-                path: path.to_path_buf(),
-                key: key.to_owned(),
-                message,
-            })?;
-            Ok((text.to_owned(), Arc::new(schema)))
-        };
+        let parse =
+            |key: &str, path: &Path, kind: SchemaKind| -> Result<(String, Parsed), SetupError> {
+                let text = files.get(manifest, path)?;
+                let schema = Parsed::parse(kind, text).map_err(|message| SetupError::Schema {
+                    path: path.to_path_buf(),
+                    key: key.to_owned(),
+                    message,
+                })?;
+                Ok((text.to_owned(), schema))
+            };
         let need_source =
             |key: &str, f: &ValueFormat| -> Result<Arc<dyn SchemaSource>, SetupError> {
                 source.clone().ok_or(SetupError::NoRegistry {
@@ -247,31 +308,51 @@ impl Codecs {
         let mut inputs = Vec::new();
         for (topic, f) in &manifest.input_formats {
             let key = format!("inputs.{topic}");
+            let reader = |kind| -> Result<Option<Parsed>, SetupError> {
+                need_source(&key, f)?;
+                f.schema
+                    .as_ref()
+                    .map(|path| parse(&key, path, kind).map(|(_, p)| p))
+                    .transpose()
+            };
             let decoder = match f.format {
                 Format::Json => Decoder::Json,
-                Format::Avro => {
-                    need_source(&key, f)?;
-                    let reader = match &f.schema {
-                        Some(path) => Some(parse(&key, path)?.1),
-                        None => None,
-                    };
-                    Decoder::Avro { reader }
-                }
-                Format::Bytes | Format::Protobuf | Format::JsonSchema => continue,
+                Format::Avro => Decoder::Avro {
+                    reader: match reader(SchemaKind::Avro)? {
+                        Some(Parsed::Avro(s)) => Some(Arc::new(s)),
+                        _ => None,
+                    },
+                },
+                Format::JsonSchema => Decoder::JsonSchema {
+                    reader: match reader(SchemaKind::Json)? {
+                        Some(Parsed::Json(s)) => Some(Arc::new(s)),
+                        _ => None,
+                    },
+                },
+                Format::Bytes | Format::Protobuf => continue,
             };
             inputs.push((topic.clone(), decoder));
         }
         let mut outputs = Vec::new();
         for (alias, f) in &manifest.output_formats {
             let key = format!("outputs.{alias}");
-            let encoder = match (f.format, &f.schema) {
-                (Format::Json, _) => Encoder::Json,
-                (Format::Avro, Some(path)) => {
+            let encoder = match (f.format, SchemaKind::of(f.format), &f.schema) {
+                (Format::Json, _, _) => Encoder::Json,
+                (_, Some(kind), Some(path)) => {
                     let source = need_source(&key, f)?;
-                    let (text, schema) = parse(&key, path)?;
+                    let (text, schema) = parse(&key, path, kind)?;
                     let topic = &manifest.outputs[alias];
-                    let id = source.id_of(&value_subject(topic), &text)?;
-                    Encoder::Avro { id, schema }
+                    let id = source.id_of(&value_subject(topic), &text, kind)?;
+                    match schema {
+                        Parsed::Avro(schema) => Encoder::Avro {
+                            id,
+                            schema: Arc::new(schema),
+                        },
+                        Parsed::Json(schema) => Encoder::JsonSchema {
+                            id,
+                            schema: Arc::new(schema),
+                        },
+                    }
                 }
                 _ => continue,
             };
@@ -291,6 +372,7 @@ impl Codecs {
         match self.inputs.iter().find(|(t, _)| t == topic) {
             Some((_, Decoder::Json)) => "JSON",
             Some((_, Decoder::Avro { .. })) => "Avro",
+            Some((_, Decoder::JsonSchema { .. })) => "JSON of its JSON Schema",
             None => "bytes",
         }
     }
@@ -307,7 +389,34 @@ impl Codecs {
         Some(match decoder {
             Decoder::Json => check_json(value).map(|()| value.to_vec()),
             Decoder::Avro { reader } => self.decode_avro(value, reader.as_deref()),
+            Decoder::JsonSchema { reader } => self.decode_json_schema(value, reader.as_deref()),
         })
+    }
+
+    fn decode_json_schema(
+        &self,
+        value: &[u8],
+        reader: Option<&JsonSchema>,
+    ) -> Result<Vec<u8>, FormatError> {
+        let (id, payload) = unframe(value)?;
+        let writer = self.writer(id)?;
+        let Parsed::Json(writer) = &*writer else {
+            return Err(FormatError::Invalid(format!(
+                "schema id {id} is an {} schema, but the topic's format is json-schema",
+                writer.kind().api_name()
+            )));
+        };
+        let json: serde_json::Value = serde_json::from_slice(payload)
+            .map_err(|e| FormatError::Invalid(format!("schema id {id}: not JSON: {e}")))?;
+        writer
+            .check(&json)
+            .map_err(|e| FormatError::Invalid(format!("schema id {id}: {e}")))?;
+        if let Some(reader) = reader {
+            reader.check(&json).map_err(|e| {
+                FormatError::Invalid(format!("against the input's own schema: {e}"))
+            })?;
+        }
+        Ok(payload.to_vec())
     }
 
     fn decode_avro(
@@ -317,12 +426,18 @@ impl Codecs {
     ) -> Result<Vec<u8>, FormatError> {
         let (id, datum) = unframe(value)?;
         let writer = self.writer(id)?;
+        let Parsed::Avro(writer) = &*writer else {
+            return Err(FormatError::Invalid(format!(
+                "schema id {id} is a {} schema, but the topic's format is avro",
+                writer.kind().api_name()
+            )));
+        };
         writer
             .decode(datum, reader)
             .map_err(|e| FormatError::Invalid(format!("schema id {id}: {e}")))
     }
 
-    fn writer(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError> {
+    fn writer(&self, id: u32) -> Result<Arc<Parsed>, FormatError> {
         if let Some(s) = self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
             return Ok(s.clone());
         }
@@ -367,6 +482,10 @@ impl Codecs {
                 .map(|()| value.to_vec())
                 .map_err(|e| e.to_string()),
             Encoder::Avro { id, schema } => schema.encode(value).map(|datum| frame(*id, &datum)),
+            Encoder::JsonSchema { id, schema } => serde_json::from_slice(value)
+                .map_err(|e| format!("the value is not JSON: {e}"))
+                .and_then(|json| schema.check(&json))
+                .map(|()| frame(*id, value)),
         })
     }
 }
@@ -384,6 +503,7 @@ impl Codecs {
         Some(match encoder {
             Encoder::Json => Ok(value.to_vec()),
             Encoder::Avro { .. } => self.decode_avro(value, None),
+            Encoder::JsonSchema { .. } => unframe(value).map(|(_, payload)| payload.to_vec()),
         })
     }
 }
@@ -423,33 +543,33 @@ pub fn unframe(value: &[u8]) -> Result<(u32, &[u8]), FormatError> {
 /// distinct schema text gets an id, from 1 in the order first asked for.
 #[derive(Default)]
 pub struct LocalSchemas {
-    by_id: Mutex<Vec<(String, Arc<AvroSchema>)>>,
+    by_id: Mutex<Vec<(SchemaKind, String, Arc<Parsed>)>>,
 }
 
 impl LocalSchemas {
-    /// The id of `text`, given one if new.
-    pub fn add(&self, text: &str) -> Result<u32, String> {
+    /// The id of `text` (of `kind`), given one if new.
+    pub fn add(&self, kind: SchemaKind, text: &str) -> Result<u32, String> {
         let mut by_id = self.by_id.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = by_id.iter().position(|(t, _)| t == text) {
+        if let Some(i) = by_id.iter().position(|(k, t, _)| *k == kind && t == text) {
             return Ok(i as u32 + 1);
         }
-        let schema = AvroSchema::parse(text)?;
-        by_id.push((text.to_owned(), Arc::new(schema)));
+        let schema = Parsed::parse(kind, text)?;
+        by_id.push((kind, text.to_owned(), Arc::new(schema)));
         Ok(by_id.len() as u32)
     }
 }
 
 impl SchemaSource for LocalSchemas {
-    fn schema(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError> {
+    fn schema(&self, id: u32) -> Result<Arc<Parsed>, FormatError> {
         let by_id = self.by_id.lock().unwrap_or_else(|e| e.into_inner());
         by_id
             .get((id as usize).wrapping_sub(1))
-            .map(|(_, s)| s.clone())
+            .map(|(_, _, s)| s.clone())
             .ok_or_else(|| FormatError::Invalid(format!("schema id {id} is unknown")))
     }
 
-    fn id_of(&self, _subject: &str, text: &str) -> Result<u32, SetupError> {
-        self.add(text).map_err(|message| SetupError::Schema {
+    fn id_of(&self, _subject: &str, text: &str, kind: SchemaKind) -> Result<u32, SetupError> {
+        self.add(kind, text).map_err(|message| SetupError::Schema {
             path: PathBuf::new(),
             key: "schema".to_owned(),
             message,
@@ -477,11 +597,11 @@ mod tests {
     struct Refusing(std::sync::atomic::AtomicU32);
 
     impl SchemaSource for Refusing {
-        fn schema(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError> {
+        fn schema(&self, id: u32) -> Result<Arc<Parsed>, FormatError> {
             self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Err(FormatError::Invalid(format!("schema id {id} is unknown")))
         }
-        fn id_of(&self, _: &str, _: &str) -> Result<u32, SetupError> {
+        fn id_of(&self, _: &str, _: &str, _: SchemaKind) -> Result<u32, SetupError> {
             Ok(1)
         }
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{AvroSchema, FormatError, SchemaSource, SetupError};
+use super::{FormatError, Parsed, SchemaKind, SchemaSource, SetupError};
 
 /// How long one request to the registry may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,6 +78,8 @@ pub struct Registry {
     /// Made on first use, on the thread that uses it (reqwest's blocking
     /// client cannot be made inside an async runtime).
     client: OnceLock<Result<reqwest::blocking::Client, String>>,
+    /// How long one request may take.
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for Registry {
@@ -130,7 +132,14 @@ impl Registry {
             base,
             auth,
             client: OnceLock::new(),
+            timeout: REQUEST_TIMEOUT,
         })
+    }
+
+    /// The same, giving a request `timeout` instead of 10 s.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The base URL.
@@ -142,8 +151,8 @@ impl Registry {
         self.client
             .get_or_init(|| {
                 let mut b = reqwest::blocking::Client::builder()
-                    .timeout(REQUEST_TIMEOUT)
-                    .connect_timeout(Duration::from_secs(5));
+                    .timeout(self.timeout)
+                    .connect_timeout(self.timeout.min(Duration::from_secs(5)));
                 if let Some(ca) = &self.config.ca_cert {
                     let pem = std::fs::read(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
                     for cert in reqwest::Certificate::from_pem_bundle(&pem)
@@ -240,8 +249,18 @@ impl Registry {
     /// returns its id; the registry checks it against the subject's
     /// compatibility setting first.
     pub fn register(&self, subject: &str, text: &str) -> Result<u32, RegistryError> {
+        self.register_kind(subject, text, SchemaKind::Avro)
+    }
+
+    /// [`Registry::register`], for a schema of `kind`.
+    pub fn register_kind(
+        &self,
+        subject: &str,
+        text: &str,
+        kind: SchemaKind,
+    ) -> Result<u32, RegistryError> {
         let path = format!("/subjects/{subject}/versions");
-        let body = serde_json::json!({ "schema": text, "schemaType": "AVRO" });
+        let body = serde_json::json!({ "schema": text, "schemaType": kind.api_name() });
         let (status, answer) = self.send(reqwest::Method::POST, &path, Some(body))?;
         match status {
             200 => Ok(parse::<IdAnswer>(&answer, &path)?.id),
@@ -327,7 +346,7 @@ impl RegistrySource {
 }
 
 impl SchemaSource for RegistrySource {
-    fn schema(&self, id: u32) -> Result<Arc<AvroSchema>, FormatError> {
+    fn schema(&self, id: u32) -> Result<Arc<Parsed>, FormatError> {
         let lookup = |e: RegistryError| match e {
             RegistryError::NotFound(_) => {
                 FormatError::Invalid(format!("schema id {id} is not in the schema registry"))
@@ -344,17 +363,21 @@ impl SchemaSource for RegistrySource {
             }
         }
         let (text, kind) = self.registry.schema_by_id(id).map_err(lookup)?;
-        if !kind.eq_ignore_ascii_case("AVRO") {
-            return Err(FormatError::Invalid(format!(
-                "schema id {id} is a {kind} schema, but the topic's format is avro"
-            )));
-        }
-        AvroSchema::parse(&text)
+        let kind = match kind.to_ascii_uppercase().as_str() {
+            "AVRO" => SchemaKind::Avro,
+            "JSON" => SchemaKind::Json,
+            other => {
+                return Err(FormatError::Invalid(format!(
+                    "schema id {id} is a {other} schema, which this host does not read yet"
+                )));
+            }
+        };
+        Parsed::parse(kind, &text)
             .map(Arc::new)
             .map_err(|e| FormatError::Invalid(format!("schema id {id}: {e}")))
     }
 
-    fn id_of(&self, subject: &str, text: &str) -> Result<u32, SetupError> {
+    fn id_of(&self, subject: &str, text: &str, kind: SchemaKind) -> Result<u32, SetupError> {
         if let Some(ns) = &self.namespace
             && !subject.starts_with(ns.as_str())
         {
@@ -366,7 +389,7 @@ impl SchemaSource for RegistrySource {
             });
         }
         self.registry
-            .register(subject, text)
+            .register_kind(subject, text, kind)
             .map_err(|source| SetupError::Registry {
                 key: format!("subject {subject:?}"),
                 source,
@@ -410,16 +433,18 @@ mod tests {
         // (the kernel completes the handshake).
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
+        let timeout = Duration::from_millis(300);
         let registry = Registry::new(RegistryConfig {
             url,
             credentials: None,
             ca_cert: None,
         })
-        .unwrap();
+        .unwrap()
+        .with_timeout(timeout);
         let started = std::time::Instant::now();
         let e = registry.schema_by_id(1).unwrap_err();
         assert!(matches!(e, RegistryError::Unavailable { .. }), "{e}");
-        assert!(started.elapsed() >= REQUEST_TIMEOUT, "{e}");
+        assert!(started.elapsed() >= timeout, "{e}");
         drop(listener);
     }
 }

@@ -447,7 +447,7 @@ fn read_all(o: &VerifyOptions, topic: &str, deadline: Instant) -> Result<Vec<Rec
 /// value that does not decode is then what it is: not the expected JSON).
 fn as_json(
     source: &crate::schema::registry::RegistrySource,
-    seen: &mut HashMap<u32, Option<std::sync::Arc<crate::schema::AvroSchema>>>,
+    seen: &mut HashMap<u32, Option<std::sync::Arc<crate::schema::Parsed>>>,
     value: &[u8],
 ) -> Vec<u8> {
     use crate::schema::SchemaSource;
@@ -458,7 +458,10 @@ fn as_json(
         .entry(id)
         .or_insert_with(|| source.schema(id).ok())
         .clone();
-    schema
-        .and_then(|s| s.decode(datum, None).ok())
-        .unwrap_or_else(|| value.to_vec())
+    match schema.as_deref() {
+        Some(crate::schema::Parsed::Avro(s)) => s.decode(datum, None).ok(),
+        Some(crate::schema::Parsed::Json(_)) => Some(datum.to_vec()),
+        None => None,
+    }
+    .unwrap_or_else(|| value.to_vec())
 }
