@@ -231,12 +231,21 @@ impl Registry {
         }
     }
 
-    /// The subjects that hold the schema with this id.
+    /// The subjects that hold the schema with this id (from its
+    /// versions: `/schemas/ids/{id}/versions`, which every registry with
+    /// Confluent's API answers; Apicurio 3.0 answers `.../subjects` empty).
     pub fn subjects_of(&self, id: u32) -> Result<Vec<String>, RegistryError> {
-        let path = format!("/schemas/ids/{id}/subjects");
+        #[derive(Deserialize)]
+        struct SubjectVersion {
+            subject: String,
+        }
+        let path = format!("/schemas/ids/{id}/versions");
         let (status, body) = self.send(reqwest::Method::GET, &path, None)?;
         match status {
-            200 => parse(&body, &path),
+            200 => Ok(parse::<Vec<SubjectVersion>>(&body, &path)?
+                .into_iter()
+                .map(|v| v.subject)
+                .collect()),
             404 => Err(RegistryError::NotFound(format!("schema id {id}"))),
             _ => Err(RegistryError::Unavailable {
                 url: format!("{}{path}", self.base),
