@@ -2,7 +2,8 @@
 //! and headers, with the host's `onceflow.error.*` headers saying why and
 //! where it was.
 
-use super::MAX_OUTPUT_BYTES;
+use super::{BatchOutcome, MAX_OUTPUT_BYTES, Task, TaskError};
+use crate::manifest::ErrorPolicy;
 use crate::types::{Header, InputRecord, OutputRecord};
 
 /// Longest reason a dead letter carries, in bytes (the rest is cut).
@@ -90,6 +91,51 @@ pub fn dead_letter(
         out.headers.retain(|x| x.key.starts_with(h::PREFIX));
     }
     out
+}
+
+impl Task {
+    /// Applies the error policy to `record`, which failed alone for
+    /// `reason`: stop (`fail`), count it (`skip`), or its dead letter in
+    /// the batch's outputs, in its place (`dead-letter`).
+    pub(super) fn poison(
+        &mut self,
+        record: &InputRecord,
+        reason: String,
+        out: &mut BatchOutcome,
+    ) -> Result<(), TaskError> {
+        match &self.config.policy {
+            ErrorPolicy::Fail => Err(TaskError::RecordFailed {
+                topic: record.topic.to_string(),
+                partition: record.partition,
+                offset: record.offset,
+                reason,
+            }),
+            ErrorPolicy::Skip => {
+                tracing::warn!(
+                    processor = %self.config.application_id,
+                    topic = %record.topic,
+                    partition = record.partition,
+                    offset = record.offset,
+                    "skipped a record: {reason}"
+                );
+                out.skipped += 1;
+                Ok(())
+            }
+            ErrorPolicy::DeadLetter { topic } => {
+                tracing::debug!(
+                    topic = %record.topic,
+                    partition = record.partition,
+                    offset = record.offset,
+                    "dead-lettered a record: {reason}"
+                );
+                let letter = dead_letter(record, topic, &self.config.application_id, reason);
+                out.output_bytes += letter.size() as u64;
+                out.outputs.push(letter);
+                out.dead_lettered += 1;
+                Ok(())
+            }
+        }
+    }
 }
 
 #[cfg(test)]

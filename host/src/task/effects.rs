@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::{MAX_CALL_BYTES, MAX_OUTPUT_BYTES};
+use crate::sandbox::CallFailure;
 use crate::schema::Codecs;
 use crate::state::TaskState;
 use crate::state::window::{self, WindowStore};
@@ -266,5 +267,51 @@ impl Effects for TaskEffects {
         }
         self.call_outputs.push(record);
         Ok(())
+    }
+}
+
+impl super::Task {
+    /// A call's result, failed if the host refused one of its writes (past
+    /// the call's byte budget or `limits.state-mb`), whatever the guest made
+    /// of the refusal.
+    pub(super) fn refusal(&self, result: Result<(), CallFailure>) -> Result<(), CallFailure> {
+        let fx = self.fx_ref();
+        let refused = if let Some(why) = &fx.unencodable {
+            Some(why.clone())
+        } else if fx.over_budget {
+            Some(format!(
+                "the outputs and state writes of one call exceeded the host's limit of {} MiB: \
+                 the record emits or writes too much at once",
+                MAX_CALL_BYTES >> 20
+            ))
+        } else if fx.state_full {
+            Some(format!(
+                "{} (partition {} holds {} bytes)",
+                StoreAccessError::StateFull(self.config.state_limit_bytes),
+                self.partition,
+                fx.state.visible_bytes()
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = refused {
+            // Whatever the guest made of the refusals, the call failed.
+            return Err(match result {
+                Err(CallFailure::Rejected { index, .. }) => {
+                    CallFailure::Rejected { index, message }
+                }
+                // The refusal is why: a guest that unwraps it traps.
+                Err(CallFailure::Trapped { index, reason }) => CallFailure::Trapped {
+                    index,
+                    reason: format!("{message}; then the guest trapped: {reason}"),
+                },
+                Err(host @ CallFailure::Host(_)) => host,
+                Ok(()) => CallFailure::Rejected {
+                    index: None,
+                    message,
+                },
+            });
+        }
+        result
     }
 }

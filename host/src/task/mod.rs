@@ -22,13 +22,14 @@ use crate::manifest::{ErrorPolicy, LateRecords, Manifest};
 use crate::sandbox::{
     CallFailure, Guest, INIT_FUEL, Lineage, Processor, ProcessorPolicy, SandboxError,
 };
-use crate::schema::{Codecs, FormatError};
+use crate::schema::Codecs;
 use crate::state::window::WindowStore;
 use crate::state::{PartitionStore, StateError, StoreChanges, TaskState, WriteBatch};
-use crate::types::{AccessError, Effects, Entry, InputRecord, OutputRecord, StoreAccessError};
+use crate::types::{AccessError, Effects, Entry, InputRecord, OutputRecord};
 
 mod dead_letter;
 mod effects;
+mod formats;
 mod time;
 
 pub use dead_letter::{dead_letter, dead_letter_headers};
@@ -375,44 +376,6 @@ impl Task {
         result
     }
 
-    /// The batch with each value as the processor sees it (decoded from
-    /// its topic's format); a value that does not decode stays as it is,
-    /// noted in `undecodable` for the error policy.
-    fn decode(
-        &mut self,
-        codecs: &Codecs,
-        batch: &[InputRecord],
-    ) -> Result<Vec<InputRecord>, TaskError> {
-        self.undecodable.clear();
-        let mut out = Vec::with_capacity(batch.len());
-        for record in batch {
-            let mut record = record.clone();
-            if let Some(value) = record.value.as_deref()
-                && let Some(decoded) = codecs.decode(&record.topic, value)
-            {
-                match decoded {
-                    Ok(v) => record.value = Some(v),
-                    Err(FormatError::Invalid(why)) => self.undecodable.push((
-                        record.topic.clone(),
-                        record.offset,
-                        format!(
-                            "the value is not {}: {why}",
-                            codecs.format_name(&record.topic)
-                        ),
-                    )),
-                    Err(e @ FormatError::Unavailable(_)) => {
-                        return Err(TaskError::SchemaRegistry(format!(
-                            "{}/{}@{}: {e}",
-                            record.topic, record.partition, record.offset
-                        )));
-                    }
-                }
-            }
-            out.push(record);
-        }
-        Ok(out)
-    }
-
     fn process_decoded(
         &mut self,
         batch: &[InputRecord],
@@ -613,25 +576,14 @@ impl Task {
         if records.is_empty() || out.full {
             return Ok(());
         }
-        if !self.undecodable.is_empty()
-            && let Some(j) = records.iter().position(|r| {
-                self.undecodable
-                    .iter()
-                    .any(|(t, o, _)| *o == r.offset && *t == r.topic)
-            })
-        {
+        if let Some(j) = self.undecodable_at(records) {
             // The records before it, the record to the error policy, the
             // rest: in order, as if the processor had refused it.
             self.run(&records[..j], &times[..j], out)?;
             if out.full {
                 return Ok(());
             }
-            let at = self
-                .undecodable
-                .iter()
-                .position(|(t, o, _)| *o == records[j].offset && *t == records[j].topic)
-                .expect("found above");
-            let (_, _, why) = self.undecodable.swap_remove(at);
+            let why = self.take_undecodable(&records[j]);
             self.poison(&records[j], why, out)?;
             self.finished(1, out);
             return self.run(&records[j + 1..], &times[j + 1..], out);
@@ -873,50 +825,6 @@ impl Task {
         Ok(self.refusal(result))
     }
 
-    /// A call's result, failed if the host refused one of its writes (past
-    /// the call's byte budget or `limits.state-mb`), whatever the guest made
-    /// of the refusal.
-    fn refusal(&self, result: Result<(), CallFailure>) -> Result<(), CallFailure> {
-        let fx = self.fx_ref();
-        let refused = if let Some(why) = &fx.unencodable {
-            Some(why.clone())
-        } else if fx.over_budget {
-            Some(format!(
-                "the outputs and state writes of one call exceeded the host's limit of {} MiB: \
-                 the record emits or writes too much at once",
-                MAX_CALL_BYTES >> 20
-            ))
-        } else if fx.state_full {
-            Some(format!(
-                "{} (partition {} holds {} bytes)",
-                StoreAccessError::StateFull(self.config.state_limit_bytes),
-                self.partition,
-                fx.state.visible_bytes()
-            ))
-        } else {
-            None
-        };
-        if let Some(message) = refused {
-            // Whatever the guest made of the refusals, the call failed.
-            return Err(match result {
-                Err(CallFailure::Rejected { index, .. }) => {
-                    CallFailure::Rejected { index, message }
-                }
-                // The refusal is why: a guest that unwraps it traps.
-                Err(CallFailure::Trapped { index, reason }) => CallFailure::Trapped {
-                    index,
-                    reason: format!("{message}; then the guest trapped: {reason}"),
-                },
-                Err(host @ CallFailure::Host(_)) => host,
-                Ok(()) => CallFailure::Rejected {
-                    index: None,
-                    message,
-                },
-            });
-        }
-        result
-    }
-
     /// Fuel the guest burned since the last call of this (0 with metering
     /// off), including calls that failed and every instance's
     /// instantiation and `init`.
@@ -933,46 +841,6 @@ impl Task {
             .as_mut()
             .map_or(Duration::ZERO, Guest::take_parked);
         std::mem::take(&mut self.parked) + init
-    }
-
-    fn poison(
-        &mut self,
-        record: &InputRecord,
-        reason: String,
-        out: &mut BatchOutcome,
-    ) -> Result<(), TaskError> {
-        match &self.config.policy {
-            ErrorPolicy::Fail => Err(TaskError::RecordFailed {
-                topic: record.topic.to_string(),
-                partition: record.partition,
-                offset: record.offset,
-                reason,
-            }),
-            ErrorPolicy::Skip => {
-                tracing::warn!(
-                    processor = %self.config.application_id,
-                    topic = %record.topic,
-                    partition = record.partition,
-                    offset = record.offset,
-                    "skipped a record: {reason}"
-                );
-                out.skipped += 1;
-                Ok(())
-            }
-            ErrorPolicy::DeadLetter { topic } => {
-                tracing::debug!(
-                    topic = %record.topic,
-                    partition = record.partition,
-                    offset = record.offset,
-                    "dead-lettered a record: {reason}"
-                );
-                let letter = dead_letter(record, topic, &self.config.application_id, reason);
-                out.output_bytes += letter.size() as u64;
-                out.outputs.push(letter);
-                out.dead_lettered += 1;
-                Ok(())
-            }
-        }
     }
 
     /// Bytes of state changes held in memory until their commit
