@@ -95,8 +95,9 @@ pub fn read_input(
 /// on the topic: a poison value, say).
 pub struct OfflineFormats {
     codecs: Arc<Codecs>,
-    /// Inputs in the registry's wire format: topic -> (id, schema).
-    framed_inputs: BTreeMap<String, (u32, Arc<Parsed>)>,
+    /// Inputs in the registry's wire format: topic -> (id, schema, the
+    /// Protobuf message named).
+    framed_inputs: BTreeMap<String, (u32, Arc<Parsed>, Option<String>)>,
 }
 
 impl OfflineFormats {
@@ -134,7 +135,7 @@ impl OfflineFormats {
                 key: format!("inputs.{topic}"),
                 message: e.to_string(),
             })?;
-            framed_inputs.insert(topic.clone(), (id, schema));
+            framed_inputs.insert(topic.clone(), (id, schema, f.message.clone()));
         }
         let source: Arc<dyn SchemaSource> = local;
         Ok(
@@ -147,14 +148,22 @@ impl OfflineFormats {
 
     /// An input line's text value as its topic holds it.
     fn encode_input(&self, topic: &str, json: &[u8]) -> Result<Vec<u8>, String> {
-        match self.framed_inputs.get(topic).map(|(id, s)| (id, &**s)) {
-            Some((id, Parsed::Avro(schema))) => schema
+        match self
+            .framed_inputs
+            .get(topic)
+            .map(|(id, s, m)| (id, &**s, m))
+        {
+            Some((id, Parsed::Avro(schema), _)) => schema
                 .encode(json)
                 .map(|datum| crate::schema::frame(*id, &datum)),
-            Some((id, Parsed::Json(schema))) => serde_json::from_slice(json)
+            Some((id, Parsed::Json(schema), _)) => serde_json::from_slice(json)
                 .map_err(|e| format!("the value is not JSON: {e}"))
                 .and_then(|v| schema.check(&v))
                 .map(|()| crate::schema::frame(*id, json)),
+            Some((id, Parsed::Protobuf(schema), message)) => schema
+                .message(message.as_deref())
+                .and_then(|m| schema.encode(&m, json))
+                .map(|framed| crate::schema::frame(*id, &framed)),
             None => Ok(json.to_vec()),
         }
     }

@@ -1,6 +1,6 @@
 //! Formats on a real Kafka with a real schema registry (docs/formats.md):
-//! the wallet on Avro payments with Avro outputs, then on JSON Schema
-//! topics, through the fleet, with the registry behind TLS and basic
+//! the wallet on Avro payments with Avro outputs, then on JSON Schema and
+//! Protobuf topics, through the fleet, with the registry behind TLS and basic
 //! authentication (scripts/registry: Apicurio Registry's Confluent API,
 //! compatibility BACKWARD).
 
@@ -16,7 +16,9 @@ use crate::common::cluster::serial;
 use crate::common::kstreams::read_committed;
 use crate::common::registry::TestRegistry;
 use crate::common::wallet::{Produced, Wallet, assert_exact};
-use onceflow::schema::{AvroSchema, Registry, RegistryConfig, SchemaKind, frame, unframe};
+use onceflow::schema::{
+    AvroSchema, ProtoSchema, Registry, RegistryConfig, SchemaKind, frame, unframe,
+};
 
 const PAYMENT: &str = r#"{"type":"record","name":"Payment","namespace":"acme.wallet",
   "fields":[{"name":"payment_id","type":"string"},{"name":"account","type":"string"},
@@ -74,33 +76,84 @@ const PAYMENT_JSON_SCHEMA: &str = r#"{"type":"object","required":["payment_id","
 const BALANCE_JSON_SCHEMA: &str = r#"{"type":"object","required":["account","balance","payment_id"],
   "properties":{"account":{"type":"string"},"balance":{"type":"integer"},"payment_id":{"type":"string"}}}"#;
 
+const PAYMENT_PROTO: &str = "syntax = \"proto3\";\npackage acme.wallet;\n\
+    message Payment { string payment_id = 1; string account = 2; int64 amount = 3; }\n";
+const BALANCE_PROTO: &str = "syntax = \"proto3\";\npackage acme.wallet;\n\
+    message Balance { string account = 1; int64 balance = 2; string payment_id = 3; }\n";
+
+/// Points the wallet's manifest at Protobuf topics.
+fn protobuf_manifest(w: &Wallet) {
+    let schemas = w.dir.path().join("schemas");
+    std::fs::create_dir_all(&schemas).expect("schemas dir");
+    std::fs::write(schemas.join("payment.proto"), PAYMENT_PROTO).expect("payment.proto");
+    std::fs::write(schemas.join("balance.proto"), BALANCE_PROTO).expect("balance.proto");
+    formatted_manifest(w, "protobuf", "proto");
+}
+
 /// Points the wallet's manifest at JSON Schema topics.
 fn json_schema_manifest(w: &Wallet) {
     let schemas = w.dir.path().join("schemas");
     std::fs::create_dir_all(&schemas).expect("schemas dir");
     std::fs::write(schemas.join("payment.json"), PAYMENT_JSON_SCHEMA).expect("payment.json");
     std::fs::write(schemas.join("balance.json"), BALANCE_JSON_SCHEMA).expect("balance.json");
+    formatted_manifest(w, "json-schema", "json");
+}
+
+/// Points the wallet's topics at `format`, with the schema files
+/// `schemas/{payment,balance}.{ext}`.
+fn formatted_manifest(w: &Wallet, format: &str, ext: &str) {
     let text = std::fs::read_to_string(&w.manifest).expect("manifest");
     let formatted = |topic: &str, schema: &str| {
         format!(
-            "{{ topic = \"{topic}\", format = \"json-schema\", schema = \"schemas/{schema}\" }}"
+            "{{ topic = \"{topic}\", format = \"{format}\", schema = \"schemas/{schema}.{ext}\" }}"
         )
     };
     let text = text
         .replace(
             &format!("inputs = [\"{}\"]", w.payments),
-            &format!("inputs = [{}]", formatted(&w.payments, "payment.json")),
+            &format!("inputs = [{}]", formatted(&w.payments, "payment")),
         )
         .replace(
             &format!("balances = \"{}\"", w.balances),
-            &format!("balances = {}", formatted(&w.balances, "balance.json")),
+            &format!("balances = {}", formatted(&w.balances, "balance")),
         )
         .replace(
             &format!("audit = \"{}\"", w.audit),
-            &format!("audit = {}", formatted(&w.audit, "payment.json")),
+            &format!("audit = {}", formatted(&w.audit, "payment")),
         );
-    assert!(text.contains("json-schema"), "{text}");
+    assert!(text.contains(&format!("format = \"{format}\"")), "{text}");
     std::fs::write(&w.manifest, text).expect("write manifest");
+}
+
+/// 300 payments (ids `{prefix}0`...) over 7 accounts, each JSON value
+/// written by `write`, then one `poison` value: what the wallet must show.
+fn produce_framed(
+    w: &Wallet,
+    prefix: &str,
+    write: impl Fn(&[u8]) -> Vec<u8>,
+    poison: Vec<u8>,
+) -> Produced {
+    let producer = w.producer();
+    let mut valid = Produced::default();
+    for i in 0..300_i64 {
+        let account = format!("acct-{}", i % 7);
+        let value = format!(r#"{{"payment_id":"{prefix}{i}","account":"{account}","amount":{i}}}"#);
+        producer
+            .send(
+                BaseRecord::to(&w.payments)
+                    .key(&account)
+                    .payload(&write(value.as_bytes())),
+            )
+            .expect("send");
+        valid.valid += 1;
+        *valid.totals.entry(account).or_insert(0) += i;
+    }
+    producer
+        .send(BaseRecord::to(&w.payments).key("bad").payload(&poison))
+        .expect("send");
+    valid.invalid += 1;
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    valid
 }
 
 /// Every committed value of `topic`, as bytes.
@@ -410,35 +463,56 @@ fn s_avro_wallet_exactly_once_through_kills_an_upgrade_and_refusals() {
             .expect("register the payments' JSON Schema");
         let deployed = h2.json(ACME, &["deploy", path(&j.manifest)]);
         assert_eq!(deployed["version"], 1, "{deployed}");
-        let producer = j.producer();
-        let mut valid = Produced::default();
-        for i in 0..300_i64 {
-            let account = format!("acct-{}", i % 7);
-            let value = format!(r#"{{"payment_id":"j{i}","account":"{account}","amount":{i}}}"#);
-            producer
-                .send(
-                    BaseRecord::to(&j.payments)
-                        .key(&account)
-                        .payload(&frame(id, value.as_bytes())),
-                )
-                .expect("send");
-            valid.valid += 1;
-            *valid.totals.entry(account).or_insert(0) += i;
-        }
-        // Fits no JSON Schema of its subject: dead-lettered.
-        producer
-            .send(BaseRecord::to(&j.payments).key("bad").payload(&frame(
-                id,
-                br#"{"payment_id":"b","account":"a","amount":"x"}"#,
-            )))
-            .expect("send");
-        valid.invalid += 1;
-        producer.flush(Duration::from_secs(30)).expect("flush");
+        // The last fits no JSON Schema of its subject: dead-lettered.
+        let valid = produce_framed(
+            &j,
+            "j",
+            |value| frame(id, value),
+            frame(id, br#"{"payment_id":"b","account":"a","amount":"x"}"#),
+        );
         let mut jv = j;
         jv.schema_registry = Some(client.clone());
         jv.wait_done(Duration::from_secs(120));
         assert_exact(&jv.verify(false), &valid, "JSON Schema");
         h2.json(ACME, &["delete", &jv.name, "--purge-state"]);
+
+        // And on Protobuf topics: the message indexes after the id, proto3
+        // JSON for the wallet, its balances written as Balance messages.
+        let p = Wallet::in_tenant(cluster(), "acme", "acme.", "protobuf", "exactly_once_v2", 2);
+        protobuf_manifest(&p);
+        let id = client
+            .register_kind(
+                &format!("{}-value", p.payments),
+                PAYMENT_PROTO,
+                SchemaKind::Protobuf,
+            )
+            .expect("register the payments' .proto");
+        let deployed = h1.json(ACME, &["deploy", path(&p.manifest)]);
+        assert_eq!(deployed["version"], 1, "{deployed}");
+        let proto = ProtoSchema::parse(PAYMENT_PROTO).expect("payment.proto");
+        let payment = proto.message(None).expect("Payment");
+        // Message indexes naming no message of the schema: dead-lettered.
+        let valid = produce_framed(
+            &p,
+            "q",
+            |value| frame(id, &proto.encode(&payment, value).expect("encode")),
+            frame(id, b"\x02\x0a\x0a\x01b"),
+        );
+        let mut pv = p;
+        pv.schema_registry = Some(client.clone());
+        pv.wait_done(Duration::from_secs(120));
+        assert_exact(&pv.verify(false), &valid, "Protobuf");
+        let balances = committed_values(&pv.balances);
+        assert!(!balances.is_empty());
+        for value in &balances {
+            let (balance_id, message) = unframe(value).expect("the wire format");
+            assert_ne!(
+                balance_id, id,
+                "balances are Balance messages, not payments"
+            );
+            assert_eq!(message[0], 0, "Balance is the file's first message: [0]");
+        }
+        h1.json(ACME, &["delete", &pv.name, "--purge-state"]);
         h1.stop();
         h2.stop();
     });

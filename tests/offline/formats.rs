@@ -50,10 +50,11 @@ fn parsed(line: &Value) -> (String, String, Value) {
 }
 
 #[test]
-fn the_avro_wallet_in_rust_and_js_emits_what_the_json_wallet_does() {
+fn the_avro_wallet_in_rust_and_js_and_on_protobuf_emits_what_the_json_wallet_does() {
     let json_wallet = build_guest("examples/wallet/onceflow.toml");
     let avro_rust = build_guest("examples/wallet-avro/onceflow.toml");
     let avro_js = build_guest("examples/wallet-avro/js.toml");
+    let protobuf = build_guest("examples/wallet-avro/protobuf.toml");
     let mut lines = payments(400);
     let input = lines.join("\n");
     let expected: Vec<_> = run(&json_wallet, &input, "64").iter().map(parsed).collect();
@@ -77,7 +78,11 @@ fn the_avro_wallet_in_rust_and_js_emits_what_the_json_wallet_does() {
             .to_string(),
     );
     let input = lines.join("\n");
-    for (manifest, language) in [(&avro_rust, "rust"), (&avro_js, "js")] {
+    for (manifest, language) in [
+        (&avro_rust, "rust"),
+        (&avro_js, "js"),
+        (&protobuf, "rust on protobuf"),
+    ] {
         for batch in ["1", "64"] {
             let got = run(manifest, &input, batch);
             let (letters, outputs): (Vec<&Value>, Vec<&Value>) =
@@ -279,4 +284,103 @@ dead-letter-topic = "payments.dlq"
         error.contains("schema id 1") && error.contains("`/amount` does not fit its JSON Schema"),
         "{error}"
     );
+}
+
+/// A manifest for the hostile guest (it echoes a record's value and
+/// headers to `out`) with `input` and `output` as its formats, in a
+/// directory with the wallet's schemas.
+fn echo_with(dir: &Path, input: &str, output: &str) -> std::path::PathBuf {
+    build_guest("tests/guests/hostile/onceflow.toml");
+    let schemas = repo().join("examples/wallet-avro/schemas");
+    std::fs::create_dir_all(dir.join("schemas")).expect("schemas dir");
+    for f in ["payment.proto", "payment.avsc"] {
+        std::fs::copy(schemas.join(f), dir.join("schemas").join(f)).expect("copy schema");
+    }
+    let component = repo().join("tests/guests/hostile/target/onceflow/hostile.wasm");
+    let manifest = dir.join("onceflow.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"name = "echo"
+tenant = "test"
+inputs = [{input}]
+stores = ["seen"]
+
+[build]
+language = "rust"
+component = "{}"
+
+[outputs]
+out = {output}
+
+[errors]
+policy = "dead-letter"
+dead-letter-topic = "in.dlq"
+"#,
+            component.display()
+        ),
+    )
+    .expect("write manifest");
+    manifest
+}
+
+#[test]
+fn as_payload_a_processor_gets_and_emits_the_values_own_bytes_with_the_schema_id() {
+    let payments = payments(20)
+        .into_iter()
+        .map(|l| l.replace(r#""topic":"payments""#, r#""topic":"in""#))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Protobuf: the guest sees the message's bytes (no framing, no message
+    // indexes) and the schema id and message in headers; what it emits as
+    // they are is framed by the host, and reads back as the same payment.
+    let manifest = echo_with(
+        dir.path(),
+        r#"{ topic = "in", format = "protobuf", schema = "schemas/payment.proto", as = "payload" }"#,
+        r#"{ topic = "out", format = "protobuf", schema = "schemas/payment.proto", as = "payload" }"#,
+    );
+    let expected: Vec<Value> = json_lines(payments.as_bytes())
+        .iter()
+        .map(|l| serde_json::from_str(l["value"].as_str().unwrap_or_default()).expect("json"))
+        .collect();
+    let got = run(&manifest, &payments, "8");
+    assert_eq!(got.len(), 20, "{got:?}");
+    for (line, payment) in got.iter().zip(&expected) {
+        assert_eq!(line["topic"], "out", "{line}");
+        assert_eq!(parsed(line).2, *payment, "{line}");
+        assert_eq!(line["headers"]["onceflow.schema-id"], "1", "{line}");
+        assert_eq!(
+            line["headers"]["onceflow.message"], "onceflow.examples.wallet.Payment",
+            "{line}"
+        );
+    }
+    // Avro: a datum of the input's schema, handed back as it is.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manifest = echo_with(
+        dir.path(),
+        r#"{ topic = "in", format = "avro", schema = "schemas/payment.avsc", as = "payload" }"#,
+        r#"{ topic = "out", format = "avro", schema = "schemas/payment.avsc", as = "payload" }"#,
+    );
+    let got = run(&manifest, &payments, "8");
+    assert_eq!(got.len(), 20, "{got:?}");
+    for (line, payment) in got.iter().zip(&expected) {
+        assert_eq!(parsed(line).2, *payment, "{line}");
+        assert_eq!(line["headers"]["onceflow.schema-id"], "1", "{line}");
+    }
+    // The same datum emitted to an output that takes JSON is not JSON:
+    // refused, the record dead-lettered whole.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manifest = echo_with(
+        dir.path(),
+        r#"{ topic = "in", format = "avro", schema = "schemas/payment.avsc", as = "payload" }"#,
+        r#"{ topic = "out", format = "avro", schema = "schemas/payment.avsc" }"#,
+    );
+    let got = run(&manifest, &payments, "8");
+    assert_eq!(got.len(), 20, "{got:?}");
+    for line in &got {
+        assert_eq!(line["topic"], "in.dlq", "{line}");
+        let error = line["error"].as_str().unwrap_or_default();
+        assert!(error.contains("not JSON"), "{error}");
+    }
 }

@@ -146,7 +146,6 @@ impl FleetError {
         match self {
             FleetError::Kafka(e) | FleetError::Stream(StreamError::Kafka(e)) => e.is_transient(),
             FleetError::Unavailable(_) => true,
-            FleetError::Stream(StreamError::SchemaRegistry(_)) => true,
             // The registry did not answer when the deployment started.
             FleetError::Stream(StreamError::Formats(crate::schema::SetupError::Registry {
                 source: crate::schema::RegistryError::Unavailable { .. },

@@ -20,7 +20,9 @@ pub enum Format {
     /// Avro in the Confluent wire format (magic byte, schema id, datum),
     /// schemas in a schema registry: the processor sees the value as JSON.
     Avro,
-    /// Protobuf in the Confluent wire format (not served yet: refused).
+    /// Protobuf in the Confluent wire format (magic byte, schema id,
+    /// message indexes, message), schemas in a schema registry: the
+    /// processor sees the value as JSON.
     Protobuf,
     /// JSON text checked against a JSON Schema, in the Confluent wire
     /// format, schemas in a schema registry: the processor sees the JSON.
@@ -55,6 +57,27 @@ pub struct ValueFormat {
     /// deploy); for an input, the reader schema values are resolved to
     /// (optional: without it, each value is read with its writer's schema).
     pub schema: Option<PathBuf>,
+    /// Protobuf: the message of the schema file values are written as (an
+    /// output) or read as (an input whose writer's message is not in its
+    /// schema file); the file's first message when not given.
+    pub message: Option<String>,
+    /// What the processor sees of a registry format's values.
+    pub deliver: Deliver,
+}
+
+/// What the processor reads of an input of a registry format, and emits
+/// to such an output (`as` in the manifest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Deliver {
+    /// The value as JSON text (the default).
+    #[default]
+    Json,
+    /// The value's own bytes, for a processor that decodes natively: an
+    /// Avro datum of the entry's schema (an input's values resolved to
+    /// it), a Protobuf message's bytes; the schema registry's framing taken
+    /// off (an input) or put on (an output) by the host.
+    Payload,
 }
 
 /// `{ topic = "...", format = "avro", schema = "schemas/x.avsc" }`.
@@ -65,6 +88,9 @@ struct RawFormatted {
     #[serde(default)]
     format: Format,
     schema: Option<PathBuf>,
+    message: Option<String>,
+    #[serde(rename = "as", default)]
+    deliver: Deliver,
 }
 
 /// An entry of `inputs` or `[outputs]`: a topic's name, or a table with the
@@ -80,6 +106,8 @@ pub(super) fn topic_entry(value: toml::Value) -> Result<(String, Option<ValueFor
                 Some(ValueFormat {
                     format: f.format,
                     schema: f.schema,
+                    message: f.message,
+                    deliver: f.deliver,
                 }),
             ))
         }
@@ -96,27 +124,18 @@ pub(super) fn topic_entry(value: toml::Value) -> Result<(String, Option<ValueFor
 /// the key's suffix (`.schema`) and the message.
 pub(super) fn check_format(f: &ValueFormat, output: bool) -> Result<(), (&'static str, String)> {
     match f.format {
-        Format::Protobuf => {
-            return Err((
-                ".format",
-                format!(
-                    "{:?} is not served by this host yet: use \"avro\", \"json-schema\", \
-                     \"json\" or \"bytes\" (docs/formats.md)",
-                    f.format.name()
-                ),
-            ));
-        }
-        Format::Avro | Format::JsonSchema if output && f.schema.is_none() => {
+        Format::Avro | Format::JsonSchema | Format::Protobuf if output && f.schema.is_none() => {
             return Err((
                 ".schema",
                 format!(
-                    "an {} output needs the schema its values are written with: \
+                    "{} {} output needs the schema its values are written with: \
                      schema = \"schemas/<name>.{}\", relative to the manifest",
+                    if f.format == Format::Avro { "an" } else { "a" },
                     f.format.name(),
-                    if f.format == Format::Avro {
-                        "avsc"
-                    } else {
-                        "json"
+                    match f.format {
+                        Format::Avro => "avsc",
+                        Format::Protobuf => "proto",
+                        _ => "json",
                     }
                 ),
             ));
@@ -125,13 +144,51 @@ pub(super) fn check_format(f: &ValueFormat, output: bool) -> Result<(), (&'stati
             return Err((
                 ".schema",
                 format!(
-                    "format {:?} has no schema: remove `schema`, or use format \"avro\" or \
-                     \"json-schema\"",
+                    "format {:?} has no schema: remove `schema`, or use format \"avro\", \
+                     \"protobuf\" or \"json-schema\"",
                     f.format.name()
                 ),
             ));
         }
         _ => {}
+    }
+    if f.message.is_some() && f.format != Format::Protobuf {
+        return Err((
+            ".message",
+            format!(
+                "`message` names a Protobuf message, but the format is {:?}: remove it",
+                f.format.name()
+            ),
+        ));
+    }
+    if f.deliver == Deliver::Payload {
+        match f.format {
+            Format::Avro if f.schema.is_none() => {
+                return Err((
+                    ".schema",
+                    "as = \"payload\" hands the processor Avro datums of the schema it was \
+                     built with: name that schema (schema = \"schemas/<name>.avsc\"), and \
+                     the host resolves each value to it"
+                        .to_owned(),
+                ));
+            }
+            Format::Avro | Format::Protobuf => {}
+            other => {
+                return Err((
+                    ".as",
+                    format!(
+                        "as = \"payload\" is for formats a processor may decode itself \
+                         (\"avro\", \"protobuf\"); {:?} values are {}: remove `as`",
+                        other.name(),
+                        if other == Format::JsonSchema || other == Format::Json {
+                            "JSON already"
+                        } else {
+                            "bytes already"
+                        }
+                    ),
+                ));
+            }
+        }
     }
     if let Some(schema) = &f.schema
         && (schema.is_absolute()
@@ -177,7 +234,9 @@ mod tests {
             m.input_formats["payments"],
             ValueFormat {
                 format: Format::Avro,
-                schema: Some(PathBuf::from("s/p.avsc"))
+                schema: Some(PathBuf::from("s/p.avsc")),
+                message: None,
+                deliver: Deliver::Json,
             }
         );
         assert!(
@@ -186,6 +245,16 @@ mod tests {
         );
         assert!(!m.output_formats.contains_key("raw"), "no format is bytes");
         assert_eq!(m.output_formats["notes"].format, Format::Json);
+        let m = parse(&WALLET.replace(
+            "inputs = [\"payments\"]",
+            "inputs = [{ topic = \"payments\", format = \"protobuf\", message = \"w.Payment\", as = \"payload\" }]",
+        ))
+        .unwrap();
+        let p = &m.input_formats["payments"];
+        assert_eq!(
+            (p.format, p.message.as_deref(), p.deliver),
+            (Format::Protobuf, Some("w.Payment"), Deliver::Payload)
+        );
         // Every manifest of before is unchanged.
         let old = parse(WALLET).unwrap();
         assert!(old.input_formats.is_empty() && old.output_formats.is_empty());
@@ -193,54 +262,66 @@ mod tests {
 
     #[test]
     fn a_bad_format_names_the_key_and_what_to_do() {
-        let refused = |input: &str, output: &str| {
+        const P: &str = r#""payments""#;
+        const B: &str = r#""balances""#;
+        // (input entry, balances entry, what the message must say)
+        let cases: &[(&str, &str, &[&str])] = &[
+            (
+                P,
+                r#"{ topic = "balances", format = "json-schema" }"#,
+                &["`outputs.balances.schema`", ".json"],
+            ),
+            (
+                P,
+                r#"{ topic = "balances", format = "protobuf" }"#,
+                &["`outputs.balances.schema`", ".proto"],
+            ),
+            (
+                P,
+                r#"{ topic = "balances", format = "avro" }"#,
+                &["`outputs.balances.schema`", ".avsc"],
+            ),
+            (
+                r#"{ topic = "payments", format = "avro", message = "P" }"#,
+                B,
+                &["`inputs.payments.message`", "remove it"],
+            ),
+            (
+                r#"{ topic = "payments", format = "avro", as = "payload" }"#,
+                B,
+                &["`inputs.payments.schema`", "resolves each value"],
+            ),
+            (
+                r#"{ topic = "payments", format = "json", as = "payload" }"#,
+                B,
+                &["`inputs.payments.as`", "JSON already"],
+            ),
+            (
+                P,
+                r#"{ topic = "balances", format = "json", schema = "x" }"#,
+                &["format \"json\" has no schema"],
+            ),
+            (
+                r#"{ topic = "payments", format = "avro", schema = "../../etc/passwd" }"#,
+                B,
+                &["inside the manifest's directory"],
+            ),
+            (
+                r#"{ topic = "payments", fromat = "avro" }"#,
+                B,
+                &["`inputs`", "fromat"],
+            ),
+            (r#"{ topic = "payments", format = "xml" }"#, B, &["xml"]),
+            ("5", B, &["5 (integer) is not a topic"]),
+        ];
+        for (input, output, says) in cases {
             let text = WALLET
                 .replace("inputs = [\"payments\"]", &format!("inputs = [{input}]"))
                 .replace("balances = \"balances\"", &format!("balances = {output}"));
-            parse(&text).unwrap_err().to_string()
-        };
-        let e = refused(
-            r#""payments""#,
-            r#"{ topic = "balances", format = "json-schema" }"#,
-        );
-        assert!(
-            e.contains("`outputs.balances.schema`") && e.contains(".json"),
-            "{e}"
-        );
-        let e = refused(
-            r#"{ topic = "payments", format = "protobuf" }"#,
-            r#""balances""#,
-        );
-        assert!(
-            e.contains("`inputs.payments.format`") && e.contains("not served"),
-            "{e}"
-        );
-        let e = refused(
-            r#""payments""#,
-            r#"{ topic = "balances", format = "avro" }"#,
-        );
-        assert!(
-            e.contains("`outputs.balances.schema`") && e.contains(".avsc"),
-            "{e}"
-        );
-        let e = refused(
-            r#""payments""#,
-            r#"{ topic = "balances", format = "json", schema = "x" }"#,
-        );
-        assert!(e.contains("format \"json\" has no schema"), "{e}");
-        let e = refused(
-            r#"{ topic = "payments", format = "avro", schema = "../../etc/passwd" }"#,
-            r#""balances""#,
-        );
-        assert!(e.contains("inside the manifest's directory"), "{e}");
-        let e = refused(
-            r#"{ topic = "payments", fromat = "avro" }"#,
-            r#""balances""#,
-        );
-        assert!(e.contains("`inputs`") && e.contains("fromat"), "{e}");
-        let e = refused(r#"{ topic = "payments", format = "xml" }"#, r#""balances""#);
-        assert!(e.contains("xml"), "{e}");
-        let e = refused("5", r#""balances""#);
-        assert!(e.contains("5 (integer) is not a topic"), "{e}");
+            let e = parse(&text).unwrap_err().to_string();
+            for part in *says {
+                assert!(e.contains(part), "{input} / {output}: {e:?} lacks {part:?}");
+            }
+        }
     }
 }

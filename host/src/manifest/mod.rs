@@ -14,7 +14,7 @@ use crate::types::default_limits;
 
 mod formats;
 
-pub use formats::{Format, ValueFormat};
+pub use formats::{Deliver, Format, ValueFormat};
 use formats::{check_format, topic_entry};
 
 /// The file name `onceflow` looks for when given a directory.

@@ -12,6 +12,14 @@
 //!   its schema, so a retried batch decodes the same (`registry.rs` keeps
 //!   it for good). An output is written with the schema its manifest names,
 //!   registered at deploy under `<topic>-value`.
+//! - `protobuf`: the same framing, with the message's indexes in the
+//!   schema's file after the id (`protobuf.rs`);
+//! - `json-schema`: the same framing around JSON text, checked against the
+//!   writer's schema.
+//!
+//! With `as = "payload"` the processor gets an Avro datum of the input's
+//! own schema (resolved from the writer's) or a Protobuf message's bytes,
+//! and the schema id in a header, instead of JSON; it emits the same.
 //!
 //! A value that does not decode or encode is the record's fault
 //! ([`FormatError::Invalid`]: the error policy, a dead letter with the
@@ -22,14 +30,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::manifest::{Format, Manifest, ValueFormat};
+use crate::manifest::{Deliver, Format, Manifest, ValueFormat};
 
 pub mod avro;
 pub mod json_schema;
+pub mod protobuf;
 pub mod registry;
 
 pub use avro::AvroSchema;
 pub use json_schema::JsonSchema;
+pub use protobuf::ProtoSchema;
 
 /// The kinds of schema a registry holds that the host reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +48,8 @@ pub enum SchemaKind {
     Avro,
     /// JSON Schema.
     Json,
+    /// Protobuf (a `.proto` file).
+    Protobuf,
 }
 
 impl SchemaKind {
@@ -46,6 +58,7 @@ impl SchemaKind {
         match self {
             SchemaKind::Avro => "AVRO",
             SchemaKind::Json => "JSON",
+            SchemaKind::Protobuf => "PROTOBUF",
         }
     }
 
@@ -54,6 +67,7 @@ impl SchemaKind {
         match format {
             Format::Avro => Some(SchemaKind::Avro),
             Format::JsonSchema => Some(SchemaKind::Json),
+            Format::Protobuf => Some(SchemaKind::Protobuf),
             _ => None,
         }
     }
@@ -66,6 +80,8 @@ pub enum Parsed {
     Avro(AvroSchema),
     /// JSON Schema.
     Json(JsonSchema),
+    /// Protobuf.
+    Protobuf(ProtoSchema),
 }
 
 impl Parsed {
@@ -74,6 +90,7 @@ impl Parsed {
         Ok(match kind {
             SchemaKind::Avro => Parsed::Avro(AvroSchema::parse(text)?),
             SchemaKind::Json => Parsed::Json(JsonSchema::parse(text)?),
+            SchemaKind::Protobuf => Parsed::Protobuf(ProtoSchema::parse(text)?),
         })
     }
 
@@ -82,6 +99,19 @@ impl Parsed {
         match self {
             Parsed::Avro(_) => SchemaKind::Avro,
             Parsed::Json(_) => SchemaKind::Json,
+            Parsed::Protobuf(_) => SchemaKind::Protobuf,
+        }
+    }
+
+    /// A payload written with this schema (what follows the schema id) as
+    /// JSON text, read with the writer's schema alone.
+    pub fn payload_to_json(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
+        match self {
+            Parsed::Avro(s) => s.decode(payload, None),
+            Parsed::Json(_) => check_json(payload)
+                .map(|()| payload.to_vec())
+                .map_err(|e| e.to_string()),
+            Parsed::Protobuf(s) => s.decode(payload, None),
         }
     }
 }
@@ -232,15 +262,67 @@ pub fn value_subject(topic: &str) -> String {
 /// How one input's values are read.
 enum Decoder {
     Json,
-    Avro { reader: Option<Arc<AvroSchema>> },
-    JsonSchema { reader: Option<Arc<JsonSchema>> },
+    Avro {
+        reader: Option<Arc<AvroSchema>>,
+        payload: bool,
+    },
+    JsonSchema {
+        reader: Option<Arc<JsonSchema>>,
+    },
+    Protobuf {
+        reader: Option<Arc<ProtoSchema>>,
+        message: Option<String>,
+        payload: bool,
+    },
 }
 
 /// How one output's values are written.
 enum Encoder {
     Json,
-    Avro { id: u32, schema: Arc<AvroSchema> },
-    JsonSchema { id: u32, schema: Arc<JsonSchema> },
+    Avro {
+        id: u32,
+        schema: Arc<AvroSchema>,
+        payload: bool,
+    },
+    JsonSchema {
+        id: u32,
+        schema: Arc<JsonSchema>,
+    },
+    Protobuf {
+        id: u32,
+        schema: Arc<ProtoSchema>,
+        message: protobuf::ProtoMessage,
+        /// The message's indexes, as written after the id.
+        indexes: Vec<u8>,
+        payload: bool,
+    },
+}
+
+/// The header an input's value of `as = "payload"` carries its writer's
+/// schema id in (decimal text).
+pub const SCHEMA_ID_HEADER: &str = "onceflow.schema-id";
+
+/// The header a Protobuf input's value of `as = "payload"` carries its
+/// message's full name in.
+pub const MESSAGE_HEADER: &str = "onceflow.message";
+
+/// A value as the processor sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    /// The value: JSON text, or the payload for `as = "payload"`.
+    pub value: Vec<u8>,
+    /// Headers the host adds to the record's (`as = "payload"`: the schema
+    /// id, the Protobuf message).
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl Decoded {
+    fn json(value: Vec<u8>) -> Self {
+        Self {
+            value,
+            headers: Vec::new(),
+        }
+    }
 }
 
 /// A deployment's formats: its inputs' decoders and its outputs' encoders.
@@ -305,9 +387,19 @@ impl Codecs {
                     format: f.format.name(),
                 })
             };
+        let message_of = |key: &str, f: &ValueFormat, schema: &ProtoSchema| {
+            schema
+                .message(f.message.as_deref())
+                .map_err(|message| SetupError::Schema {
+                    path: f.schema.clone().unwrap_or_default(),
+                    key: format!("{key}.message"),
+                    message,
+                })
+        };
         let mut inputs = Vec::new();
         for (topic, f) in &manifest.input_formats {
             let key = format!("inputs.{topic}");
+            let payload = f.deliver == Deliver::Payload;
             let reader = |kind| -> Result<Option<Parsed>, SetupError> {
                 need_source(&key, f)?;
                 f.schema
@@ -322,6 +414,7 @@ impl Codecs {
                         Some(Parsed::Avro(s)) => Some(Arc::new(s)),
                         _ => None,
                     },
+                    payload,
                 },
                 Format::JsonSchema => Decoder::JsonSchema {
                     reader: match reader(SchemaKind::Json)? {
@@ -329,29 +422,57 @@ impl Codecs {
                         _ => None,
                     },
                 },
-                Format::Bytes | Format::Protobuf => continue,
+                Format::Protobuf => {
+                    let reader = match reader(SchemaKind::Protobuf)? {
+                        Some(Parsed::Protobuf(s)) => {
+                            message_of(&key, f, &s)?;
+                            Some(Arc::new(s))
+                        }
+                        _ => None,
+                    };
+                    Decoder::Protobuf {
+                        reader,
+                        message: f.message.clone(),
+                        payload,
+                    }
+                }
+                Format::Bytes => continue,
             };
             inputs.push((topic.clone(), decoder));
         }
         let mut outputs = Vec::new();
         for (alias, f) in &manifest.output_formats {
             let key = format!("outputs.{alias}");
+            let payload = f.deliver == Deliver::Payload;
             let encoder = match (f.format, SchemaKind::of(f.format), &f.schema) {
                 (Format::Json, _, _) => Encoder::Json,
                 (_, Some(kind), Some(path)) => {
                     let source = need_source(&key, f)?;
                     let (text, schema) = parse(&key, path, kind)?;
                     let topic = &manifest.outputs[alias];
+                    let message = match &schema {
+                        Parsed::Protobuf(s) => Some(message_of(&key, f, s)?),
+                        _ => None,
+                    };
                     let id = source.id_of(&value_subject(topic), &text, kind)?;
-                    match schema {
-                        Parsed::Avro(schema) => Encoder::Avro {
+                    match (schema, message) {
+                        (Parsed::Avro(schema), _) => Encoder::Avro {
+                            id,
+                            schema: Arc::new(schema),
+                            payload,
+                        },
+                        (Parsed::Json(schema), _) => Encoder::JsonSchema {
                             id,
                             schema: Arc::new(schema),
                         },
-                        Parsed::Json(schema) => Encoder::JsonSchema {
+                        (Parsed::Protobuf(schema), Some(message)) => Encoder::Protobuf {
                             id,
+                            indexes: schema.indexes_of(&message),
                             schema: Arc::new(schema),
+                            message,
+                            payload,
                         },
+                        (Parsed::Protobuf(_), None) => continue,
                     }
                 }
                 _ => continue,
@@ -373,6 +494,7 @@ impl Codecs {
             Some((_, Decoder::Json)) => "JSON",
             Some((_, Decoder::Avro { .. })) => "Avro",
             Some((_, Decoder::JsonSchema { .. })) => "JSON of its JSON Schema",
+            Some((_, Decoder::Protobuf { .. })) => "Protobuf",
             None => "bytes",
         }
     }
@@ -384,12 +506,21 @@ impl Codecs {
 
     /// The value of a record of `topic` as the processor sees it: `None`
     /// when the topic's values are bytes as they are.
-    pub fn decode(&self, topic: &str, value: &[u8]) -> Option<Result<Vec<u8>, FormatError>> {
+    pub fn decode(&self, topic: &str, value: &[u8]) -> Option<Result<Decoded, FormatError>> {
         let (_, decoder) = self.inputs.iter().find(|(t, _)| t == topic)?;
         Some(match decoder {
-            Decoder::Json => check_json(value).map(|()| value.to_vec()),
-            Decoder::Avro { reader } => self.decode_avro(value, reader.as_deref()),
-            Decoder::JsonSchema { reader } => self.decode_json_schema(value, reader.as_deref()),
+            Decoder::Json => check_json(value).map(|()| Decoded::json(value.to_vec())),
+            Decoder::Avro { reader, payload } => {
+                self.decode_avro(value, reader.as_deref(), *payload)
+            }
+            Decoder::JsonSchema { reader } => self
+                .decode_json_schema(value, reader.as_deref())
+                .map(Decoded::json),
+            Decoder::Protobuf {
+                reader,
+                message,
+                payload,
+            } => self.decode_protobuf(value, reader.as_deref(), message.as_deref(), *payload),
         })
     }
 
@@ -401,10 +532,7 @@ impl Codecs {
         let (id, payload) = unframe(value)?;
         let writer = self.writer(id)?;
         let Parsed::Json(writer) = &*writer else {
-            return Err(FormatError::Invalid(format!(
-                "schema id {id} is an {} schema, but the topic's format is json-schema",
-                writer.kind().api_name()
-            )));
+            return Err(wrong_kind(id, &writer, "json-schema"));
         };
         let json: serde_json::Value = serde_json::from_slice(payload)
             .map_err(|e| FormatError::Invalid(format!("schema id {id}: not JSON: {e}")))?;
@@ -423,18 +551,54 @@ impl Codecs {
         &self,
         value: &[u8],
         reader: Option<&AvroSchema>,
-    ) -> Result<Vec<u8>, FormatError> {
+        payload: bool,
+    ) -> Result<Decoded, FormatError> {
         let (id, datum) = unframe(value)?;
         let writer = self.writer(id)?;
         let Parsed::Avro(writer) = &*writer else {
-            return Err(FormatError::Invalid(format!(
-                "schema id {id} is a {} schema, but the topic's format is avro",
-                writer.kind().api_name()
-            )));
+            return Err(wrong_kind(id, &writer, "avro"));
         };
+        let invalid = |e| FormatError::Invalid(format!("schema id {id}: {e}"));
+        match (payload, reader) {
+            (true, Some(reader)) => Ok(Decoded {
+                value: writer.to_reader_datum(datum, reader).map_err(invalid)?,
+                headers: vec![(SCHEMA_ID_HEADER, id.to_string().into_bytes())],
+            }),
+            _ => writer
+                .decode(datum, reader)
+                .map(Decoded::json)
+                .map_err(invalid),
+        }
+    }
+
+    fn decode_protobuf(
+        &self,
+        value: &[u8],
+        reader: Option<&ProtoSchema>,
+        message: Option<&str>,
+        payload: bool,
+    ) -> Result<Decoded, FormatError> {
+        let (id, framed) = unframe(value)?;
+        let writer = self.writer(id)?;
+        let Parsed::Protobuf(writer) = &*writer else {
+            return Err(wrong_kind(id, &writer, "protobuf"));
+        };
+        let invalid = |e| FormatError::Invalid(format!("schema id {id}: {e}"));
+        if payload {
+            let (message, bytes) = writer.read(framed).map_err(invalid)?;
+            writer.check(&message, bytes).map_err(invalid)?;
+            return Ok(Decoded {
+                value: bytes.to_vec(),
+                headers: vec![
+                    (SCHEMA_ID_HEADER, id.to_string().into_bytes()),
+                    (MESSAGE_HEADER, message.full_name().as_bytes().to_vec()),
+                ],
+            });
+        }
         writer
-            .decode(datum, reader)
-            .map_err(|e| FormatError::Invalid(format!("schema id {id}: {e}")))
+            .decode(framed, reader.map(|r| (r, message)))
+            .map(Decoded::json)
+            .map_err(invalid)
     }
 
     fn writer(&self, id: u32) -> Result<Arc<Parsed>, FormatError> {
@@ -481,13 +645,49 @@ impl Codecs {
             Encoder::Json => check_json(value)
                 .map(|()| value.to_vec())
                 .map_err(|e| e.to_string()),
-            Encoder::Avro { id, schema } => schema.encode(value).map(|datum| frame(*id, &datum)),
+            Encoder::Avro {
+                id,
+                schema,
+                payload: false,
+            } => schema.encode(value).map(|datum| frame(*id, &datum)),
+            Encoder::Avro {
+                id,
+                schema,
+                payload: true,
+            } => schema.check_datum(value).map(|()| frame(*id, value)),
             Encoder::JsonSchema { id, schema } => serde_json::from_slice(value)
                 .map_err(|e| format!("the value is not JSON: {e}"))
                 .and_then(|json| schema.check(&json))
                 .map(|()| frame(*id, value)),
+            Encoder::Protobuf {
+                id,
+                schema,
+                message,
+                payload: false,
+                ..
+            } => schema
+                .encode(message, value)
+                .map(|framed| frame(*id, &framed)),
+            Encoder::Protobuf {
+                id,
+                schema,
+                message,
+                indexes,
+                payload: true,
+            } => schema.check(message, value).map(|()| {
+                let mut framed = frame(*id, indexes);
+                framed.extend_from_slice(value);
+                framed
+            }),
         })
     }
+}
+
+fn wrong_kind(id: u32, writer: &Parsed, format: &str) -> FormatError {
+    FormatError::Invalid(format!(
+        "schema id {id} is a {} schema, but the topic's format is {format}",
+        writer.kind().api_name()
+    ))
 }
 
 impl Codecs {
@@ -502,8 +702,11 @@ impl Codecs {
         let (_, _, encoder) = self.outputs.iter().find(|(_, t, _)| t == topic)?;
         Some(match encoder {
             Encoder::Json => Ok(value.to_vec()),
-            Encoder::Avro { .. } => self.decode_avro(value, None),
+            Encoder::Avro { .. } => self.decode_avro(value, None, false).map(|d| d.value),
             Encoder::JsonSchema { .. } => unframe(value).map(|(_, payload)| payload.to_vec()),
+            Encoder::Protobuf { .. } => self
+                .decode_protobuf(value, None, None, false)
+                .map(|d| d.value),
         })
     }
 }
@@ -630,5 +833,59 @@ mod tests {
             codecs.decode("other", b"x").is_none(),
             "a topic without a format"
         );
+    }
+
+    #[test]
+    fn as_payload_values_are_resolved_to_the_readers_schema_and_outputs_checked() {
+        let v1 = r#"{"type":"record","name":"P","fields":[{"name":"a","type":"string"}]}"#;
+        let v2 = r#"{"type":"record","name":"P","fields":[{"name":"a","type":"string"},
+            {"name":"n","type":"long","default":7}]}"#;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("v2.avsc"), v2).unwrap();
+        std::fs::write(
+            dir.path().join("m.proto"),
+            "syntax = \"proto3\"; message M { string a = 1; }",
+        )
+        .unwrap();
+        let manifest = crate::manifest::Manifest::parse(
+            "name = \"p\"\ntenant = \"t\"\n\
+             inputs = [{ topic = \"in\", format = \"avro\", schema = \"v2.avsc\", as = \"payload\" }]\n\
+             [build]\nlanguage = \"rust\"\n\
+             [outputs]\n\
+             a = { topic = \"a\", format = \"avro\", schema = \"v2.avsc\", as = \"payload\" }\n\
+             m = { topic = \"m\", format = \"protobuf\", schema = \"m.proto\", as = \"payload\" }\n",
+            dir.path().join("onceflow.toml"),
+        )
+        .unwrap();
+        let local = Arc::new(LocalSchemas::default());
+        let v1_id = local.add(SchemaKind::Avro, v1).unwrap();
+        let files = SchemaFiles::read(&manifest).unwrap();
+        let codecs = Codecs::for_manifest(&manifest, &files, Some(local.clone()))
+            .unwrap()
+            .unwrap();
+        // A v1 datum ("x") reaches the processor as a v2 datum: the default
+        // filled in, the writer's id in a header.
+        let Parsed::Avro(s1) = Parsed::parse(SchemaKind::Avro, v1).unwrap() else {
+            unreachable!()
+        };
+        let datum = s1.encode(br#"{"a":"x"}"#).unwrap();
+        let decoded = codecs.decode("in", &frame(v1_id, &datum)).unwrap().unwrap();
+        assert_eq!(decoded.value, b"\x02x\x0e", "\"x\", then 7 zig-zagged");
+        assert_eq!(decoded.headers, [(SCHEMA_ID_HEADER, b"1".to_vec())]);
+        // Emitted as it is: framed with v2's id; what is not a v2 datum is
+        // refused.
+        let out = codecs.encode("a", &decoded.value).unwrap().unwrap();
+        assert_eq!(&out[5..], &decoded.value[..]);
+        let e = codecs.encode("a", b"\x02x").unwrap().unwrap_err();
+        assert!(e.contains("not an Avro datum"), "{e}");
+        // A Protobuf message's bytes: framed with its indexes ([0]: 0).
+        let out = codecs.encode("m", b"\x0a\x01z").unwrap().unwrap();
+        assert_eq!(
+            &out[4..],
+            b"\x03\x00\x0a\x01z",
+            "id 3, then [0], then the bytes"
+        );
+        let e = codecs.encode("m", b"\x0a\x09z").unwrap().unwrap_err();
+        assert!(e.contains("not a M message"), "{e}");
     }
 }

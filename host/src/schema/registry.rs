@@ -375,6 +375,7 @@ impl SchemaSource for RegistrySource {
         let kind = match kind.to_ascii_uppercase().as_str() {
             "AVRO" => SchemaKind::Avro,
             "JSON" => SchemaKind::Json,
+            "PROTOBUF" => SchemaKind::Protobuf,
             other => {
                 return Err(FormatError::Invalid(format!(
                     "schema id {id} is a {other} schema, which this host does not read yet"

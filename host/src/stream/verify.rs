@@ -458,10 +458,7 @@ fn as_json(
         .entry(id)
         .or_insert_with(|| source.schema(id).ok())
         .clone();
-    match schema.as_deref() {
-        Some(crate::schema::Parsed::Avro(s)) => s.decode(datum, None).ok(),
-        Some(crate::schema::Parsed::Json(_)) => Some(datum.to_vec()),
-        None => None,
-    }
-    .unwrap_or_else(|| value.to_vec())
+    schema
+        .and_then(|s| s.payload_to_json(datum).ok())
+        .unwrap_or_else(|| value.to_vec())
 }

@@ -4,7 +4,7 @@
 
 use super::{Task, TaskError};
 use crate::schema::{Codecs, FormatError};
-use crate::types::InputRecord;
+use crate::types::{Header, InputRecord};
 
 impl Task {
     /// The batch with each value as the processor sees it (decoded from
@@ -23,7 +23,15 @@ impl Task {
                 && let Some(decoded) = codecs.decode(&record.topic, value)
             {
                 match decoded {
-                    Ok(v) => record.value = Some(v),
+                    Ok(decoded) => {
+                        record.value = Some(decoded.value);
+                        record
+                            .headers
+                            .extend(decoded.headers.into_iter().map(|(key, value)| Header {
+                                key: key.to_owned(),
+                                value,
+                            }));
+                    }
                     Err(FormatError::Invalid(why)) => self.undecodable.push((
                         record.topic.clone(),
                         record.offset,

@@ -166,6 +166,25 @@ impl AvroSchema {
         }
     }
 
+    /// One datum written with `self` as a datum of `reader` (for a
+    /// processor that decodes Avro itself with the schema it was built
+    /// with): the same bytes when the schemas are the same, checked.
+    pub fn to_reader_datum(&self, datum: &[u8], reader: &AvroSchema) -> Result<Vec<u8>, String> {
+        if reader.fingerprint == self.fingerprint {
+            self.check_datum(datum)?;
+            return Ok(datum.to_vec());
+        }
+        let json = self.decode(datum, Some(reader))?;
+        reader.encode(&json)
+    }
+
+    /// Checks that `datum` is one whole datum of this schema.
+    pub fn check_datum(&self, datum: &[u8]) -> Result<(), String> {
+        self.read_json(datum)
+            .map(|_| ())
+            .map_err(|e| format!("not an Avro datum of schema {}: {e}", short(&self.schema)))
+    }
+
     /// [`AvroSchema::decode`] through apache-avro's `Value`s: schema
     /// resolution (a reader that is not the writer).
     fn decode_generic(
