@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The formats benchmark (`scripts/bench formats`): the wallet on JSON payments against the same wallet component on
-Avro payments (docs/formats.md), on one broker with a real schema registry (scripts/registry), under exactly_once_v2.
+Avro and on Protobuf payments (docs/formats.md), on one broker with a real schema registry (scripts/registry), under exactly_once_v2.
 
 For each round and format: fresh topics, the same N payments produced before the host starts (bench-tool produce
 --kind payments; Avro: each valid payment in the registry's wire format), `onceflow run` started, and bench-tool await
@@ -9,7 +9,8 @@ checked exact (`onceflow verify`, with the registry for Avro). The rounds altern
 reported. Writes bench/results/<date>-formats.{md,json}.
 
 Environment: ONCEFLOW_BIN, ONCEFLOW_BENCH_TOOL (set by scripts/bench). Arguments: --payments N (default 200000),
---partitions P (default 2), --rounds R (default 3).
+--partitions P (default 2), --rounds R (default 3), --formats (default json,avro,protobuf; Kafka Streams runs json
+and avro: no Protobuf twin).
 """
 
 import argparse
@@ -42,8 +43,8 @@ def registry(*args: str) -> str:
     return out.stdout.strip()
 
 
-def register(url: str, subject: str, schema: str) -> int:
-    body = json.dumps({"schema": schema}).encode()
+def register(url: str, subject: str, schema: str, kind: str = "AVRO") -> int:
+    body = json.dumps({"schema": schema, "schemaType": kind}).encode()
     req = urllib.request.Request(
         f"{url}/subjects/{subject}/versions",
         data=body,
@@ -78,12 +79,13 @@ class Bench:
         d = self.work / name
         (d / "schemas").mkdir(parents=True)
         component = ROOT / "examples/wallet/target/onceflow/wallet.wasm"
-        if fmt == "avro":
-            for f in ("payment.avsc", "balance.avsc"):
+        if fmt in ("avro", "protobuf"):
+            ext = "avsc" if fmt == "avro" else "proto"
+            for f in (f"payment.{ext}", f"balance.{ext}"):
                 shutil.copy(ROOT / "examples/wallet-avro/schemas" / f, d / "schemas" / f)
-            inputs = f'[{{ topic = "{t["payments"]}", format = "avro", schema = "schemas/payment.avsc" }}]'
-            balances = f'{{ topic = "{t["balances"]}", format = "avro", schema = "schemas/balance.avsc" }}'
-            audit = f'{{ topic = "{t["audit"]}", format = "avro", schema = "schemas/payment.avsc" }}'
+            inputs = f'[{{ topic = "{t["payments"]}", format = "{fmt}", schema = "schemas/payment.{ext}" }}]'
+            balances = f'{{ topic = "{t["balances"]}", format = "{fmt}", schema = "schemas/balance.{ext}" }}'
+            audit = f'{{ topic = "{t["audit"]}", format = "{fmt}", schema = "schemas/payment.{ext}" }}'
         else:
             inputs = json.dumps([t["payments"]])
             balances = json.dumps(t["balances"])
@@ -124,8 +126,11 @@ dead-letter-topic = "{t["dlq"]}"
         if fmt == "avro":
             schema = (ROOT / "examples/wallet-avro/schemas/payment.avsc").read_text()
             produce += ["--avro-schema-id", str(register(self.url, f"{t['payments']}-value", schema))]
+        if fmt == "protobuf":
+            schema = (ROOT / "examples/wallet-avro/schemas/payment.proto").read_text()
+            produce += ["--proto-schema-id", str(register(self.url, f"{t['payments']}-value", schema, "PROTOBUF"))]
         produced = self.tool(*produce)
-        registry_args = ["--schema-registry", self.url] if fmt == "avro" else []
+        registry_args = ["--schema-registry", self.url] if fmt != "json" else []
         log_file = open(self.work / f"{name}.log", "w")
         if system == "onceflow":
             manifest = self.manifest(fmt, name, t)
@@ -208,9 +213,13 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-kstreams", action="store_true", help="only Onceflow (no Kafka Streams twins)")
+    ap.add_argument("--formats", default="json,avro,protobuf", help="of json, avro, protobuf (JSON is the baseline)")
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"{time.strftime('%Y-%m-%d')}-formats"))
     args = ap.parse_args()
     b = Bench(args)
+    formats = [f for f in args.formats.split(",") if f]
+    if "json" not in formats or not set(formats) <= {"json", "avro", "protobuf"}:
+        ap.error("--formats: json (the baseline) and any of avro, protobuf")
     systems = ["onceflow"] if args.no_kstreams else ["onceflow", "kstreams"]
     if "kstreams" in systems:
         log("== building the Kafka Streams twins (bench/kstreams-wallet, Maven)")
@@ -226,14 +235,18 @@ def main() -> int:
         results = []
         for r in range(args.rounds):
             for system in systems:
-                for fmt in ("json", "avro"):
+                for fmt in formats:
+                    if system == "kstreams" and fmt == "protobuf":
+                        continue
                     results.append(b.run(system, fmt, r))
     finally:
         registry("down", "--purge")
     summary = {}
     for system in systems:
-        for fmt in ("json", "avro"):
+        for fmt in formats:
             rs = [x for x in results if x["format"] == fmt and x["system"] == system]
+            if not rs:
+                continue
             summary[f"{system}-{fmt}"] = {
                 "records_per_s": median([x["records_per_s"] for x in rs]),
                 "cpu_us_per_record": median([x["cpu_us_per_record"] for x in rs]),
@@ -243,7 +256,7 @@ def main() -> int:
         json.dumps({"context": args.context, "args": vars(args), "summary": summary, "runs": results}, indent=2) + "\n"
     )
     lines = [
-        "# Formats: the wallet on JSON against the wallet on Avro",
+        "# Formats: the wallet on JSON against the wallet on Avro and Protobuf",
         "",
         f"{args.context}",
         "",
@@ -251,7 +264,7 @@ def main() -> int:
         "the same wallet component (examples/wallet), exactly_once_v2, commit interval 100 ms, the payments produced "
         "before the host starts; Avro: the host decodes each payment from the registry's wire format (schema fetched "
         "once from Apicurio Registry, scripts/registry) and writes balances and audit copies in Avro "
-        "(examples/wallet-avro's schemas). Input records/s as the group commits them; CPU of the `onceflow run` "
+        "(examples/wallet-avro's schemas); Protobuf the same with payment.proto and balance.proto. Input records/s as the group commits them; CPU of the `onceflow run` "
         "process over the same window. Median of the rounds; every run checked exact by `onceflow verify`.",
         "",
         "Kafka Streams 4.4 runs the twins of bench/kstreams-wallet on the same topics' shape: KStreamsWallet (JSON) "
@@ -259,20 +272,24 @@ def main() -> int:
         "against the same registry; bench/kstreams-avro.md), one stream thread, the same commit interval; its CPU "
         "is the JVM's.",
         "",
-        "| system | format | input records/s | CPU µs per record | Avro / JSON records/s | Avro / JSON CPU |",
+        "| system | format | input records/s | CPU µs per record | / JSON records/s | / JSON CPU |",
         "|---|---|---:|---:|---:|---:|",
     ]
+    names = {"json": "JSON", "avro": "Avro", "protobuf": "Protobuf"}
     for system in systems:
-        j, a = summary[f"{system}-json"], summary[f"{system}-avro"]
-        for fmt, s in (("JSON", j), ("Avro", a)):
+        j = summary[f"{system}-json"]
+        for fmt in formats:
+            s = summary.get(f"{system}-{fmt}")
+            if s is None:
+                continue
             ratio = (
-                f"{a['records_per_s'] / j['records_per_s']:.2f} | {a['cpu_us_per_record'] / j['cpu_us_per_record']:.2f}"
-                if fmt == "Avro"
+                f"{s['records_per_s'] / j['records_per_s']:.2f} | {s['cpu_us_per_record'] / j['cpu_us_per_record']:.2f}"
+                if fmt != "json"
                 else " | "
             )
             lines.append(
-                f"| {'Onceflow' if system == 'onceflow' else 'Kafka Streams'} | {fmt} | {s['records_per_s']:,.0f} | "
-                f"{s['cpu_us_per_record']:.1f} | {ratio} |"
+                f"| {'Onceflow' if system == 'onceflow' else 'Kafka Streams'} | {names[fmt]} | "
+                f"{s['records_per_s']:,.0f} | {s['cpu_us_per_record']:.1f} | {ratio} |"
             )
     lines += [
         "",

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use crate::manifest::Manifest;
 use crate::sandbox::Processor;
 use crate::schema::{
-    Codecs, LocalSchemas, Parsed, SchemaFiles, SchemaKind, SchemaSource, SetupError,
+    Codecs, LocalSchemas, Parsed, SchemaFiles, SchemaKind, SchemaSource, SetupError, value_subject,
 };
 use crate::state::{MemoryPartition, window};
 use crate::task::{BatchOutcome, Task, TaskConfig, TaskError, dead_letter_headers};
@@ -85,19 +85,16 @@ pub fn read_input(
     manifest: &Manifest,
     partitions: i32,
 ) -> Result<Vec<InputRecord>, InputError> {
-    read_input_as(reader, file, manifest, partitions, None)
+    read_input_as(reader, file, manifest, &|_| partitions, None)
 }
 
 /// The formats of an offline run: schemas from the schema files beside
-/// the manifest, numbered from 1 (no registry). An Avro input's `value`
-/// (JSON text) is written as its topic has it, with the input's schema in
-/// the registry's wire format; `value_base64` is taken as it is (the bytes
-/// on the topic: a poison value, say).
+/// the manifest, numbered from 1 (no registry). An Avro or Protobuf input's
+/// `value` (JSON text) is written as its topic has it ([`InputWriter`]);
+/// outputs are read back as JSON for people.
 pub struct OfflineFormats {
     codecs: Arc<Codecs>,
-    /// Inputs in the registry's wire format: topic -> (id, schema, the
-    /// Protobuf message named).
-    framed_inputs: BTreeMap<String, (u32, Arc<Parsed>, Option<String>)>,
+    inputs: InputWriter,
 }
 
 impl OfflineFormats {
@@ -105,67 +102,15 @@ impl OfflineFormats {
     pub fn for_manifest(manifest: &Manifest) -> Result<Option<Self>, SetupError> {
         let files = SchemaFiles::read(manifest)?;
         let local = Arc::new(LocalSchemas::default());
-        let mut framed_inputs = BTreeMap::new();
-        for (topic, f) in &manifest.input_formats {
-            let Some(kind) = SchemaKind::of(f.format) else {
-                continue;
-            };
-            let Some(path) = &f.schema else {
-                return Err(SetupError::Schema {
-                    path: manifest.path.clone(),
-                    key: format!("inputs.{topic}"),
-                    message: format!(
-                        "`onceflow test` writes this input's JSON values as {} with the \
-                         input's schema: give it one (schema = \"schemas/<name>\")",
-                        f.format.name()
-                    ),
-                });
-            };
-            let text = files.0.get(&path.to_string_lossy().replace('\\', "/"));
-            let text = text.map(String::as_str).unwrap_or_default();
-            let id = local
-                .add(kind, text)
-                .map_err(|message| SetupError::Schema {
-                    path: path.clone(),
-                    key: format!("inputs.{topic}"),
-                    message,
-                })?;
-            let schema = local.schema(id).map_err(|e| SetupError::Schema {
-                path: path.clone(),
-                key: format!("inputs.{topic}"),
-                message: e.to_string(),
-            })?;
-            framed_inputs.insert(topic.clone(), (id, schema, f.message.clone()));
-        }
+        let inputs = InputWriter::new(manifest, &files, &*local)?;
         let source: Arc<dyn SchemaSource> = local;
-        Ok(
-            Codecs::for_manifest(manifest, &files, Some(source))?.map(|codecs| Self {
-                codecs,
-                framed_inputs,
-            }),
-        )
+        Ok(Codecs::for_manifest(manifest, &files, Some(source))?
+            .map(|codecs| Self { codecs, inputs }))
     }
 
-    /// An input line's text value as its topic holds it.
-    fn encode_input(&self, topic: &str, json: &[u8]) -> Result<Vec<u8>, String> {
-        match self
-            .framed_inputs
-            .get(topic)
-            .map(|(id, s, m)| (id, &**s, m))
-        {
-            Some((id, Parsed::Avro(schema), _)) => schema
-                .encode(json)
-                .map(|datum| crate::schema::frame(*id, &datum)),
-            Some((id, Parsed::Json(schema), _)) => serde_json::from_slice(json)
-                .map_err(|e| format!("the value is not JSON: {e}"))
-                .and_then(|v| schema.check(&v))
-                .map(|()| crate::schema::frame(*id, json)),
-            Some((id, Parsed::Protobuf(schema), message)) => schema
-                .message(message.as_deref())
-                .and_then(|m| schema.encode(&m, json))
-                .map(|framed| crate::schema::frame(*id, &framed)),
-            None => Ok(json.to_vec()),
-        }
+    /// How the input file's values are written.
+    pub fn inputs(&self) -> &InputWriter {
+        &self.inputs
     }
 
     /// An output as people read it: an encoded value as JSON again.
@@ -180,13 +125,86 @@ impl OfflineFormats {
     }
 }
 
+/// An input file's text values written as their topics hold them: for an
+/// input of a registry format, with the input's schema (and Protobuf
+/// `message`) in the registry's wire format, under the id `source` gives
+/// the schema as `<topic>-value` (`onceflow test`: the files numbered from
+/// 1; `onceflow produce`: the registry's, registering it if new). A
+/// `value_base64` is taken as it is (the bytes on the topic: a poison
+/// value, say).
+pub struct InputWriter {
+    /// topic -> (id, schema, the Protobuf message named).
+    framed: BTreeMap<String, (u32, Arc<Parsed>, Option<String>)>,
+}
+
+impl InputWriter {
+    /// The writer of `manifest`'s inputs, their schemas from `files`.
+    pub fn new(
+        manifest: &Manifest,
+        files: &SchemaFiles,
+        source: &dyn SchemaSource,
+    ) -> Result<Self, SetupError> {
+        let mut framed = BTreeMap::new();
+        for (topic, f) in &manifest.input_formats {
+            let Some(kind) = SchemaKind::of(f.format) else {
+                continue;
+            };
+            let key = format!("inputs.{topic}");
+            let Some(path) = &f.schema else {
+                return Err(SetupError::Schema {
+                    path: manifest.path.clone(),
+                    key,
+                    message: format!(
+                        "the input file's JSON values are written as {} with the input's \
+                         schema: give it one (schema = \"schemas/<name>\")",
+                        f.format.name()
+                    ),
+                });
+            };
+            let text = files.0.get(&path.to_string_lossy().replace('\\', "/"));
+            let text = text.map(String::as_str).unwrap_or_default();
+            let schema = Parsed::parse(kind, text).map_err(|message| SetupError::Schema {
+                path: path.clone(),
+                key: key.clone(),
+                message,
+            })?;
+            let id = source.id_of(&value_subject(topic), text, kind)?;
+            framed.insert(topic.clone(), (id, Arc::new(schema), f.message.clone()));
+        }
+        Ok(Self { framed })
+    }
+
+    /// The schema id values of `topic` are written under, if framed.
+    pub fn schema_id(&self, topic: &str) -> Option<u32> {
+        self.framed.get(topic).map(|(id, _, _)| *id)
+    }
+
+    /// An input line's text value as its topic holds it.
+    fn encode(&self, topic: &str, json: &[u8]) -> Result<Vec<u8>, String> {
+        match self.framed.get(topic).map(|(id, s, m)| (id, &**s, m)) {
+            Some((id, Parsed::Avro(schema), _)) => schema
+                .encode(json)
+                .map(|datum| crate::schema::frame(*id, &datum)),
+            Some((id, Parsed::Json(schema), _)) => serde_json::from_slice(json)
+                .map_err(|e| format!("the value is not JSON: {e}"))
+                .and_then(|v| schema.check(&v))
+                .map(|()| crate::schema::frame(*id, json)),
+            Some((id, Parsed::Protobuf(schema), message)) => schema
+                .message(message.as_deref())
+                .and_then(|m| schema.encode(&m, json))
+                .map(|framed| crate::schema::frame(*id, &framed)),
+            None => Ok(json.to_vec()),
+        }
+    }
+}
+
 /// [`read_input`], each text value written in its topic's format.
 pub fn read_input_as(
     reader: impl BufRead,
     file: &str,
     manifest: &Manifest,
-    partitions: i32,
-    formats: Option<&OfflineFormats>,
+    partitions: &dyn Fn(&str) -> i32,
+    formats: Option<&InputWriter>,
 ) -> Result<Vec<InputRecord>, InputError> {
     let mut records = Vec::new();
     let mut offsets: BTreeMap<(String, i32), i64> = BTreeMap::new();
@@ -221,7 +239,7 @@ pub fn read_input_as(
         let as_text = parsed.value.is_some();
         let mut value = bytes_field("value", parsed.value, parsed.value_base64).map_err(&bad)?;
         if let (Some(formats), Some(v), true) = (formats, value.as_deref(), as_text) {
-            value = Some(formats.encode_input(&parsed.topic, v).map_err(|e| {
+            value = Some(formats.encode(&parsed.topic, v).map_err(|e| {
                 bad(format!(
                     "the value does not fit topic {}'s schema: {e} (give a poison value as \
                      value_base64: it is taken as it is)",
@@ -229,10 +247,12 @@ pub fn read_input_as(
                 ))
             })?);
         }
+        let partitions = partitions(&parsed.topic);
         let partition = match parsed.partition {
             Some(p) if p < 0 || p >= partitions => {
                 return Err(bad(format!(
-                    "partition {p} is out of range: the input topics have {partitions} partitions (--partitions)"
+                    "partition {p} is out of range: topic {} has {partitions} partitions",
+                    parsed.topic
                 )));
             }
             Some(p) => p,

@@ -16,10 +16,30 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::repo;
 
 /// One test at a time, across the modules of the Kafka test binary: they
-/// share the brokers and two cores.
-pub fn serial() -> MutexGuard<'static, ()> {
+/// share the brokers and two cores. The guard prints how long its test held
+/// it (`TEST-TIME <test> <s>`), for CI's budget.
+pub fn serial() -> Serial {
     static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    Serial {
+        _guard: SERIAL.lock().unwrap_or_else(|e| e.into_inner()),
+        started: std::time::Instant::now(),
+    }
+}
+
+/// The guard of [`serial`].
+pub struct Serial {
+    _guard: MutexGuard<'static, ()>,
+    started: std::time::Instant,
+}
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        eprintln!(
+            "TEST-TIME {} {:.1} s",
+            std::thread::current().name().unwrap_or("?"),
+            self.started.elapsed().as_secs_f64()
+        );
+    }
 }
 
 /// A Kafka cluster run by scripts/kafka in its own directory and ports.

@@ -185,7 +185,7 @@ fn assert_verified(w: &Wallet, produced: &Produced, checked: &Output) {
          echo {audit}: {valid} records, 0 missing, 0 duplicates, 0 unexpected\n\
          totals {balances}: {valid} records, 0 of {keys} keys wrong\n\
          dead letters {dlq}: {invalid} records\n\
-         verdict: exact (no gap, no duplicate, every total right, no open transaction)\n",
+         verdict: exact: no gap, no duplicate, every total right, no open transaction\n",
         payments = w.payments,
         audit = w.audit,
         balances = w.balances,

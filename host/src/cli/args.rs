@@ -98,6 +98,12 @@ pub enum Command {
     /// duplicates, running totals, dead letters, open transactions. Exits 1
     /// on any finding.
     Verify(VerifyArgs),
+    /// Write an input file's records (the JSON Lines `onceflow test`
+    /// reads) to the manifest's input topics: each value in its topic's
+    /// format (an Avro or Protobuf input's JSON written with its schema,
+    /// registered under `<topic>-value`), keys partitioned as Java's
+    /// clients do. For trying a processor on a broker (docs/formats.md).
+    Produce(ProduceArgs),
     /// Run a fleet host: the admin API and /metrics, and every deployment
     /// of the registry (in Kafka), until SIGTERM/SIGINT.
     Host(HostArgs),
@@ -668,6 +674,31 @@ pub struct VerifyArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     pub output: OutputFormat,
+}
+
+/// `onceflow produce` arguments.
+#[derive(Debug, clap::Args)]
+pub struct ProduceArgs {
+    /// The manifest, or the directory holding onceflow.toml: its inputs'
+    /// formats and schema files say how each value is written.
+    pub manifest: PathBuf,
+    /// Records, one JSON object per line, as `onceflow test` reads them
+    /// ("-" for stdin).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
+    pub bootstrap_servers: String,
+    /// Extra librdkafka property, `key=value` (repeatable).
+    #[arg(short = 'X', long = "kafka-config")]
+    pub kafka_config: Vec<String>,
+    /// Longest to wait for the brokers to acknowledge every record (s).
+    #[arg(long, default_value_t = 60)]
+    pub timeout_secs: u64,
+    /// The schema registry the inputs' schemas are registered in (needed
+    /// for inputs of format avro, protobuf or json-schema).
+    #[command(flatten)]
+    pub registry: RegistryArgs,
 }
 
 /// `onceflow host` arguments.

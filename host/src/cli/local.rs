@@ -153,27 +153,12 @@ pub fn cmd_test(
 
     let formats = offline::OfflineFormats::for_manifest(&manifest)
         .map_err(|e| usage(onceflow::types::error_chain(&e)))?;
-    let file_name = input.display().to_string();
-    let records = if input == Path::new("-") {
-        offline::read_input_as(
-            std::io::stdin().lock(),
-            "<stdin>",
-            &manifest,
-            partitions,
-            formats.as_ref(),
-        )
-    } else {
-        let file = std::fs::File::open(input)
-            .map_err(|e| usage(format!("cannot open input {file_name}: {e}")))?;
-        offline::read_input_as(
-            BufReader::new(file),
-            &file_name,
-            &manifest,
-            partitions,
-            formats.as_ref(),
-        )
-    }
-    .map_err(|e| usage(e.to_string()))?;
+    let records = read_input_file(
+        input,
+        &manifest,
+        &|_| partitions,
+        formats.as_ref().map(|f| f.inputs()),
+    )?;
 
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let processor = load_processor(&sandbox, &bytes, &manifest, &component_path)?;
@@ -302,4 +287,35 @@ pub fn cmd_hash_token() -> anyhow::Result<ExitCode> {
     }
     println!("{}", onceflow::fleet::tenancy::hash_token(&token));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The records of an input file (`-`: stdin) for `manifest`
+/// (`onceflow test`, `onceflow produce`).
+pub(super) fn read_input_file(
+    input: &Path,
+    manifest: &onceflow::manifest::Manifest,
+    partitions: &dyn Fn(&str) -> i32,
+    writer: Option<&offline::InputWriter>,
+) -> anyhow::Result<Vec<onceflow::types::InputRecord>> {
+    let file_name = input.display().to_string();
+    if input == Path::new("-") {
+        offline::read_input_as(
+            std::io::stdin().lock(),
+            "<stdin>",
+            manifest,
+            partitions,
+            writer,
+        )
+    } else {
+        let file = std::fs::File::open(input)
+            .map_err(|e| usage(format!("cannot open input {file_name}: {e}")))?;
+        offline::read_input_as(
+            BufReader::new(file),
+            &file_name,
+            manifest,
+            partitions,
+            writer,
+        )
+    }
+    .map_err(|e| usage(e.to_string()))
 }

@@ -116,6 +116,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => remote::query(&name, &store, key, query, &remote),
         Command::HashToken => local::cmd_hash_token(),
         Command::Verify(args) => kafka::cmd_verify(args),
+        Command::Produce(args) => kafka::cmd_produce(args),
         Command::BenchGuest {
             manifest,
             records,

@@ -44,6 +44,7 @@ pub(crate) use errors::*;
 pub(crate) use group::*;
 pub(crate) use group_watch::GroupRegistration;
 pub use group_watch::GroupWatch;
+pub use publish::produce_records;
 pub(crate) use publish::*;
 pub(crate) use read::*;
 pub(crate) use send::*;

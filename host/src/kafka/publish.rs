@@ -518,3 +518,26 @@ impl Acked {
         }
     }
 }
+
+/// Writes `records`, each to its topic and partition (its timestamp when
+/// not 0, else the producer's clock), with an idempotent producer, and
+/// waits up to `bound` for them all to be acknowledged (`onceflow
+/// produce`).
+pub fn produce_records(
+    conn: &Connection,
+    records: &[crate::types::InputRecord],
+    bound: Duration,
+) -> Result<(), KafkaError> {
+    let publisher = Publisher::new(conn, "onceflow-produce", &[("enable.idempotence", "true")])?;
+    for r in records {
+        publisher.send_record(Outgoing {
+            topic: &r.topic,
+            partition: Some(r.partition),
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
+            headers: &r.headers,
+            timestamp: (r.timestamp != 0).then_some(r.timestamp),
+        })?;
+    }
+    publisher.delivered(bound, &format!("{} records", records.len()))
+}

@@ -229,6 +229,41 @@ pub(crate) fn wait_for_topics(
     )
 }
 
+/// How many partitions each of `topics` has (`onceflow produce`); a topic
+/// that does not exist is an error that names it.
+pub fn partition_counts(
+    conn: &Connection,
+    topics: &[&str],
+    timeout: Duration,
+) -> Result<BTreeMap<String, i32>, KafkaError> {
+    let client = metadata_client(conn)?;
+    let mut counts = BTreeMap::new();
+    for topic in topics {
+        let md = client
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| KafkaError::client(format!("reading the metadata of {topic}"), e))?;
+        match md.topics().first() {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                counts.insert((*topic).to_owned(), t.partitions().len() as i32);
+            }
+            Some(t) => {
+                return Err(KafkaError::topic(
+                    *topic,
+                    match t.error() {
+                        Some(e) => format!(
+                            "{}: create it first (kafka-topics.sh --create, or scripts/kafka topics --create)",
+                            RDKafkaErrorCode::from(e)
+                        ),
+                        None => "it has no partitions".to_owned(),
+                    },
+                ));
+            }
+            None => return Err(KafkaError::topic(*topic, "not in the cluster's metadata")),
+        }
+    }
+    Ok(counts)
+}
+
 /// Creates topics that do not exist yet, replicated up to 3 times (as many
 /// as there are brokers).
 pub(crate) fn create_topics(conn: &Connection, specs: &[TopicSpec<'_>]) -> Result<(), KafkaError> {

@@ -67,8 +67,14 @@ enum Command {
         /// payment schema: payment_id, account, amount) in the schema
         /// registry's wire format with this schema id; malformed ones stay
         /// JSON text (docs/formats.md; `scripts/bench formats`).
-        #[arg(long, value_name = "ID")]
+        #[arg(long, value_name = "ID", conflicts_with = "proto_schema_id")]
         avro_schema_id: Option<u32>,
+        /// Wallet payments: write each valid one as the Protobuf message
+        /// `Payment { string payment_id = 1; string account = 2; int64
+        /// amount = 3; }` (examples/wallet-avro/schemas/payment.proto), the
+        /// file's first message, in the wire format with this schema id.
+        #[arg(long, value_name = "ID")]
+        proto_schema_id: Option<u32>,
     },
     /// Wait until `expect` records are visible (read_committed) in `topics`.
     Await {
@@ -266,6 +272,7 @@ fn main() -> anyhow::Result<()> {
             rate,
             dry_run,
             avro_schema_id,
+            proto_schema_id,
         } => {
             let count = match (kind, count) {
                 (Kind::Accounts, _) => fraud::table_records().len() as u64,
@@ -284,7 +291,12 @@ fn main() -> anyhow::Result<()> {
             if dry_run {
                 input.expected
             } else {
-                produce(&cli.bootstrap_servers, &topic, input, rate, avro_schema_id)?
+                let framing = match (avro_schema_id, proto_schema_id) {
+                    (Some(id), _) => Framing::Avro(id),
+                    (_, Some(id)) => Framing::Protobuf(id),
+                    _ => Framing::None,
+                };
+                produce(&cli.bootstrap_servers, &topic, input, rate, framing)?
             }
         }
         Command::Await {
@@ -682,6 +694,47 @@ impl Input {
     }
 }
 
+/// How `produce` writes valid wallet payments.
+#[derive(Clone, Copy)]
+enum Framing {
+    /// As their JSON text.
+    None,
+    /// Avro, in the wire format with this schema id.
+    Avro(u32),
+    /// Protobuf, in the wire format with this schema id.
+    Protobuf(u32),
+}
+
+/// A wallet payment's JSON as the Protobuf message `Payment` (fields 1
+/// and 2 strings, 3 an int64), the schema's first message (indexes `[0]`:
+/// one 0 byte), in the schema registry's wire format; `None` when it is
+/// no such payment.
+fn proto_payment(id: u32, json: &str) -> Option<Vec<u8>> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let mut out = vec![0];
+    out.extend_from_slice(&id.to_be_bytes());
+    out.push(0);
+    let varint = |out: &mut Vec<u8>, mut n: u64| {
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+    };
+    for (tag, field) in [(0x0a, "payment_id"), (0x12, "account")] {
+        let s = v.get(field)?.as_str()?;
+        out.push(tag);
+        varint(&mut out, s.len() as u64);
+        out.extend_from_slice(s.as_bytes());
+    }
+    let amount = v.get("amount")?.as_i64()?;
+    if amount != 0 {
+        out.push(0x18);
+        varint(&mut out, amount as u64);
+    }
+    Some(out)
+}
+
 /// A wallet payment's JSON as an Avro datum of the payment schema
 /// (`{"payment_id": string, "account": string, "amount": long}`), in the
 /// schema registry's wire format; `None` when it is no such payment.
@@ -711,7 +764,7 @@ fn produce(
     topic: &str,
     input: Input,
     rate: Option<u64>,
-    avro_schema_id: Option<u32>,
+    framing: Framing,
 ) -> anyhow::Result<serde_json::Value> {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -737,9 +790,12 @@ fn produce(
             }
         }
         let value: Option<Vec<u8>> = r.value.map(|v| {
-            avro_schema_id
-                .and_then(|id| avro_payment(id, &v))
-                .unwrap_or_else(|| v.into_bytes())
+            match framing {
+                Framing::None => None,
+                Framing::Avro(id) => avro_payment(id, &v),
+                Framing::Protobuf(id) => proto_payment(id, &v),
+            }
+            .unwrap_or_else(|| v.into_bytes())
         });
         let mut record = BaseRecord::<String, Vec<u8>>::to(topic).key(&r.key);
         if let Some(value) = &value {
