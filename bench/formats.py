@@ -267,10 +267,14 @@ def main() -> int:
         "(examples/wallet-avro's schemas); Protobuf the same with payment.proto and balance.proto. Input records/s as the group commits them; CPU of the `onceflow run` "
         "process over the same window. Median of the rounds; every run checked exact by `onceflow verify`.",
         "",
-        "Kafka Streams 4.4 runs the twins of bench/kstreams-wallet on the same topics' shape: KStreamsWallet (JSON) "
-        "and KStreamsAvroWallet (Apicurio's Avro serde for Kafka 3.1.7, `apicurio-registry-avro-serde-kafka`, "
-        "against the same registry; bench/kstreams-avro.md), one stream thread, the same commit interval; its CPU "
-        "is the JVM's.",
+        (
+            "Kafka Streams 4.4 runs the twins of bench/kstreams-wallet on the same topics' shape: KStreamsWallet (JSON) "
+            "and KStreamsAvroWallet (Apicurio's Avro serde for Kafka 3.1.7, `apicurio-registry-avro-serde-kafka`, "
+            "against the same registry; bench/kstreams-avro.md), one stream thread, the same commit interval; its CPU "
+            "is the JVM's; it has no Protobuf twin."
+            if "kstreams" in systems
+            else "Onceflow only (--no-kstreams): the Kafka Streams twins' figures are in bench/results/2026-12-07-formats.md."
+        ),
         "",
         "| system | format | input records/s | CPU µs per record | / JSON records/s | / JSON CPU |",
         "|---|---|---:|---:|---:|---:|",
