@@ -663,11 +663,14 @@ impl Codecs {
                 id,
                 schema,
                 message,
+                indexes,
                 payload: false,
-                ..
-            } => schema
-                .encode(message, value)
-                .map(|framed| frame(*id, &framed)),
+            } => {
+                let mut framed = frame(*id, indexes);
+                schema
+                    .encode_after(message, value, &mut framed)
+                    .map(|()| framed)
+            }
             Encoder::Protobuf {
                 id,
                 schema,

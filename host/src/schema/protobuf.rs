@@ -201,6 +201,19 @@ impl ProtoSchema {
     /// Writes JSON text as `message`: the message indexes, then the
     /// message's bytes.
     pub fn encode(&self, message: &ProtoMessage, json: &[u8]) -> Result<Vec<u8>, String> {
+        let mut out = self.indexes_of(message);
+        self.encode_after(message, json, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes JSON text as `message`'s bytes after `out` (which holds its
+    /// indexes: an output's are worked out once, not once a value).
+    pub fn encode_after(
+        &self,
+        message: &ProtoMessage,
+        json: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
         let mut de = serde_json::Deserializer::from_slice(json);
         let value = DynamicMessage::deserialize_with_options(
             message.0.clone(),
@@ -209,11 +222,9 @@ impl ProtoSchema {
         )
         .and_then(|m| de.end().map(|()| m))
         .map_err(|e| format!("not a {} message as JSON: {e}", message.full_name()))?;
-        let mut out = self.indexes_of(message);
         value
-            .encode(&mut out)
-            .map_err(|e| format!("cannot write a {}: {e}", message.full_name()))?;
-        Ok(out)
+            .encode(out)
+            .map_err(|e| format!("cannot write a {}: {e}", message.full_name()))
     }
 }
 
