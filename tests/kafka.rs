@@ -45,3 +45,5 @@ mod j_sink;
 mod k_sink_tenants;
 #[path = "kafka/sink_drill.rs"]
 mod l_sink_drill;
+#[path = "kafka/replay.rs"]
+mod m_replay;

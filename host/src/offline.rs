@@ -511,6 +511,8 @@ impl OfflineRunner {
                 return Err(RunError::Task(e));
             }
             task.apply_committed(Vec::new(), None)?;
+            // What replay needs is in Kafka's topics, not here.
+            task.take_replay();
             summary.records += batch.len() as u64;
             summary.outputs += outcome.outputs.len() as u64;
             summary.dead_lettered += outcome.dead_lettered;
@@ -531,24 +533,45 @@ impl OfflineRunner {
     pub fn dump_state(&self) -> Result<Vec<StateEntry>, RunError> {
         let mut out = Vec::new();
         for (partition, task) in &self.tasks {
-            for (store, entries) in task.dump_state()? {
-                let windowed = self.config.window_stores.iter().any(|(w, _)| *w == store);
-                for (key, value) in entries {
-                    let (key, start) = match windowed.then(|| window::decode(&key)).flatten() {
-                        Some(w) => (w.key, Some(w.start)),
-                        None => (key, None),
-                    };
-                    out.push(StateEntry {
-                        partition: *partition,
-                        store: store.clone(),
-                        key,
-                        start,
-                        value,
-                    });
-                }
-            }
+            out.extend(state_entries(
+                *partition,
+                task.dump_state()?,
+                &self.config.window_stores,
+            ));
         }
         Ok(out)
+    }
+}
+
+/// A task's stores (`Task::dump_state`) as [`StateEntry`]s, a window
+/// store's keys split into key and window start.
+pub fn state_entries(
+    partition: i32,
+    stores: Vec<(String, Vec<crate::types::Entry>)>,
+    window_stores: &[(String, u64)],
+) -> Vec<StateEntry> {
+    let mut out = Vec::new();
+    for (store, entries) in stores {
+        let windowed = window_stores.iter().any(|(w, _)| *w == store);
+        for (key, value) in entries {
+            let (key, start) = split_window(windowed, key);
+            out.push(StateEntry {
+                partition,
+                store: store.clone(),
+                key,
+                start,
+                value,
+            });
+        }
+    }
+    out
+}
+
+/// A window store's key as (key, window start); any other's as it is.
+fn split_window(windowed: bool, key: Vec<u8>) -> (Vec<u8>, Option<i64>) {
+    match windowed.then(|| window::decode(&key)).flatten() {
+        Some(w) => (w.key, Some(w.start)),
+        None => (key, None),
     }
 }
 
@@ -581,6 +604,37 @@ pub struct StateEntry {
 /// One `--dump-state` line: `{"store", "partition", "key", "start"?,
 /// "value"}` (`start` for a window store's windows).
 pub fn write_state_entry(out: &mut impl Write, entry: &StateEntry) -> std::io::Result<()> {
+    write_state_line(
+        out,
+        &entry.store,
+        entry.partition,
+        &entry.key,
+        entry.start,
+        Some(&entry.value),
+    )
+}
+
+/// One state change, as a `--dump-state` line; a delete has `"value":
+/// null`. A window store's key is split as there (`windowed`).
+pub fn write_state_change(
+    out: &mut impl Write,
+    store: &str,
+    partition: i32,
+    windowed: bool,
+    (key, value): &(Vec<u8>, Option<Vec<u8>>),
+) -> std::io::Result<()> {
+    let (key, start) = split_window(windowed, key.clone());
+    write_state_line(out, store, partition, &key, start, value.as_deref())
+}
+
+fn write_state_line(
+    out: &mut impl Write,
+    store: &str,
+    partition: i32,
+    key: &[u8],
+    start: Option<i64>,
+    value: Option<&[u8]>,
+) -> std::io::Result<()> {
     #[derive(Serialize)]
     struct StateLine<'a> {
         store: &'a str,
@@ -595,16 +649,16 @@ pub fn write_state_entry(out: &mut impl Write, entry: &StateEntry) -> std::io::R
     serde_json::to_writer(
         &mut *out,
         &StateLine {
-            store: &entry.store,
-            partition: entry.partition,
+            store,
+            partition,
             key: BytesField {
                 name: "key",
-                bytes: Some(&entry.key),
+                bytes: Some(key),
             },
-            start: entry.start,
+            start,
             value: BytesField {
                 name: "value",
-                bytes: Some(&entry.value),
+                bytes: value,
             },
         },
     )?;

@@ -14,6 +14,7 @@ pub mod pageviews;
 pub mod pg;
 pub mod proxy;
 pub mod registry;
+pub mod replay;
 pub mod request_delay;
 pub mod sessions;
 pub mod txn_probe;

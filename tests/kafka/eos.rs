@@ -4,6 +4,7 @@
 //!
 //! Figures are printed as `FIGURE name value` lines (run with --nocapture).
 
+use crate::common::replay::replay_everything;
 use std::time::{Duration, Instant};
 
 use crate::common;
@@ -190,6 +191,8 @@ fn b_crash_and_f_non_vacuity() {
     figure("sigkill_to_processing_again_ms_max", ms[ms.len() - 1]);
     let report = w.verify(false);
     assert_exact(&report, &produced, "exactly_once_v2 after 5 SIGKILLs");
+    // Every transaction the five hosts committed replays to its bytes.
+    replay_everything(&cluster.bootstrap, &w.manifest, 6, None, "wallet_sigkills");
 
     // f: the aborted transactions the crashes left are really there: a
     // read_uncommitted reader sees them as duplicates.
@@ -280,6 +283,14 @@ fn d_rebalance_one_three_one() {
     assert!(a.stop().success());
     let report = w.verify(false);
     assert_exact(&report, &produced, "1 -> 3 -> 1 instances");
+    // Tasks moved between three hosts: each one's transactions replay.
+    replay_everything(
+        &cluster.bootstrap,
+        &w.manifest,
+        6,
+        None,
+        "wallet_rebalances",
+    );
 }
 
 #[test]
@@ -294,6 +305,15 @@ fn e_poison_records_are_dead_lettered_once() {
     assert!(host.stop().success());
     let report = w.verify(false);
     assert_exact(&report, &produced, "poison");
+    // A replay of a batch that dead-lettered shows the same dead letter.
+    let replays = replay_everything(
+        &cluster.bootstrap,
+        &w.manifest,
+        6,
+        Some(&w.dlq),
+        "wallet_poison",
+    );
+    assert_eq!(replays.dead_letters, report.dead_letters);
 }
 
 #[test]

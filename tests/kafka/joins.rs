@@ -7,6 +7,7 @@
 //! range assignor), and a table whose partition count differs from the
 //! input's is refused, both named.
 
+use crate::common::replay::replay_everything;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -244,6 +245,9 @@ fn fraud_join_through_hosts_joining_and_leaving_matches_kafka_streams() {
         produced.len(),
         ours.len()
     );
+    // Every transaction replays to its bytes: the payments joined with the
+    // table as it was, its records interleaved as they were polled.
+    replay_everything(&cluster.bootstrap, &manifest, 3, Some(&dlq), "fraud");
 
     // Kafka Streams on the same topics, every record already there.
     let state = dir.path().join("kstreams-state");

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::cluster::{Cluster, serial};
+use crate::common::replay::replay_everything;
 use crate::common::txn_probe::TxnProbe;
 use crate::common::wallet::{Produced, Wallet, assert_exact};
 
@@ -89,6 +90,13 @@ fn exactly_once_with_a_crash(example: &str, label: &str) {
     );
     let report = w.verify(false);
     assert_exact(&report, &produced, example);
+    // Every committed transaction, the killed host's included, replays to
+    // the same bytes, dead letters and all (docs/replay.md).
+    let replays = replay_everything(&w.cluster.bootstrap, &w.manifest, 3, Some(&w.dlq), label);
+    assert_eq!(
+        replays.dead_letters, report.dead_letters,
+        "{example}: dead letters replayed"
+    );
     println!(
         "FIGURE {label}_eos_valid {} dead_letters {} committed_at_kill {at_kill}",
         report.valid, report.dead_letters

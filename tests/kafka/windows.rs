@@ -9,6 +9,7 @@
 //! record per partition, key and window. And the session windows (issue
 //! 44) beside `KStreamsSessions`, with its record cache and without.
 
+use crate::common::replay::replay_everything;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -269,6 +270,14 @@ fn pageviews_exactly_once_with_kills_matches_kafka_streams() {
         ours.len(),
         dead.len(),
         kills + 1
+    );
+    // Every transaction replays to its bytes: punctuations, windows, the
+    // late views' dead letters, across the kills and restarts.
+    let replays = replay_everything(&cluster.bootstrap, &manifest, 3, Some(&dlq), "pageviews");
+    assert_eq!(
+        replays.dead_letters,
+        dead.len() as u64,
+        "late views replayed"
     );
 
     // Kafka Streams on the same input.

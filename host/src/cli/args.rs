@@ -104,6 +104,12 @@ pub enum Command {
     /// registered under `<topic>-value`), keys partitioned as Java's
     /// clients do. For trying a processor on a broker (docs/formats.md).
     Produce(ProduceArgs),
+    /// Run committed transactions of a deployment again, from what Kafka
+    /// keeps, and compare them with what they committed: the same
+    /// component on the same records from the same state, or another
+    /// version (--component) to see what it would have done. Reads only
+    /// (docs/replay.md). Exits 1 if a replay differs from what committed.
+    Replay(ReplayArgs),
     /// Run a fleet host: the admin API and /metrics, and every deployment
     /// of the registry (in Kafka), until SIGTERM/SIGINT.
     Host(HostArgs),
@@ -697,6 +703,61 @@ pub struct ProduceArgs {
     pub timeout_secs: u64,
     /// The schema registry the inputs' schemas are registered in (needed
     /// for inputs of format avro, protobuf or json-schema).
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+/// `onceflow replay` arguments.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("which").args(["offsets", "at", "transaction", "last", "all", "list"])))]
+pub struct ReplayArgs {
+    /// The manifest, or the directory holding onceflow.toml, of the
+    /// deployment that committed (`onceflow run`); its component must be
+    /// the one that ran.
+    pub manifest: PathBuf,
+    /// The task's partition (its inputs' partition).
+    #[arg(long, default_value_t = 0)]
+    pub partition: i32,
+    /// The transactions that processed any record of the first input from
+    /// offset A to B (inclusive): `A..B`, or one offset.
+    #[arg(long, value_name = "A..B")]
+    pub offsets: Option<String>,
+    /// The first transaction committed at or after this time: ms since
+    /// the epoch, or RFC 3339 (`2026-12-07T21:10:00Z`, as the logs print).
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
+    /// The transaction with this id (`--list` shows them: its replay
+    /// record's offset).
+    #[arg(long, value_name = "ID")]
+    pub transaction: Option<i64>,
+    /// The last N transactions (the default: 1).
+    #[arg(long, value_name = "N")]
+    pub last: Option<usize>,
+    /// Every transaction the replay topic still holds.
+    #[arg(long)]
+    pub all: bool,
+    /// List the partition's replayable transactions and replay none.
+    #[arg(long)]
+    pub list: bool,
+    /// Also run this component on the same records from the same state,
+    /// and show where its outputs and state changes differ from what
+    /// committed.
+    #[arg(long, value_name = "WASM")]
+    pub component: Option<PathBuf>,
+    /// Print each store's entries before and after each transaction.
+    #[arg(long)]
+    pub dump_state: bool,
+    /// Print only each transaction's verdict, not its outputs and state
+    /// changes.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
+    pub bootstrap_servers: String,
+    /// Extra librdkafka property, `key=value` (repeatable).
+    #[arg(short = 'X', long = "kafka-config")]
+    pub kafka_config: Vec<String>,
+    /// The schema registry of the deployment's formats, if any.
     #[command(flatten)]
     pub registry: RegistryArgs,
 }

@@ -6,7 +6,8 @@
 //! | `args.rs` | every command's arguments |
 //! | `local.rs` | `build`, `validate`, `test`, `bench-guest`, `hash-token` (no Kafka) |
 //! | `init.rs` | `init` (scaffolds) |
-//! | `kafka.rs` | `run`, `verify`, `host` (on a cluster) |
+//! | `kafka.rs` | `run`, `verify`, `produce`, `host` (on a cluster) |
+//! | `replay.rs` | `replay` (committed transactions run again) |
 //! | `remote.rs` | `deploy`, `list`, `describe`, `logs`, `pause`, `resume`, `delete`, `query` (the admin API's client) |
 //! | `progress.rs` | a spinner for slow steps |
 //!
@@ -25,6 +26,7 @@ mod kafka;
 mod local;
 mod progress;
 mod remote;
+mod replay;
 
 pub use args::Cli;
 use args::Command;
@@ -117,6 +119,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::HashToken => local::cmd_hash_token(),
         Command::Verify(args) => kafka::cmd_verify(args),
         Command::Produce(args) => kafka::cmd_produce(args),
+        Command::Replay(args) => replay::cmd_replay(args),
         Command::BenchGuest {
             manifest,
             records,

@@ -467,7 +467,10 @@ impl Fleet {
             changelog::purge(
                 self.control.connection(),
                 &manifest.application_id(),
-                &stream::changelog_topics(&manifest),
+                &stream::changelog_topics(&manifest)
+                    .into_iter()
+                    .chain(stream::replay::replay_topic(&manifest))
+                    .collect::<Vec<_>>(),
             )?;
         }
         Ok(Deleted {

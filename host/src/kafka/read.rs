@@ -100,6 +100,16 @@ impl Record<'_> {
     }
 
     /// The headers' bytes: names and values.
+    /// The record as an input record (`topics` shares the topics' names).
+    pub(crate) fn input(&self, topics: &mut TopicNames) -> InputRecord {
+        to_input(&self.0, topics)
+    }
+
+    /// Its timestamp, in ms since the epoch.
+    pub(crate) fn timestamp(&self) -> Option<i64> {
+        self.0.timestamp().to_millis()
+    }
+
     pub(crate) fn header_bytes(&self) -> usize {
         self.0.headers().map_or(0, |hs| {
             hs.iter()

@@ -186,6 +186,19 @@ pub struct ProcessingSection {
     /// (Kafka Streams' `num.standby.replicas`), by tailing its changelogs.
     #[serde(default)]
     pub standby_replicas: u32,
+    /// How long each committed transaction stays replayable
+    /// (`onceflow replay`, docs/replay.md), in hours: the replay topic's
+    /// retention and the changelogs' `min.compaction.lag.ms`. 0: no replay
+    /// records are written.
+    #[serde(default = "default_replay_window_hours")]
+    pub replay_window_hours: u32,
+}
+
+/// Most hours a manifest may keep transactions replayable (90 days).
+pub const MAX_REPLAY_WINDOW_HOURS: u32 = 90 * 24;
+
+fn default_replay_window_hours() -> u32 {
+    7 * 24
 }
 
 impl Default for ProcessingSection {
@@ -196,6 +209,7 @@ impl Default for ProcessingSection {
             worker_threads: default_worker_threads(),
             max_batch_records: default_max_batch(),
             standby_replicas: 0,
+            replay_window_hours: default_replay_window_hours(),
         }
     }
 }
@@ -559,6 +573,15 @@ impl Manifest {
                 ),
             ));
         }
+        if p.replay_window_hours > MAX_REPLAY_WINDOW_HOURS {
+            return Err(invalid(
+                "processing.replay-window-hours",
+                format!(
+                    "{} is out of range 0..={MAX_REPLAY_WINDOW_HOURS} (0 writes no replay records)",
+                    p.replay_window_hours
+                ),
+            ));
+        }
         let errors = match (raw.errors.policy, raw.errors.dead_letter_topic) {
             (PolicyName::DeadLetter, None) => {
                 return Err(invalid(
@@ -823,6 +846,28 @@ dead-letter-topic = "payments.dlq"
         let err = parse(&with(9)).unwrap_err().to_string();
         assert!(err.contains("processing.standby-replicas"), "{err}");
         assert!(err.contains("0..=8"), "{err}");
+    }
+
+    #[test]
+    fn transactions_stay_replayable_a_week_unless_said() {
+        assert_eq!(parse(WALLET).unwrap().processing.replay_window_hours, 168);
+        let with = |n: u32| {
+            WALLET.replace(
+                "[errors]",
+                &format!("[processing]\nreplay-window-hours = {n}\n\n[errors]"),
+            )
+        };
+        assert_eq!(parse(&with(0)).unwrap().processing.replay_window_hours, 0);
+        assert_eq!(
+            parse(&with(2160)).unwrap().processing.replay_window_hours,
+            2160
+        );
+        let err = parse(&with(2161)).unwrap_err().to_string();
+        assert!(err.contains("processing.replay-window-hours"), "{err}");
+        assert!(
+            err.contains("0..=2160 (0 writes no replay records)"),
+            "{err}"
+        );
     }
 
     #[test]

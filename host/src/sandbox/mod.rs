@@ -260,6 +260,7 @@ impl Sandbox {
                 interface,
                 grants,
                 sink: Arc::new(log::TracingSink),
+                digest: hex::encode(Sha256::digest(bytes)),
             }),
             meter: None,
         })
@@ -379,6 +380,8 @@ struct ProcessorInner {
     interface: ComponentInterface,
     grants: Vec<(String, Grant)>,
     sink: Arc<dyn LogSink>,
+    /// The component's SHA-256, in hex.
+    digest: String,
 }
 
 impl Processor {
@@ -392,6 +395,24 @@ impl Processor {
     /// The component's imports and exports.
     pub fn interface(&self) -> &ComponentInterface {
         &self.inner.interface
+    }
+
+    /// The component's SHA-256, in hex (what the fleet's artifacts are
+    /// named by, and what a replay checks it runs).
+    pub fn digest(&self) -> &str {
+        &self.inner.digest
+    }
+
+    /// The version of `onceflow:processor` the component was built
+    /// against, from its imports (`0.1.0`, `0.2.0`; `None` if it imports
+    /// none of its interfaces).
+    pub fn wit_version(&self) -> Option<&str> {
+        self.inner
+            .interface
+            .imports
+            .iter()
+            .find_map(|i| i.strip_prefix("onceflow:processor/")?.split_once('@'))
+            .map(|(_, version)| version)
     }
 
     /// How each import is granted.
@@ -415,6 +436,7 @@ impl Processor {
                 interface: i.interface.clone(),
                 grants: i.grants.clone(),
                 sink,
+                digest: i.digest.clone(),
             }),
             meter: self.meter.clone(),
         }

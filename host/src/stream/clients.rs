@@ -3,7 +3,7 @@
 
 use rdkafka::ClientConfig;
 
-use super::{GroupProtocol, RunOptions, changelog_topic};
+use super::{GroupProtocol, RunOptions, changelog_topic, replay::replay_topic};
 use crate::kafka::{self, Connection, KafkaError, TopicSpec};
 use crate::manifest::Manifest;
 
@@ -349,16 +349,26 @@ pub(crate) fn prepare_topics_with(
     }
 
     let mut missing = Vec::new();
-    for store in &manifest.stores {
-        let topic = changelog_topic(manifest, store);
+    let replay = replay_topic(manifest);
+    let logs = manifest
+        .stores
+        .iter()
+        .map(|store| (changelog_topic(manifest, store), format!("store {store}")))
+        .chain(
+            replay
+                .iter()
+                .map(|t| (t.clone(), "replay records".to_owned())),
+        );
+    for (topic, of) in logs {
         match partitions_of(&topic)? {
             Some(n) if n == input_partitions => {}
             Some(n) => {
                 return Err(KafkaError::topic(
                     topic,
                     format!(
-                        "changelog has {n} partitions, the inputs {input_partitions}: \
-                         the store cannot be restored partition by partition"
+                        "changelog of {of} has {n} partitions, the inputs {input_partitions}: \
+                         it cannot be read partition by partition (delete it, or give it \
+                         {input_partitions} partitions)"
                     ),
                 ));
             }
@@ -366,12 +376,31 @@ pub(crate) fn prepare_topics_with(
         }
     }
     if !missing.is_empty() {
+        // A transaction stays replayable while the changelog records after
+        // it are not compacted: Kafka's cleaner then keeps every record
+        // before it too (it drops a record only for a later one of its key
+        // in the part it cleans). The replay topic keeps its records as
+        // long (docs/replay.md).
+        let window = (u64::from(manifest.processing.replay_window_hours) * 3_600_000).to_string();
+        let changelog: &[(&str, &str)] = if replay.is_some() {
+            &[
+                ("cleanup.policy", "compact"),
+                ("min.compaction.lag.ms", &window),
+            ]
+        } else {
+            &[("cleanup.policy", "compact")]
+        };
+        let records: &[(&str, &str)] = &[("cleanup.policy", "delete"), ("retention.ms", &window)];
         let specs: Vec<TopicSpec<'_>> = missing
             .iter()
             .map(|t| TopicSpec {
                 name: t,
                 partitions: input_partitions,
-                config: &[("cleanup.policy", "compact")],
+                config: if Some(t) == replay.as_ref() {
+                    records
+                } else {
+                    changelog
+                },
             })
             .collect();
         kafka::create_topics(conn, &specs)?;

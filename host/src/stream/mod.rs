@@ -17,6 +17,7 @@ mod hibernate;
 pub mod names;
 pub mod protocol;
 pub mod queries;
+pub mod replay;
 mod standby;
 pub mod verify;
 mod worker;
@@ -391,6 +392,9 @@ pub(crate) struct Deployment {
     pub task_config: TaskConfig,
     pub options: RunOptions,
     pub changelogs: Vec<(String, String)>,
+    /// Where each transaction's replay records go (`replay.rs`); `None`:
+    /// none are kept.
+    pub replay_topic: Option<String>,
     pub metrics: Arc<Metrics>,
     /// Set by the caller: stop for good.
     pub shutdown: Arc<AtomicBool>,
@@ -541,6 +545,7 @@ pub fn run_with_metrics(
         None => deployment_codecs(&manifest, options.schema_registry.as_ref(), None)?,
     };
     let memory = crate::memory::MemoryLimits::new(options.held_mb, options.tenant_memory.clone());
+    let replay_topic = replay::replay_topic(&manifest);
     let deployment = Arc::new(Deployment {
         memory,
         task_config: TaskConfig::from_manifest(&manifest).with_codecs(codecs),
@@ -548,6 +553,7 @@ pub fn run_with_metrics(
         processor,
         options,
         changelogs,
+        replay_topic,
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
         hibernate: AtomicBool::new(false),

@@ -6,6 +6,7 @@
 //! | consumer group | `<tenant>.<name>` (the application id) |
 //! | changelog topic of a store | `<tenant>.<name>-<store>-changelog` ([`changelog_topic`]) |
 //! | transactional id of worker `n` | `<tenant>.<name>-<instance>-<n>` ([`transactional_id`]) |
+//! | replay topic | `<tenant>.<name>-onceflow.replay-changelog` (the changelog of the host's store `onceflow.replay`: [`super::replay::replay_topic`]) |
 //!
 //! Names, stores and instance ids may contain `-`, so two deployments can
 //! derive the same changelog (`orders` + store `by-customer` and

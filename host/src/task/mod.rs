@@ -30,10 +30,12 @@ use crate::types::{AccessError, Effects, Entry, InputRecord, OutputRecord};
 mod dead_letter;
 mod effects;
 mod formats;
+mod replay;
 mod time;
 
 pub use dead_letter::{dead_letter, dead_letter_headers};
 use effects::TaskEffects;
+pub use replay::{LoggedBatch, ReplayLog, outputs_digest};
 use time::{Times, next_punctuation};
 
 /// Largest output record (key + value + headers) accepted, in bytes.
@@ -246,6 +248,9 @@ pub struct Task {
     /// The records of the batch in progress whose value did not decode:
     /// (topic, offset, why). They go to the error policy in their place.
     undecodable: Vec<(Arc<str>, i64, String)>,
+    /// What replay needs of the transaction in progress (`replay.rs`):
+    /// begun by its first batch, taken by the runtime at its commit.
+    replay: Option<ReplayLog>,
 }
 
 impl Task {
@@ -277,6 +282,7 @@ impl Task {
             held_at_start: 0,
             parked: Duration::ZERO,
             undecodable: Vec::new(),
+            replay: None,
             effects: Box::new(TaskEffects {
                 codecs,
                 unencodable: None,
@@ -336,6 +342,26 @@ impl Task {
             swept: None,
         };
         self.committed_time = self.time;
+        self.replay = None;
+    }
+
+    /// Sets the stream time and the last sweep a replayed transaction
+    /// began with, and drops the instance: a transaction is replayed on a
+    /// fresh one (docs/replay.md).
+    pub fn begin_replay(&mut self, stream_time: Option<i64>, swept: Option<i64>) {
+        self.time = Times {
+            stream: stream_time,
+            swept,
+        };
+        self.committed_time = self.time;
+        self.replay = None;
+        self.guest = None;
+    }
+
+    /// What the transaction so far did, for replay ([`ReplayLog`]): `None`
+    /// if it processed no record. The next batch begins a new log.
+    pub fn take_replay(&mut self) -> Option<ReplayLog> {
+        self.replay.take()
     }
 
     /// Processes a batch of this partition's records, in order, adding
@@ -371,8 +397,14 @@ impl Task {
             }
             _ => batch,
         };
+        let (times, outputs) = (self.time, outcome.outputs.len());
         let result = self.process_decoded(batch, outcome);
         self.undecodable.clear();
+        if result.is_ok() && outcome.done > 0 {
+            self.replay
+                .get_or_insert_with(|| ReplayLog::begin(times))
+                .add(&batch[..outcome.done], &outcome.outputs[outputs..]);
+        }
         result
     }
 
@@ -923,6 +955,7 @@ impl Task {
         self.fx().state.abort();
         self.fx().call_outputs.clear();
         self.guest = None;
+        self.replay = None;
     }
 
     /// Visible state per store, for `--dump-state`.

@@ -71,8 +71,16 @@ impl Core {
 
         // 1. Every dirty key's latest value (or tombstone) to its store's
         //    changelog, in the same partition as the task's input.
-        if let Err(e) = self.send_changes() {
-            return self.on_txn_error(consumer, "producing a changelog record", e);
+        let changes = match self.send_changes() {
+            Ok(changes) => changes,
+            Err(e) => return self.on_txn_error(consumer, "producing a changelog record", e),
+        };
+        // 1a. What replaying the transaction needs that Kafka does not
+        //     keep (`stream/replay/`): one record per task that processed
+        //     records, in the same transaction.
+        let replays = self.replay_records(&changes)?;
+        if let Err(e) = self.send_replays(replays) {
+            return self.on_txn_error(consumer, "producing a replay record", e);
         }
         // 1b. What this transaction's work used, in the same transaction
         //     (a fleet host only): committed work is counted exactly once.
@@ -126,10 +134,16 @@ impl Core {
     }
 
     /// Step 1: each task's pending changes to its stores' changelogs.
-    fn send_changes(&mut self) -> Result<(), KafkaError> {
+    /// Returns how many records went to each (partition, store).
+    fn send_changes(&mut self) -> Result<BTreeMap<(i32, String), u64>, KafkaError> {
+        let mut sent = BTreeMap::new();
         for task in self.tasks.values() {
             for changes in task.pending_changes() {
                 let topic = self.changelog_of(&changes.store);
+                sent.insert(
+                    (task.partition(), changes.store.clone()),
+                    changes.changes.len() as u64,
+                );
                 for (key, value) in &changes.changes {
                     let record = kafka::Outgoing {
                         topic: &topic,
@@ -146,6 +160,60 @@ impl Core {
                     }
                 }
             }
+        }
+        Ok(sent)
+    }
+
+    /// Step 1a: each task's replay record (`stream/replay/`), with its
+    /// stores' changelog positions as the transaction began (the last
+    /// transaction's changes are in RocksDB: a commit starts only after
+    /// the one before it returned) and how many changelog records this
+    /// one sent. Every task's log is taken, written or not.
+    fn replay_records(
+        &mut self,
+        changes: &BTreeMap<(i32, String), u64>,
+    ) -> Result<Vec<(i32, Vec<u8>)>, StreamError> {
+        let mut records = Vec::new();
+        let on = self.d.replay_topic.is_some();
+        for task in self.tasks.values_mut() {
+            let Some(log) = task.take_replay().filter(|_| on) else {
+                continue;
+            };
+            let p = task.partition();
+            let stores = self.d.changelogs.iter().map(|(s, _)| s);
+            let tables = self.d.manifest.tables.iter().map(|(s, _)| s);
+            let mut positions = Vec::new();
+            for store in stores.chain(tables) {
+                let from = task
+                    .changelog_position(store)
+                    .map_err(StreamError::Task)?
+                    .unwrap_or(0);
+                let sent = changes.get(&(p, store.clone())).copied().unwrap_or(0);
+                positions.push((store.clone(), from, sent));
+            }
+            let record = replay::ReplayRecord::new(&self.d.processor, positions, log);
+            records.push((p, record.encode()));
+        }
+        Ok(records)
+    }
+
+    /// Sends the replay records of step 1a.
+    fn send_replays(&mut self, records: Vec<(i32, Vec<u8>)>) -> Result<(), KafkaError> {
+        let Some(topic) = self.d.replay_topic.as_deref() else {
+            return Ok(());
+        };
+        for (partition, value) in records {
+            kafka::send(
+                &self.producer,
+                kafka::Outgoing {
+                    topic,
+                    partition: Some(partition),
+                    key: None,
+                    value: Some(&value),
+                    headers: &[],
+                    timestamp: None,
+                },
+            )?;
         }
         Ok(())
     }

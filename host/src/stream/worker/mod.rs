@@ -54,7 +54,7 @@ use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext,
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use super::protocol::{self, AbortEnd};
-use super::{Deployment, Restart, StreamError, changelog};
+use super::{Deployment, Restart, StreamError, changelog, replay};
 use crate::kafka::{self, TxnFailure};
 use crate::metrics::{Metrics, WorkerLoad};
 use crate::state::rocks::RocksPartition;
