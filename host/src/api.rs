@@ -14,6 +14,7 @@
 //! | `GET /v1/deployments/{name}/state/{store}?key=` (or `prefix=`, `from=&to=`, `key=&window_from_ms=&window_to_ms=`) | [`QueryParams`] | [`QueryAnswer`] |
 //! | `POST /v1/internal/deployments/{name}/state/{store}` (host to host, with the tenant's token) | [`LocalReadRequest`] | [`LocalReadAnswer`] |
 //! | `GET /v1/usage?since_ms=` | [`UsageParams`] | [`UsageReport`] |
+//! | `POST /v1/deployments/{name}/replay` | [`ReplayRequest`] | [`ReplayAnswer`] |
 //! | `GET /healthz` | | [`Health`] |
 //! | any error | | [`ErrorBody`] with a 4xx or 5xx status |
 
@@ -427,4 +428,142 @@ pub struct UsageReport {
     pub deployments: Vec<UsageRow>,
     /// Their sum.
     pub total: crate::types::Usage,
+}
+
+/// The body of `POST /v1/deployments/{name}/replay`: which committed
+/// transactions of a partition to run again (docs/replay.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplayRequest {
+    /// The task's partition.
+    pub partition: i32,
+    /// Which of its transactions.
+    pub select: ReplaySelect,
+    /// A component uploaded with `POST /v1/artifacts` (its sha256), run on
+    /// the same records and state and compared with what committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<String>,
+    /// Each store's entries before and after each transaction.
+    #[serde(default)]
+    pub dump_state: bool,
+    /// Only the verdicts: no outputs, no state changes.
+    #[serde(default)]
+    pub quiet: bool,
+}
+
+/// Which transactions a replay runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplaySelect {
+    /// Those that processed any record of the first input from `from` to
+    /// `to`, inclusive.
+    Offsets {
+        /// First offset.
+        from: i64,
+        /// Last offset.
+        to: i64,
+    },
+    /// The first committed at or after this time (ms since the epoch).
+    At(i64),
+    /// One, by its id.
+    Transaction(i64),
+    /// The last `n`.
+    Last(usize),
+    /// Every one the replay topic holds.
+    All,
+    /// None: list them.
+    List,
+}
+
+/// The answer of a replay: each transaction replayed (or listed), then
+/// the totals.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReplayAnswer {
+    /// `tenant.name`.
+    pub application_id: String,
+    /// The partition.
+    pub partition: i32,
+    /// With [`ReplaySelect::List`]: every transaction, oldest first.
+    #[serde(default)]
+    pub listed: Vec<ListedTransaction>,
+    /// The transactions replayed, oldest first.
+    #[serde(default)]
+    pub transactions: Vec<ReplayedTransaction>,
+    /// Input records they processed.
+    pub records: u64,
+    /// Their batches.
+    pub batches: u64,
+    /// How many were identical to what committed.
+    pub identical: u64,
+}
+
+/// A replayable transaction, as `--list` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ListedTransaction {
+    /// Its id (its replay record's offset).
+    pub id: i64,
+    /// When it committed (ms since the epoch).
+    pub at: Option<i64>,
+    /// Input records.
+    pub records: u64,
+    /// Per source topic: (topic, first offset, records).
+    pub sources: Vec<(String, i64, u64)>,
+    /// Batches.
+    pub batches: u64,
+    /// Bytes of its replay record.
+    pub bytes: u64,
+    /// The SHA-256 of the component that ran.
+    pub component: String,
+}
+
+/// One transaction replayed: what it read, what the replay did (as the
+/// JSON lines `onceflow test` prints), and the verdict.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplayedTransaction {
+    /// Its id.
+    pub id: i64,
+    /// When it committed (ms since the epoch).
+    pub committed_at: Option<i64>,
+    /// The partition.
+    pub partition: i32,
+    /// Input records.
+    pub records: u64,
+    /// Its first and last input record: (topic, offset).
+    pub first: Option<(String, i64)>,
+    /// See `first`.
+    pub last: Option<(String, i64)>,
+    /// Batches.
+    pub batches: u64,
+    /// The replay's outputs, one JSON line each (dead letters with their
+    /// reason).
+    #[serde(default)]
+    pub outputs: Vec<String>,
+    /// The replay's state changes, one JSON line each.
+    #[serde(default)]
+    pub changes: Vec<String>,
+    /// `None`: identical to what committed; else the first difference.
+    pub differs: Option<String>,
+    /// With a candidate: how it differs from what committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<CandidateDiff>,
+    /// With `dump_state`: each store's entries before, one JSON line each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_before: Option<Vec<String>>,
+    /// With `dump_state`: and after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_after: Option<Vec<String>>,
+}
+
+/// How a candidate's run of a transaction differs from what committed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CandidateDiff {
+    /// Each output that differs: (its index, the committed one, the
+    /// candidate's), as JSON lines (`None`: no output there).
+    pub outputs: Vec<(usize, Option<String>, Option<String>)>,
+    /// The first state change that differs, in words.
+    pub state: Option<String>,
+    /// The candidate's state changes, when they differ.
+    #[serde(default)]
+    pub changes: Vec<String>,
+    /// Why its run failed, if it did.
+    pub failed: Option<String>,
 }

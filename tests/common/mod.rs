@@ -49,6 +49,17 @@ pub fn onceflow() -> Command {
     cmd
 }
 
+/// The example a broker test runs: `example` (`pageviews`, `fraud`), or
+/// its port in the language `ONCEFLOW_TEST_PORT` names (`js`, `python`,
+/// `go`, `c`: `examples/pageviews-js`), which `scripts/drill
+/// --replay-ports` sets.
+pub fn example_port(example: &str) -> String {
+    match std::env::var("ONCEFLOW_TEST_PORT") {
+        Ok(port) if !port.is_empty() => format!("{example}-{port}"),
+        _ => example.to_owned(),
+    }
+}
+
 /// Where guests are built: their own target directory, because `cargo test`
 /// holds the lock of the host's.
 fn guest_target_dir() -> PathBuf {

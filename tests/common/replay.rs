@@ -12,6 +12,8 @@ pub struct Replays {
     pub transactions: u64,
     /// Of them, identical.
     pub identical: u64,
+    /// Their batches.
+    pub batches: u64,
     /// Input records they processed.
     pub records: u64,
     /// Dead letters among the replayed outputs.
@@ -69,7 +71,7 @@ pub fn replay_everything(
             out.lines().rev().take(40).collect::<Vec<_>>().join("\n")
         );
         // "R records of APP partition P replayed: identical", then
-        // "in N transactions".
+        // "in N transactions, M batches".
         let lines: Vec<&str> = out.lines().collect();
         let n = lines.len();
         assert!(n >= 2, "{label}: no summary in the replay of partition {p}");
@@ -83,11 +85,16 @@ pub fn replay_everything(
             .next()
             .and_then(|w| w.parse().ok())
             .unwrap_or_else(|| panic!("{label}: {summary:?}"));
-        let transactions: u64 = count
-            .split_whitespace()
-            .nth(1)
-            .and_then(|w| w.parse().ok())
-            .unwrap_or_else(|| panic!("{label}: {count:?}"));
+        // "in N transactions, M batches"
+        let words: Vec<&str> = count.split_whitespace().collect();
+        let number = |i: usize| -> u64 {
+            words
+                .get(i)
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("{label}: {count:?}"))
+        };
+        let transactions = number(1);
+        total.batches += number(3);
         let identical = out.lines().filter(|l| *l == "identical").count() as u64;
         assert_eq!(identical, transactions, "{label}: partition {p}");
         total.transactions += transactions;
@@ -116,10 +123,11 @@ pub fn replay_everything(
     assert!(total.transactions > 0, "{label}: no transaction to replay");
     assert_eq!(total.identical, total.transactions, "{label}: {total:?}");
     println!(
-        "FIGURE replay_{label} transactions {} identical {} records {} dead_letters {} \
+        "FIGURE replay_{label} transactions {} identical {} batches {} records {} dead_letters {} \
          bytes_per_transaction {}",
         total.transactions,
         total.identical,
+        total.batches,
         total.records,
         total.dead_letters,
         total.bytes / total.transactions

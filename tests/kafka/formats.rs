@@ -431,6 +431,34 @@ fn s_avro_wallet_exactly_once_through_kills_an_upgrade_and_refusals() {
             "after the registry stopped answering",
         );
 
+        // The last transactions of each partition, replayed by a host of
+        // the fleet for the tenant (the component it holds, the Avro
+        // values through the registry): identical (docs/replay.md).
+        let mut replayed = 0;
+        for p in 0..4 {
+            let partition = p.to_string();
+            let answer = h2.json(
+                ACME,
+                &[
+                    "replay",
+                    &w.name,
+                    "--partition",
+                    &partition,
+                    "--last",
+                    "2",
+                    "--quiet",
+                ],
+            );
+            let transactions = answer["transactions"].as_array().expect("transactions");
+            assert!(!transactions.is_empty(), "{answer}");
+            assert_eq!(answer["identical"], transactions.len(), "{answer}");
+            replayed += transactions.len();
+        }
+        figure("avro_fleet_replayed_transactions_identical", replayed);
+        // Another tenant's deployment is not there for it.
+        let other = h1.refused(super::GLOBEX, &["replay", &w.name, "--partition", "0"]);
+        assert!(other.contains("no deployment named"), "{other}");
+
         // An incompatible schema is refused with the registry's message;
         // version 2 goes on.
         avro_manifest(&w, BALANCE_BAD);

@@ -18,17 +18,19 @@ use crate::common::fraud::{Out, model, round};
 use crate::common::host_process::{Host, assignments};
 use crate::common::kstreams::{KStreams, produce, read_committed, unique};
 
-/// The fraud manifest on the test's topics.
+/// The fraud manifest on the test's topics (or a port's:
+/// `common::example_port`).
 fn fraud_manifest(dir: &Path, name: &str, topics: [&str; 4]) -> PathBuf {
     let [payments, accounts, alerts, dlq] = topics;
-    let example = build_guest("examples/fraud/onceflow.toml");
+    let port = crate::common::example_port("fraud");
+    let example = build_guest(&format!("examples/{port}/onceflow.toml"));
     let component = example
         .parent()
         .expect("the example's directory")
-        .join("target/onceflow/fraud.wasm");
+        .join(format!("target/onceflow/{port}.wasm"));
     let text = std::fs::read_to_string(&example)
         .expect("the example's manifest")
-        .replace("name = \"fraud\"", &format!("name = \"{name}\""))
+        .replace(&format!("name = \"{port}\""), &format!("name = \"{name}\""))
         .replace("tenant = \"demo\"", "tenant = \"test\"")
         .replace(
             "inputs = [\"payments\"]",
@@ -39,7 +41,7 @@ fn fraud_manifest(dir: &Path, name: &str, topics: [&str; 4]) -> PathBuf {
             &format!("accounts = \"{accounts}\""),
         )
         .replace(
-            "component = \"target/onceflow/fraud.wasm\"",
+            &format!("component = \"target/onceflow/{port}.wasm\""),
             &format!("component = \"{}\"", component.display()),
         )
         .replace("alerts = \"alerts\"", &format!("alerts = \"{alerts}\""))
@@ -247,7 +249,8 @@ fn fraud_join_through_hosts_joining_and_leaving_matches_kafka_streams() {
     );
     // Every transaction replays to its bytes: the payments joined with the
     // table as it was, its records interleaved as they were polled.
-    replay_everything(&cluster.bootstrap, &manifest, 3, Some(&dlq), "fraud");
+    let label = crate::common::example_port("fraud");
+    replay_everything(&cluster.bootstrap, &manifest, 3, Some(&dlq), &label);
 
     // Kafka Streams on the same topics, every record already there.
     let state = dir.path().join("kstreams-state");

@@ -127,17 +127,19 @@ fn replay_names_the_first_difference_and_shows_a_candidates() {
         .collect();
     assert_eq!(verdicts.len(), 2, "{out}");
     assert_eq!(verdicts[0], "identical", "{out}");
+    // The first record of the second transaction already differs: its
+    // batch is named by its first offset.
     assert!(
-        verdicts[1].starts_with(&format!(
-            "differs: batch 0 ({input}/0 offsets 5..7): the replay's 3 outputs are not the bytes \
-             the transaction committed"
-        )),
+        verdicts[1].starts_with(&format!("differs: batch 0 ({input}/0 offsets 5.."))
+            && verdicts[1].contains("outputs are not the bytes the transaction committed"),
         "{out}"
     );
+    // One poll's records are one batch: the counts of batches are not
+    // asserted (a fetch may split them).
     assert!(
-        out.ends_with(&format!(
-            "8 records of test.replay-{id} partition 0 replayed: 1 of 2 transactions differ\n\
-             in 2 transactions\n"
+        out.contains(&format!(
+            "\n8 records of test.replay-{id} partition 0 replayed: 1 of 2 transactions differ\n\
+             in 2 transactions, "
         )),
         "{out}"
     );

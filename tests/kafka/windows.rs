@@ -62,14 +62,19 @@ fn manifest_on(dir: &Path, manifest: &str, wasm: &str, replace: &[(&str, String)
     path
 }
 
-/// The pageviews manifest on the test's own topics.
+/// The pageviews manifest on the test's own topics (or a port's:
+/// `common::example_port`).
 fn pageviews_manifest(dir: &Path, name: &str, input: &str, counts: &str, dlq: &str) -> PathBuf {
+    let example = crate::common::example_port("pageviews");
     manifest_on(
         dir,
-        "examples/pageviews/onceflow.toml",
-        "pageviews.wasm",
+        &format!("examples/{example}/onceflow.toml"),
+        &format!("{example}.wasm"),
         &[
-            ("name = \"pageviews\"", format!("name = \"{name}\"")),
+            (
+                &format!("name = \"{example}\""),
+                format!("name = \"{name}\""),
+            ),
             ("tenant = \"demo\"", "tenant = \"test\"".to_owned()),
             (
                 "inputs = [\"pageviews\"]",
@@ -273,7 +278,8 @@ fn pageviews_exactly_once_with_kills_matches_kafka_streams() {
     );
     // Every transaction replays to its bytes: punctuations, windows, the
     // late views' dead letters, across the kills and restarts.
-    let replays = replay_everything(&cluster.bootstrap, &manifest, 3, Some(&dlq), "pageviews");
+    let label = crate::common::example_port("pageviews");
+    let replays = replay_everything(&cluster.bootstrap, &manifest, 3, Some(&dlq), &label);
     assert_eq!(
         replays.dead_letters,
         dead.len() as u64,

@@ -42,7 +42,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{
     DeleteParams, DeployRequest, DeploymentList, DeploymentSummary, ErrorBody, Health,
-    LocalReadRequest, LogParams, QueryParams, SinkDeployRequest, UsageParams,
+    LocalReadRequest, LogParams, QueryParams, ReplayRequest, SinkDeployRequest, UsageParams,
 };
 use crate::fleet::Deployed;
 use crate::fleet::registry::{Desired, MAX_ARTIFACT_BYTES, MAX_MANIFEST_BYTES};
@@ -434,6 +434,7 @@ pub fn router(fleet: Arc<Fleet>, peers: Arc<Peers>) -> Router {
         .route("/v1/deployments/{name}/resume", post(resume))
         .route("/v1/deployments/{name}/logs", get(logs))
         .route("/v1/deployments/{name}/state/{store}", get(query))
+        .route("/v1/deployments/{name}/replay", post(replay))
         .route(
             "/v1/internal/deployments/{name}/state/{store}",
             post(read_local),
@@ -675,6 +676,27 @@ async fn logs(
     })
     .await?;
     Ok(axum::Json(lines).into_response())
+}
+
+/// `POST /v1/deployments/{name}/replay`: committed transactions of the
+/// caller's deployment run again on this host (docs/replay.md). A long read
+/// of the cluster: it takes one of the caller's log-read slots.
+async fn replay(
+    State(fleet): State<Arc<Fleet>>,
+    Extension(reads): Extension<Arc<LogReads>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let tenant = tenant_of(&fleet, &headers)?;
+    let req: ReplayRequest = deploy_body(&headers, body, "the replay request").await?;
+    let slot = reads.enter(&tenant.name)?;
+    let answer = blocking(move || {
+        let _slot = slot;
+        fleet.replay(&tenant, &name, req)
+    })
+    .await?;
+    Ok(axum::Json(answer).into_response())
 }
 
 /// `GET /v1/usage`: the caller tenant's usage; every tenant's with the

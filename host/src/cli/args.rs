@@ -711,10 +711,12 @@ pub struct ProduceArgs {
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("which").args(["offsets", "at", "transaction", "last", "all", "list"])))]
 pub struct ReplayArgs {
-    /// The manifest, or the directory holding onceflow.toml, of the
-    /// deployment that committed (`onceflow run`); its component must be
-    /// the one that ran.
-    pub manifest: PathBuf,
+    /// The deployment: a manifest, or the directory holding onceflow.toml,
+    /// run with `onceflow run` (its component must be the one that ran;
+    /// the cluster is read with --bootstrap-servers); or a fleet
+    /// deployment's name, replayed by a host of the fleet (--server,
+    /// --token).
+    pub deployment: PathBuf,
     /// The task's partition (its inputs' partition).
     #[arg(long, default_value_t = 0)]
     pub partition: i32,
@@ -751,15 +753,18 @@ pub struct ReplayArgs {
     /// changes.
     #[arg(long, short)]
     pub quiet: bool,
-    /// Kafka bootstrap servers.
+    /// Kafka bootstrap servers (a manifest's replay).
     #[arg(long, env = "ONCEFLOW_BOOTSTRAP")]
-    pub bootstrap_servers: String,
+    pub bootstrap_servers: Option<String>,
     /// Extra librdkafka property, `key=value` (repeatable).
     #[arg(short = 'X', long = "kafka-config")]
     pub kafka_config: Vec<String>,
     /// The schema registry of the deployment's formats, if any.
     #[command(flatten)]
     pub registry: RegistryArgs,
+    /// The admin API (a fleet deployment's replay) and the output format.
+    #[command(flatten)]
+    pub remote: super::remote::RemoteArgs,
 }
 
 /// `onceflow host` arguments.

@@ -135,6 +135,40 @@ impl Remote {
     fn post<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.send(self.client.post(self.url(path)))
     }
+
+    fn post_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> anyhow::Result<T> {
+        self.send(self.client.post(self.url(path)).json(body))
+    }
+}
+
+/// `onceflow replay <name>` of a fleet deployment: the candidate component
+/// (if any) uploaded, then the replay asked of a host.
+pub fn replay(
+    name: &str,
+    mut request: onceflow::api::ReplayRequest,
+    candidate: Option<&std::path::Path>,
+    args: &RemoteArgs,
+) -> anyhow::Result<onceflow::api::ReplayAnswer> {
+    let remote = Remote::new(args)?;
+    if let Some(path) = candidate {
+        let bytes = read_component(path, None)?;
+        let uploaded: Uploaded = remote.send(
+            remote
+                .client
+                .post(remote.url("/v1/artifacts"))
+                .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+                .body(bytes),
+        )?;
+        request.candidate = Some(uploaded.artifact);
+    }
+    remote.post_json(
+        &format!("/v1/deployments/{}/replay", encode(name)),
+        &request,
+    )
 }
 
 /// What to do about the server's certificate, from a failed connection's
@@ -203,7 +237,7 @@ fn encode(part: &str) -> String {
     out
 }
 
-fn print_json(v: &impl Serialize) -> anyhow::Result<()> {
+pub(super) fn print_json(v: &impl Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }

@@ -1,26 +1,70 @@
 //! `onceflow replay`: committed transactions run again and compared with
-//! what they committed (docs/replay.md).
+//! what they committed (docs/replay.md); of a manifest run with `onceflow
+//! run` (read here), or of a fleet deployment (a host replays it).
 
 use std::io::Write;
 use std::process::ExitCode;
 
+use onceflow::api::{ReplayAnswer, ReplayRequest, ReplaySelect, ReplayedTransaction};
+use onceflow::fleet::replay::{answer, listed, render, selection as engine_selection};
 use onceflow::kafka::Connection;
-use onceflow::offline::{self, write_output, write_state_change, write_state_entry};
-use onceflow::sandbox::{Sandbox, SandboxConfig};
-use onceflow::state::StoreChanges;
-use onceflow::stream::replay::{self, ReplayRequest, ReplaySource, Replayed, Selection, Verdict};
+use onceflow::manifest::Manifest;
+use onceflow::sandbox::{Processor, Sandbox, SandboxConfig};
+use onceflow::stream::replay::{self, ReplaySource};
 use onceflow::task::TaskConfig;
-use onceflow::types::{OutputRecord, error_chain};
+use onceflow::types::error_chain;
 
 use super::args::{ReplayArgs, kafka_config};
-use super::{load_manifest, read_component, usage};
+use super::remote::print_json;
+use super::{OutputFormat, load_manifest, read_component, usage};
 
 /// `onceflow replay`.
 pub fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
-    let manifest = load_manifest(&a.manifest)?;
-    let select = selection(&a)?;
+    let request = ReplayRequest {
+        partition: a.partition,
+        select: selection(&a)?,
+        candidate: None,
+        dump_state: a.dump_state,
+        quiet: a.quiet,
+    };
+    let json = a.remote.output == OutputFormat::Json;
+    if !a.deployment.exists() {
+        // A fleet deployment, by name.
+        let name = a.deployment.to_string_lossy().into_owned();
+        if a.deployment.components().count() > 1 || name.ends_with(".toml") {
+            return Err(usage(format!(
+                "{name}: no such manifest (a fleet deployment is named by its name alone)"
+            )));
+        }
+        let answer = super::remote::replay(&name, request, a.component.as_deref(), &a.remote)?;
+        if json {
+            print_json(&answer)?;
+            return Ok(verdict(&answer));
+        }
+        let mut out = std::io::stdout().lock();
+        print_list(&mut out, &answer)?;
+        for t in &answer.transactions {
+            print(&mut out, t)?;
+        }
+        if !answer.transactions.is_empty() {
+            print_summary(&mut out, &answer)?;
+        }
+        return Ok(verdict(&answer));
+    }
+    local(a, request, json)
+}
+
+/// A manifest's replay, reading the cluster here.
+fn local(a: ReplayArgs, request: ReplayRequest, json: bool) -> anyhow::Result<ExitCode> {
+    let manifest = load_manifest(&a.deployment)?;
+    let bootstrap = a.bootstrap_servers.clone().ok_or_else(|| {
+        usage(format!(
+            "{}: give --bootstrap-servers (or ONCEFLOW_BOOTSTRAP) to read the cluster it ran on",
+            a.deployment.display()
+        ))
+    })?;
     let conn = Connection {
-        bootstrap_servers: a.bootstrap_servers.clone(),
+        bootstrap_servers: bootstrap,
         extra_config: kafka_config(&a.kafka_config)?,
     };
     let sandbox = Sandbox::new(SandboxConfig::default())?;
@@ -39,27 +83,49 @@ pub fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     let codecs =
         onceflow::stream::deployment_codecs(&manifest, a.registry.registry()?.as_ref(), None)
             .map_err(|e| usage(error_chain(&e)))?;
+    let component = |sha: &str| the_manifests(&processor, &manifest, sha);
     let source = ReplaySource {
         manifest: &manifest,
-        processor,
+        component: &component,
         config: TaskConfig::from_manifest(&manifest).with_codecs(codecs),
         kafka: &conn,
     };
-    if a.list {
-        return list(&source, a.partition);
+    if json {
+        return match answer(&source, &request, candidate) {
+            Ok(answer) => {
+                print_json(&answer)?;
+                Ok(verdict(&answer))
+            }
+            Err(e) => failed(&e),
+        };
     }
-    let request = ReplayRequest {
+    let mut out = std::io::stdout().lock();
+    let Some(select) = engine_selection(&request.select) else {
+        let mut answer = ReplayAnswer {
+            application_id: manifest.application_id(),
+            partition: a.partition,
+            ..ReplayAnswer::default()
+        };
+        match replay::transactions(&source, a.partition) {
+            Ok(all) => answer.listed = all.iter().map(listed).collect(),
+            Err(e) => return failed(&e),
+        }
+        print_list(&mut out, &answer)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let engine = replay::ReplayRequest {
         partition: a.partition,
         select,
         candidate,
         dump_state: a.dump_state,
+        max: None,
     };
     let dlq = manifest.errors.dead_letter_topic();
     let windows = &source.config.window_stores;
-    let mut out = std::io::stdout().lock();
     let mut failed_write = None;
-    let summary = replay::replay(&source, &request, |r| {
-        if let Err(e) = print(&mut out, r, a.quiet, dlq, windows) {
+    // Each transaction printed as it is done.
+    let summary = replay::replay(&source, &engine, |r| {
+        if let Err(e) = print(&mut out, &render(r, a.quiet, dlq, windows)) {
             failed_write.get_or_insert(e);
         }
     });
@@ -68,32 +134,18 @@ pub fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     }
     let summary = match summary {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
-            return Ok(ExitCode::from(2));
-        }
+        Err(e) => return failed(&e),
     };
-    // The records line first: it says the same whatever the commits' timing.
-    println!(
-        "{} records of {} partition {} replayed: {}",
-        summary.records,
-        manifest.application_id(),
-        a.partition,
-        if summary.identical == summary.transactions {
-            "identical".to_owned()
-        } else {
-            format!(
-                "{} of {} transactions differ",
-                summary.transactions - summary.identical,
-                summary.transactions
-            )
-        }
-    );
-    println!(
-        "in {} transaction{}",
-        summary.transactions,
-        if summary.transactions == 1 { "" } else { "s" }
-    );
+    let answer = ReplayAnswer {
+        application_id: manifest.application_id(),
+        partition: a.partition,
+        records: summary.records,
+        batches: summary.batches,
+        identical: summary.identical,
+        transactions: Vec::new(),
+        listed: Vec::new(),
+    };
+    print_summary_counts(&mut out, &answer, summary.transactions)?;
     Ok(if summary.identical == summary.transactions {
         ExitCode::SUCCESS
     } else {
@@ -101,8 +153,41 @@ pub fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// A replay that could not run: its error, exit 2.
+fn failed(e: &(dyn std::error::Error + 'static)) -> anyhow::Result<ExitCode> {
+    eprintln!("error: {}", error_chain(e));
+    Ok(ExitCode::from(2))
+}
+
+/// The manifest's component, if it is the one that committed.
+fn the_manifests(
+    processor: &Processor,
+    manifest: &Manifest,
+    sha: &str,
+) -> Result<Processor, String> {
+    if processor.digest() == sha {
+        Ok(processor.clone())
+    } else {
+        Err(format!(
+            "{} is sha256 {}: build the version that ran, or pass this one as --component to \
+             compare it with what committed",
+            manifest.component_path().display(),
+            processor.digest()
+        ))
+    }
+}
+
+/// Exit 0 when every transaction replayed identically, 1 when one did not.
+fn verdict(answer: &ReplayAnswer) -> ExitCode {
+    if answer.identical == answer.transactions.len() as u64 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
 /// Which transactions the arguments name (the last one by default).
-fn selection(a: &ReplayArgs) -> anyhow::Result<Selection> {
+fn selection(a: &ReplayArgs) -> anyhow::Result<ReplaySelect> {
     if let Some(range) = &a.offsets {
         let parse = |s: &str| {
             s.trim().parse::<i64>().map_err(|_| {
@@ -121,18 +206,21 @@ fn selection(a: &ReplayArgs) -> anyhow::Result<Selection> {
         if from > to {
             return Err(usage(format!("--offsets {range:?}: {from} is after {to}")));
         }
-        return Ok(Selection::Offsets { from, to });
+        return Ok(ReplaySelect::Offsets { from, to });
     }
     if let Some(at) = &a.at {
-        return Ok(Selection::At(parse_time(at)?));
+        return Ok(ReplaySelect::At(parse_time(at)?));
     }
     if let Some(t) = a.transaction {
-        return Ok(Selection::Transaction(t));
+        return Ok(ReplaySelect::Transaction(t));
     }
     if a.all {
-        return Ok(Selection::All);
+        return Ok(ReplaySelect::All);
     }
-    Ok(Selection::Last(a.last.unwrap_or(1).max(1)))
+    if a.list {
+        return Ok(ReplaySelect::List);
+    }
+    Ok(ReplaySelect::Last(a.last.unwrap_or(1).max(1)))
 }
 
 /// Milliseconds since the epoch, or an RFC 3339 time.
@@ -151,7 +239,10 @@ fn parse_time(text: &str) -> anyhow::Result<i64> {
 }
 
 /// A time in ms as RFC 3339, UTC.
-fn show_time(ms: i64) -> String {
+fn show_time(ms: Option<i64>) -> String {
+    let Some(ms) = ms else {
+        return "at an unknown time".to_owned();
+    };
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()
         .and_then(|t| {
@@ -161,154 +252,131 @@ fn show_time(ms: i64) -> String {
         .unwrap_or_else(|| format!("{ms} ms"))
 }
 
-/// `--list`: the partition's transactions, one line each.
-fn list(source: &ReplaySource<'_>, partition: i32) -> anyhow::Result<ExitCode> {
-    let all = match replay::transactions(source, partition) {
-        Ok(all) => all,
-        Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
-            return Ok(ExitCode::from(2));
-        }
-    };
-    for c in &all {
-        let r = &c.record;
-        let sources: Vec<String> = r
+/// `--list`: one line per transaction, then how many.
+fn print_list(out: &mut impl Write, answer: &ReplayAnswer) -> std::io::Result<()> {
+    if answer.listed.is_empty() && !answer.transactions.is_empty() {
+        return Ok(());
+    }
+    for t in &answer.listed {
+        let sources: Vec<String> = t
             .sources
             .iter()
-            .enumerate()
-            .map(|(i, (t, from))| format!("{t}@{from}+{}", r.records_of(i)))
+            .map(|(topic, from, n)| format!("{topic}@{from}+{n}"))
             .collect();
-        println!(
+        writeln!(
+            out,
             "transaction {}: committed {}, {} records ({}), {} batches, {} bytes, component {}",
-            c.id,
-            c.at.map_or("at an unknown time".to_owned(), show_time),
-            r.records(),
+            t.id,
+            show_time(t.at),
+            t.records,
             sources.join(", "),
-            r.batches.len(),
-            c.bytes,
-            &r.component[..r.component.len().min(12)]
-        );
+            t.batches,
+            t.bytes,
+            &t.component[..t.component.len().min(12)]
+        )?;
     }
-    println!(
-        "{} replayable transaction{} of {} partition {partition}",
-        all.len(),
-        if all.len() == 1 { "" } else { "s" },
-        source.manifest.application_id()
-    );
-    Ok(ExitCode::SUCCESS)
+    writeln!(
+        out,
+        "{} replayable transaction{} of {} partition {}",
+        answer.listed.len(),
+        if answer.listed.len() == 1 { "" } else { "s" },
+        answer.application_id,
+        answer.partition
+    )
 }
 
 /// One transaction's replay: what it read, its outputs, its state changes,
 /// its verdict; the candidate's differences.
-fn print(
-    out: &mut impl Write,
-    r: &Replayed,
-    quiet: bool,
-    dlq: Option<&str>,
-    windows: &[(String, u64)],
-) -> std::io::Result<()> {
-    let span = match (r.inputs.first(), r.inputs.last()) {
-        (Some(a), Some(b)) => format!(", offsets {}..{} of {}", a.offset, b.offset, a.topic),
+fn print(out: &mut impl Write, t: &ReplayedTransaction) -> std::io::Result<()> {
+    let span = match (&t.first, &t.last) {
+        (Some((topic, a)), Some((_, b))) => format!(", offsets {a}..{b} of {topic}"),
         _ => String::new(),
     };
     writeln!(
         out,
         "transaction {} of partition {}, committed {}: {} records{span}, {} batch{}",
-        r.transaction,
-        r.inputs.first().map_or(0, |i| i.partition),
-        r.committed_at
-            .map_or("at an unknown time".to_owned(), show_time),
-        r.inputs.len(),
-        r.record.batches.len(),
-        if r.record.batches.len() == 1 {
-            ""
-        } else {
-            "es"
-        },
+        t.id,
+        t.partition,
+        show_time(t.committed_at),
+        t.records,
+        t.batches,
+        if t.batches == 1 { "" } else { "es" },
     )?;
-    let partition = r.inputs.first().map_or(0, |i| i.partition);
-    if let Some((before, _)) = &r.state {
-        writeln!(out, "state before:")?;
-        for e in offline::state_entries(partition, before.clone(), windows) {
-            write_state_entry(out, &e)?;
+    let lines = |out: &mut dyn Write, title: &str, lines: &[String]| -> std::io::Result<()> {
+        writeln!(out, "{title}")?;
+        for l in lines {
+            writeln!(out, "{l}")?;
         }
+        Ok(())
+    };
+    if let Some(before) = &t.state_before {
+        lines(out, "state before:", before)?;
     }
-    if !quiet {
-        writeln!(out, "outputs:")?;
-        for o in r.outputs.iter().flatten() {
-            write_output(out, o, dlq)?;
-        }
-        writeln!(out, "state changes:")?;
-        write_changes(out, &r.changes, partition, windows)?;
+    if !t.outputs.is_empty() || !t.changes.is_empty() {
+        lines(out, "outputs:", &t.outputs)?;
+        lines(out, "state changes:", &t.changes)?;
     }
-    if let Some((_, after)) = &r.state {
-        writeln!(out, "state after:")?;
-        for e in offline::state_entries(partition, after.clone(), windows) {
-            write_state_entry(out, &e)?;
-        }
+    if let Some(after) = &t.state_after {
+        lines(out, "state after:", after)?;
     }
-    match &r.verdict {
-        Verdict::Identical => writeln!(out, "identical")?,
-        Verdict::Differs(why) => writeln!(out, "differs: {why}")?,
+    match &t.differs {
+        None => writeln!(out, "identical")?,
+        Some(why) => writeln!(out, "differs: {why}")?,
     }
-    if let Some(c) = &r.candidate {
+    if let Some(c) = &t.candidate {
         if let Some(why) = &c.failed {
             writeln!(out, "candidate failed: {why}")?;
         }
-        let ours: Vec<&OutputRecord> = r.outputs.iter().flatten().collect();
-        let theirs: Vec<&OutputRecord> = c.outputs.iter().flatten().collect();
-        let mut differences = 0;
-        for i in 0..ours.len().max(theirs.len()) {
-            let (a, b) = (ours.get(i), theirs.get(i));
-            if a.map(|o| (&o.topic, &o.key, &o.value, &o.headers))
-                == b.map(|o| (&o.topic, &o.key, &o.value, &o.headers))
-            {
-                continue;
-            }
-            differences += 1;
+        for (i, ours, theirs) in &c.outputs {
             writeln!(out, "candidate output {i}:")?;
-            match a {
-                Some(o) => {
-                    write!(out, "- ")?;
-                    write_output(out, o, dlq)?
-                }
-                None => writeln!(out, "- (none)")?,
-            }
-            match b {
-                Some(o) => {
-                    write!(out, "+ ")?;
-                    write_output(out, o, dlq)?
-                }
-                None => writeln!(out, "+ (none)")?,
-            }
+            writeln!(out, "- {}", ours.as_deref().unwrap_or("(none)"))?;
+            writeln!(out, "+ {}", theirs.as_deref().unwrap_or("(none)"))?;
         }
-        let state = replay::compare_changes("the candidate", &c.changes, &r.committed_changes);
-        if let Verdict::Differs(why) = &state {
-            differences += 1;
+        if let Some(why) = &c.state {
             writeln!(out, "candidate state: {why}")?;
-            writeln!(out, "candidate state changes:")?;
-            write_changes(out, &c.changes, partition, windows)?;
+            lines(out, "candidate state changes:", &c.changes)?;
         }
-        if differences == 0 && c.failed.is_none() {
+        if c.outputs.is_empty() && c.state.is_none() && c.failed.is_none() {
             writeln!(out, "candidate: the same outputs and state changes")?;
         }
     }
     Ok(())
 }
 
-/// State changes, one line each (`--dump-state`'s form, `"value": null`
-/// for a delete).
-fn write_changes(
+fn print_summary(out: &mut impl Write, answer: &ReplayAnswer) -> std::io::Result<()> {
+    print_summary_counts(out, answer, answer.transactions.len() as u64)
+}
+
+/// The totals: the records line first, which says the same whatever the
+/// commits' timing.
+fn print_summary_counts(
     out: &mut impl Write,
-    all: &[StoreChanges],
-    partition: i32,
-    windows: &[(String, u64)],
+    answer: &ReplayAnswer,
+    transactions: u64,
 ) -> std::io::Result<()> {
-    for s in all {
-        let windowed = windows.iter().any(|(w, _)| *w == s.store);
-        for c in &s.changes {
-            write_state_change(out, &s.store, partition, windowed, c)?;
+    writeln!(
+        out,
+        "{} record{} of {} partition {} replayed: {}",
+        answer.records,
+        if answer.records == 1 { "" } else { "s" },
+        answer.application_id,
+        answer.partition,
+        if answer.identical == transactions {
+            "identical".to_owned()
+        } else {
+            format!(
+                "{} of {} transactions differ",
+                transactions - answer.identical,
+                transactions
+            )
         }
-    }
-    Ok(())
+    )?;
+    writeln!(
+        out,
+        "in {} transaction{}, {} batch{}",
+        transactions,
+        if transactions == 1 { "" } else { "s" },
+        answer.batches,
+        if answer.batches == 1 { "" } else { "es" }
+    )
 }

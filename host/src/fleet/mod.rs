@@ -35,6 +35,7 @@ mod logs;
 mod queries;
 mod reconciler;
 pub mod registry;
+pub mod replay;
 mod service;
 pub mod tenancy;
 mod usage;

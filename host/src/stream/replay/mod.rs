@@ -79,6 +79,9 @@ pub struct ReplayRequest {
     pub candidate: Option<Processor>,
     /// Collect each store's entries before and after each transaction.
     pub dump_state: bool,
+    /// Most transactions to replay (`None`: no limit): a selection of more
+    /// is refused, saying how many it named.
+    pub max: Option<usize>,
 }
 
 /// Why a replay could not run.
@@ -108,21 +111,35 @@ pub enum ReplayError {
         /// Why.
         why: String,
     },
-    /// The component given is not the one that committed.
+    /// The component that committed a transaction cannot be had.
     #[error(
         "transaction {transaction} of partition {partition} was committed by component sha256 \
-         {committed}, not by the one given (sha256 {given}): build the version that ran, or \
-         pass the given one as --component to compare it with what committed"
+         {committed}, which cannot be run here: {why}"
     )]
-    OtherComponent {
+    Component {
         /// The partition.
         partition: i32,
         /// The transaction (its replay record's offset).
         transaction: i64,
         /// The digest that committed.
         committed: String,
-        /// The digest given.
-        given: String,
+        /// Why it cannot be had, and what to do.
+        why: String,
+    },
+    /// The selection names more transactions than a replay may run.
+    #[error(
+        "{select} names {count} transactions of partition {partition}, more than the {max} one \
+         replay runs: ask for fewer (--offsets, --at, --last)"
+    )]
+    TooMany {
+        /// The partition.
+        partition: i32,
+        /// The selection, in words.
+        select: String,
+        /// How many it named.
+        count: usize,
+        /// The most.
+        max: usize,
     },
     /// Kafka no longer has what the transaction read or wrote.
     #[error(
@@ -201,13 +218,14 @@ pub enum Verdict {
     Differs(String),
 }
 
-/// A deployment to replay: its manifest, the component that committed,
+/// A deployment to replay: its manifest, the components that committed,
 /// its task settings (formats included) and the cluster.
 pub struct ReplaySource<'a> {
     /// The manifest.
     pub manifest: &'a Manifest,
-    /// The component that committed the transactions.
-    pub processor: Processor,
+    /// The component that committed a transaction, by its SHA-256 (a
+    /// transaction's record names it), or why it cannot be had.
+    pub component: &'a dyn Fn(&str) -> Result<Processor, String>,
     /// The task settings (with the deployment's codecs).
     pub config: TaskConfig,
     /// The cluster.
@@ -283,12 +301,22 @@ pub fn replay(
             select: describe(&request.select),
         });
     }
+    if let Some(max) = request.max.filter(|max| selected.len() > *max) {
+        return Err(ReplayError::TooMany {
+            partition,
+            select: describe(&request.select),
+            count: selected.len(),
+            max,
+        });
+    }
     let mut logs = Logs {
         source,
         partition,
         cursors: BTreeMap::new(),
     };
-    let mut replica = Replica::new(source, request.candidate.clone(), partition);
+    // The replica of the component that ran: a transaction of another
+    // version starts another, from an empty state.
+    let mut replica: Option<(String, Replica<'_>)> = None;
     let mut summary = Summary::default();
     for i in selected {
         let Committed {
@@ -297,16 +325,26 @@ pub fn replay(
             record,
             ..
         } = &all[i];
-        if record.component != source.processor.digest() {
-            return Err(ReplayError::OtherComponent {
-                partition,
-                transaction: *transaction,
-                committed: record.component.clone(),
-                given: source.processor.digest().to_owned(),
-            });
+        if replica
+            .as_ref()
+            .is_none_or(|(sha, _)| *sha != record.component)
+        {
+            let processor =
+                (source.component)(&record.component).map_err(|why| ReplayError::Component {
+                    partition,
+                    transaction: *transaction,
+                    committed: record.component.clone(),
+                    why,
+                })?;
+            replica = Some((
+                record.component.clone(),
+                Replica::new(source, processor, request.candidate.clone(), partition),
+            ));
         }
+        let (_, replica) = replica.as_mut().expect("made above");
         let replayed = replica.run(&mut logs, *transaction, *committed_at, record, request)?;
         summary.transactions += 1;
+        summary.batches += record.batches.len() as u64;
         summary.records += replayed.inputs.len() as u64;
         if replayed.verdict == Verdict::Identical {
             summary.identical += 1;
@@ -321,6 +359,8 @@ pub fn replay(
 pub struct Summary {
     /// Transactions replayed.
     pub transactions: u64,
+    /// Their batches (as the runtime handed them to the task).
+    pub batches: u64,
     /// Of them, identical to what committed.
     pub identical: u64,
     /// Input records processed.
@@ -328,7 +368,7 @@ pub struct Summary {
 }
 
 /// The indexes of `all` the selection names.
-fn select(manifest: &Manifest, all: &[Committed], select: &Selection) -> Vec<usize> {
+pub fn select(manifest: &Manifest, all: &[Committed], select: &Selection) -> Vec<usize> {
     match *select {
         Selection::All => (0..all.len()).collect(),
         Selection::Last(n) => (all.len().saturating_sub(n)..all.len()).collect(),
@@ -474,7 +514,12 @@ struct Replica<'a> {
 }
 
 impl<'a> Replica<'a> {
-    fn new(source: &'a ReplaySource<'a>, candidate: Option<Processor>, partition: i32) -> Self {
+    fn new(
+        source: &'a ReplaySource<'a>,
+        processor: Processor,
+        candidate: Option<Processor>,
+        partition: i32,
+    ) -> Self {
         let task = |p: Processor| {
             Task::new(
                 partition,
@@ -486,7 +531,7 @@ impl<'a> Replica<'a> {
         Self {
             source,
             partition,
-            task: task(source.processor.clone()),
+            task: task(processor),
             candidate: candidate.map(task),
             at: BTreeMap::new(),
         }
