@@ -107,6 +107,7 @@ audit = {audit}
 [processing]
 guarantee = "exactly_once_v2"
 commit-interval-ms = 100
+replay-window-hours = {self.args.replay_window_hours}
 
 [errors]
 policy = "dead-letter"
@@ -214,6 +215,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-kstreams", action="store_true", help="only Onceflow (no Kafka Streams twins)")
     ap.add_argument("--formats", default="json,avro,protobuf", help="of json, avro, protobuf (JSON is the baseline)")
+    ap.add_argument(
+        "--replay-window-hours",
+        type=int,
+        default=168,
+        help="the manifest's processing.replay-window-hours (0: no replay records; docs/replay.md)",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"{time.strftime('%Y-%m-%d')}-formats"))
     args = ap.parse_args()
     b = Bench(args)
